@@ -1,0 +1,31 @@
+#include "core/device.h"
+
+#include "core/error.h"
+
+namespace kiln {
+
+Device Device::parse(const std::string& name) {
+  const auto colon = name.find(':');
+  const std::string type = name.substr(0, colon);
+  Device d;
+  if (type == "cpu") {
+    d.type = DeviceType::cpu;
+  } else if (type == "cuda") {
+    d.type = DeviceType::cuda;
+  } else {
+    fail("device", "unknown device '", name, "' (expected cpu, cpu:N, cuda or cuda:N)");
+  }
+  if (colon != std::string::npos) {
+    const std::string idx = name.substr(colon + 1);
+    KILN_CHECK(!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos, "device",
+               "bad device index in '", name, "'");
+    d.index = std::stoi(idx);
+  }
+  return d;
+}
+
+std::string Device::str() const {
+  return std::string(type == DeviceType::cpu ? "cpu" : "cuda") + ":" + std::to_string(index);
+}
+
+}  // namespace kiln

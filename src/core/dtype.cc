@@ -1,0 +1,177 @@
+#include "core/dtype.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace kiln {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::boolean: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::boolean: return "bool";
+  }
+  return "?";
+}
+
+bool is_floating(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+DType promote(DType a, DType b) {
+  if (a == b) return a;
+  const bool fa = is_floating(a), fb = is_floating(b);
+  if (fa && fb) return DType::f32;  // bf16 with f16 (or either with f32) meets in f32
+  if (fa) return a;
+  if (fb) return b;
+  if (a == DType::i64 || b == DType::i64) return DType::i64;
+  if (a == DType::i32 || b == DType::i32) return DType::i32;
+  return DType::boolean;
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400) == 0);
+      bits = sign | uint32_t(127 - 15 - e) << 23 | (mant & 0x3ff) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
+  const uint32_t absbits = bits & 0x7fffffffu;
+  if (absbits > 0x7f800000u) return sign | 0x7e00;  // NaN
+  if (absbits >= 0x477ff000u) return sign | 0x7c00;  // rounds to >= 65520: inf
+  if (absbits < 0x38800000u) {                       // below the smallest normal f16 (2^-14)
+    // Subnormal result: value = absf * 2^24 rounded to an integer count of 2^-24 units.
+    float absf;
+    std::memcpy(&absf, &absbits, 4);
+    const float scaled = absf * 16777216.0f;  // exact (power of two)
+    const float r = std::nearbyint(scaled);   // default rounding mode: ties to even
+    return sign | uint16_t(r);
+  }
+  // Normal: drop 13 mantissa bits with round-to-nearest-even.
+  uint32_t m = absbits + 0xfffu + ((absbits >> 13) & 1u);
+  return sign | uint16_t((m - (uint32_t(127 - 15) << 23)) >> 13);
+}
+
+double load_as_double(const void* data, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(data)[i];
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::i32: return static_cast<const int32_t*>(data)[i];
+    case DType::i64: return double(static_cast<const int64_t*>(data)[i]);
+    case DType::boolean: return static_cast<const uint8_t*>(data)[i] ? 1.0 : 0.0;
+  }
+  return 0;
+}
+
+void store_from_double(void* data, DType t, int64_t i, double v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(data)[i] = float(v); return;
+    case DType::bf16: static_cast<uint16_t*>(data)[i] = f32_to_bf16(float(v)); return;
+    case DType::f16: static_cast<uint16_t*>(data)[i] = f32_to_f16(float(v)); return;
+    case DType::i32: static_cast<int32_t*>(data)[i] = int32_t(v); return;
+    case DType::i64: static_cast<int64_t*>(data)[i] = int64_t(v); return;
+    case DType::boolean: static_cast<uint8_t*>(data)[i] = v != 0.0; return;
+  }
+}
+
+void convert_to_f32(const void* src, DType t, float* dst, int64_t n) {
+  switch (t) {
+    case DType::f32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case DType::bf16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      return;
+    }
+    case DType::f16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      return;
+    }
+    case DType::i32: {
+      auto* s = static_cast<const int32_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+      return;
+    }
+    case DType::i64: {
+      auto* s = static_cast<const int64_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+      return;
+    }
+    case DType::boolean: {
+      auto* s = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = s[i] ? 1.0f : 0.0f;
+      return;
+    }
+  }
+}
+
+void convert_from_f32(const float* src, void* dst, DType t, int64_t n) {
+  switch (t) {
+    case DType::f32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case DType::bf16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::f16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case DType::i32: {
+      auto* d = static_cast<int32_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = int32_t(src[i]);
+      return;
+    }
+    case DType::i64: {
+      auto* d = static_cast<int64_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = int64_t(src[i]);
+      return;
+    }
+    case DType::boolean: {
+      auto* d = static_cast<uint8_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = src[i] != 0.0f;
+      return;
+    }
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,42 @@
+// Element types and exact conversions between them.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace kiln {
+
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, boolean };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);  // "f32", "bf16", ...
+bool is_floating(DType t);
+// The type both operands of a binary op are computed in / stored as (like torch's promotion).
+DType promote(DType a, DType b);
+
+// ---- bit-exact scalar conversions (round to nearest, ties to even) ----
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);  // quiet NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return uint16_t(bits >> 16);
+}
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+// Reads element i of a buffer of type t as double / writes a double (rounding as the type requires).
+double load_as_double(const void* data, DType t, int64_t i);
+void store_from_double(void* data, DType t, int64_t i, double v);
+
+// Bulk conversions (used by kernels to move between storage dtype and f32 compute tiles).
+void convert_to_f32(const void* src, DType t, float* dst, int64_t n);
+void convert_from_f32(const float* src, void* dst, DType t, int64_t n);
+
+}  // namespace kiln

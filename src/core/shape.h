@@ -1,0 +1,23 @@
+// Shapes, strides and broadcasting rules (NumPy semantics).
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+using Shape = std::vector<int64_t>;
+using Strides = std::vector<int64_t>;  // in elements, not bytes
+
+int64_t numel(const Shape& s);
+std::string to_string(const Shape& s);  // "[2,3]"
+Strides contiguous_strides(const Shape& s);
+// Normalises a possibly negative axis for a tensor of rank `rank`; `where` names the op in errors.
+int64_t normalize_axis(int64_t axis, int64_t rank, const char* where);
+// The NumPy broadcast of two shapes; throws "[where] cannot broadcast [..] with [..]".
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* where);
+// Strides that read a tensor of shape `from` (with strides `strides`) as if broadcast to `to`.
+Strides broadcast_strides(const Shape& from, const Strides& strides, const Shape& to);
+
+}  // namespace kiln

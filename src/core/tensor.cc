@@ -1,0 +1,61 @@
+#include "core/tensor.h"
+
+#include "core/error.h"
+
+namespace kiln {
+
+Tensor Tensor::view_of(BufferPtr buffer, Shape shape, DType dtype, Strides strides,
+                       int64_t offset) {
+  KILN_CHECK(buffer != nullptr, "tensor", "view of a null buffer");
+  if (strides.empty()) strides = contiguous_strides(shape);
+  KILN_CHECK(strides.size() == shape.size(), "tensor", "rank of strides ", strides.size(),
+             " differs from rank of shape ", to_string(shape));
+  // The highest element the view can touch must lie inside the buffer.
+  int64_t hi = offset, lo = offset;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    KILN_CHECK(shape[i] >= 0, "tensor", "negative dimension in ", to_string(shape));
+    if (shape[i] == 0) {
+      hi = lo = offset;
+      break;
+    }
+    const int64_t span = (shape[i] - 1) * strides[i];
+    (span >= 0 ? hi : lo) += span;
+  }
+  const int64_t elems = int64_t(buffer->bytes() / dtype_size(dtype));
+  KILN_CHECK(lo >= 0 && (kiln::numel(shape) == 0 || hi < elems), "tensor", dtype_name(dtype),
+             to_string(shape), " view at offset ", offset, " does not fit a buffer of ",
+             buffer->bytes(), " bytes");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = dtype;
+  impl->device = buffer->device();
+  impl->buffer = std::move(buffer);
+  return Tensor(std::move(impl));
+}
+
+int64_t Tensor::dim(int64_t axis) const {
+  return impl_->shape[size_t(normalize_axis(axis, rank(), "tensor"))];
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expect = 1;
+  for (size_t i = impl_->shape.size(); i-- > 0;) {
+    if (impl_->shape[i] == 1) continue;
+    if (impl_->strides[i] != expect) return false;
+    expect *= impl_->shape[i];
+  }
+  return true;
+}
+
+void* Tensor::data_ptr() const {
+  return static_cast<char*>(impl_->buffer->data()) + impl_->offset * int64_t(dtype_size(impl_->dtype));
+}
+
+std::string Tensor::describe() const {
+  if (!defined()) return "undefined tensor";
+  return std::string(dtype_name(dtype())) + to_string(shape()) + " on " + device().str();
+}
+
+}  // namespace kiln

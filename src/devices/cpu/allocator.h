@@ -1,0 +1,54 @@
+// Pooled host-memory allocator for the CPU device.
+// Freed blocks go back to per-size free lists and are reused; `in_use` counts bytes
+// handed out, `peak` its high-water mark. With a capacity set, an allocation that would
+// push in-use + pooled bytes past it first drops the pool, then fails with an error
+// naming the requested and available bytes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/buffer.h"
+
+namespace kiln::cpu {
+
+struct AllocatorStats {
+  size_t in_use_bytes = 0;    // currently handed out (rounded block sizes)
+  size_t peak_bytes = 0;      // high-water mark of in_use_bytes
+  size_t pooled_bytes = 0;    // freed blocks kept for reuse
+  size_t capacity_bytes = 0;  // 0 = unlimited
+  uint64_t allocations = 0;   // requests served
+  uint64_t pool_hits = 0;     // requests served from the pool
+};
+
+class Allocator {
+ public:
+  explicit Allocator(Device device);
+  ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // Returns a buffer of at least `bytes` bytes, 64-byte aligned. Its release returns the block.
+  BufferPtr allocate(size_t bytes);
+
+  void set_capacity(size_t bytes);  // 0 = unlimited
+  AllocatorStats stats() const;
+  void reset_peak();
+  void release_pool();  // frees every pooled block back to the system
+
+  // Block size a request is rounded up to (size classes keep the pool reusable).
+  static size_t round_size(size_t bytes);
+
+ private:
+  void give_back(void* p, size_t block);
+  void release_pool_locked();
+
+  Device device_;
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> free_;  // block size -> block
+  AllocatorStats stats_;
+};
+
+}  // namespace kiln::cpu

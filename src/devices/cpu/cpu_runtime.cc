@@ -1,0 +1,68 @@
+// The CPU device: pooled allocator, one asynchronous in-order queue, the kernel table.
+#include <cstdlib>
+#include <memory>
+
+#include "core/error.h"
+#include "devices/cpu/allocator.h"
+#include "devices/cpu/kernels/kernel_table.h"
+#include "devices/cpu/queue.h"
+#include "devices/runtime.h"
+
+namespace kiln {
+
+namespace cpu {
+namespace {
+
+size_t max_pending_from_env() {
+  const char* v = std::getenv("KILN_MAX_PENDING");
+  return v ? size_t(std::strtoul(v, nullptr, 10)) : 32;
+}
+
+class CpuRuntime final : public DeviceRuntime {
+ public:
+  CpuRuntime() : allocator_(Device::cpu()), queue_(max_pending_from_env()) {
+    add_elementwise_kernels(kernels_);
+    add_reduction_kernels(kernels_);
+    add_movement_kernels(kernels_);
+    add_contraction_kernels(kernels_);
+  }
+  Device device() const override { return Device::cpu(); }
+
+  BufferPtr allocate(size_t bytes) override { return allocator_.allocate(bytes); }
+  MemoryStats memory() const override {
+    const AllocatorStats s = allocator_.stats();
+    return MemoryStats{s.in_use_bytes, s.peak_bytes, s.pooled_bytes, s.capacity_bytes};
+  }
+  void set_memory_capacity(size_t bytes) override { allocator_.set_capacity(bytes); }
+  void reset_peak_memory() override { allocator_.reset_peak(); }
+
+  uint64_t enqueue(std::string what, std::function<void()> work) override {
+    return queue_.enqueue(std::move(what), std::move(work));
+  }
+  void wait_for(uint64_t seq) override { queue_.wait_for(seq); }
+  uint64_t last_enqueued() const override { return queue_.last_enqueued(); }
+  uint64_t completed() const override { return queue_.completed(); }
+
+  KernelFn kernel(const std::string& op) const override {
+    auto it = kernels_.find(op);
+    return it == kernels_.end() ? nullptr : it->second;
+  }
+
+ private:
+  Allocator allocator_;
+  Queue queue_;
+  KernelTable kernels_;
+};
+
+}  // namespace
+}  // namespace cpu
+
+DeviceRuntime& runtime(const Device& device) {
+  KILN_CHECK(device.type == DeviceType::cpu, "device", device.str(), " is not available in this build");
+  KILN_CHECK(device.index == 0, "device", device.str(), " does not exist (the CPU is cpu:0)");
+  // Never destroyed: buffers released during static destruction still return to the pool.
+  static cpu::CpuRuntime* rt = new cpu::CpuRuntime();
+  return *rt;
+}
+
+}  // namespace kiln

@@ -1,0 +1,264 @@
+// Row-wise LayerNorm, RMSNorm, GroupNorm and softmax with Highway vectors.
+//
+// Every row (or group) is handled by exactly one thread with a fixed reduction order
+// (fixed accumulator count, fixed chunking, fixed lane combine), so results are
+// bit-identical whatever the OpenMP thread count.
+#include "devices/cpu/kernels/norms.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+// Static dispatch only: kernels are built with -march=native. This also sidesteps a
+// Highway 1.0.3 bug where an AVX3_DL baseline (e.g. Zen 4) is missing from the dynamic
+// target list and highway.h fails with "best baseline should be included".
+#ifndef HWY_COMPILE_ONLY_STATIC
+#define HWY_COMPILE_ONLY_STATIC 1
+#endif
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include "core/error.h"
+
+namespace kiln::cpu {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+
+// Below this many elements the whole op takes microseconds, less than waking a team.
+constexpr int64_t kParallelMinElems = int64_t{1} << 15;
+// Long spans are reduced chunk by chunk and the chunk results added in order; this
+// keeps each lane accumulator short (better f32 accuracy for large GroupNorm groups).
+constexpr size_t kReduceChunk = 4096;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+size_t lanes() { return hn::Lanes(D()); }
+
+// Loads `count` (<= lanes) floats from p + i; lanes past `count` get `fill`. Partial
+// vectors go through a stack buffer so nothing past the end of the array is read.
+V load_part(const float* p, size_t i, size_t count, float fill) {
+  const D d;
+  if (count == lanes()) return hn::LoadU(d, p + i);
+  HWY_ALIGN float buf[hn::MaxLanes(D())];
+  for (size_t k = 0; k < lanes(); ++k) buf[k] = k < count ? p[i + k] : fill;
+  return hn::Load(d, buf);
+}
+
+// Stores the first `count` (<= lanes) lanes of v to p + i.
+void store_part(V v, float* p, size_t i, size_t count) {
+  const D d;
+  if (count == lanes()) {
+    hn::StoreU(v, d, p + i);
+    return;
+  }
+  HWY_ALIGN float buf[hn::MaxLanes(D())];
+  hn::Store(v, d, buf);
+  std::memcpy(p + i, buf, count * sizeof(float));
+}
+
+// Calls body(i, count) for consecutive vectors covering [0, n); only the last may have
+// count < lanes.
+template <class Body>
+void for_each_vec(size_t n, Body body) {
+  const size_t N = lanes();
+  size_t i = 0;
+  for (; i + N <= n; i += N) body(i, N);
+  if (i < n) body(i, n - i);
+}
+
+// Reduces map(x) over x[0, n) (n <= kReduceChunk) to one vector with four independent
+// accumulators (hides add latency). `fill` must map to the identity of `combine`.
+template <class Map, class Combine>
+V reduce_chunk(const float* x, size_t n, float fill, V identity, Map map, Combine combine) {
+  const D d;
+  const size_t N = lanes();
+  V a0 = identity, a1 = identity, a2 = identity, a3 = identity;
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    a0 = combine(a0, map(hn::LoadU(d, x + i)));
+    a1 = combine(a1, map(hn::LoadU(d, x + i + N)));
+    a2 = combine(a2, map(hn::LoadU(d, x + i + 2 * N)));
+    a3 = combine(a3, map(hn::LoadU(d, x + i + 3 * N)));
+  }
+  for (; i < n; i += N) a0 = combine(a0, map(load_part(x, i, std::min(N, n - i), fill)));
+  return combine(combine(a0, a1), combine(a2, a3));
+}
+
+// Sum of map(x[i]) over [0, n); `fill` must satisfy map(fill) == 0.
+template <class Map>
+float sum_span(const float* x, size_t n, float fill, Map map) {
+  const D d;
+  const auto add = [](V a, V b) { return hn::Add(a, b); };
+  float total = 0.0f;
+  for (size_t start = 0; start < n; start += kReduceChunk) {
+    const size_t len = std::min(kReduceChunk, n - start);
+    const V v = reduce_chunk(x + start, len, fill, hn::Zero(d), map, add);
+    total += hn::GetLane(hn::SumOfLanes(d, v));
+  }
+  return total;
+}
+
+float max_span(const float* x, size_t n) {
+  const D d;
+  const auto id = [](V v) { return v; };
+  const auto mx = [](V a, V b) { return hn::Max(a, b); };
+  float best = kNegInf;
+  for (size_t start = 0; start < n; start += kReduceChunk) {
+    const size_t len = std::min(kReduceChunk, n - start);
+    const V v = reduce_chunk(x + start, len, kNegInf, hn::Set(d, kNegInf), id, mx);
+    best = std::max(best, hn::GetLane(hn::MaxOfLanes(d, v)));
+  }
+  return best;
+}
+
+float mean_span(const float* x, size_t n) {
+  return sum_span(x, n, 0.0f, [](V v) { return v; }) / static_cast<float>(n);
+}
+
+// Biased variance around a known mean (second pass of the two-pass algorithm, which
+// avoids the cancellation of E[x^2] - mean^2).
+float variance_span(const float* x, size_t n, float mean) {
+  const V m = hn::Set(D(), mean);
+  const auto sq_dev = [m](V v) {
+    const V dv = hn::Sub(v, m);
+    return hn::Mul(dv, dv);
+  };
+  return sum_span(x, n, mean, sq_dev) / static_cast<float>(n);
+}
+
+float mean_square_span(const float* x, size_t n) {
+  return sum_span(x, n, 0.0f, [](V v) { return hn::Mul(v, v); }) / static_cast<float>(n);
+}
+
+// y = (x - mean) * scale * w + b elementwise, w / b nullable (treated as 1 / 0).
+void normalize_span(const float* x, const float* w, const float* b, float* y, size_t n, float mean,
+                    float scale) {
+  const D d;
+  const V m = hn::Set(d, mean), s = hn::Set(d, scale);
+  for_each_vec(n, [&](size_t i, size_t count) {
+    V v = hn::Mul(hn::Sub(load_part(x, i, count, 0.0f), m), s);
+    if (w) v = hn::Mul(v, load_part(w, i, count, 0.0f));
+    if (b) v = hn::Add(v, load_part(b, i, count, 0.0f));
+    store_part(v, y, i, count);
+  });
+}
+
+float inv_sqrt(float v) { return 1.0f / std::sqrt(v); }
+
+void layer_norm_row(const float* x, const float* w, const float* b, float* y, size_t n, float eps) {
+  const float mean = mean_span(x, n);
+  const float rstd = inv_sqrt(variance_span(x, n, mean) + eps);
+  normalize_span(x, w, b, y, n, mean, rstd);
+}
+
+void rms_norm_row(const float* x, const float* w, float* y, size_t n, float eps) {
+  const float r = inv_sqrt(mean_square_span(x, n) + eps);
+  normalize_span(x, w, nullptr, y, n, 0.0f, r);
+}
+
+// One group of `channels` contiguous channels of `hw` values each; w, b point at the
+// group's first channel (or are null).
+void group_norm_group(const float* x, const float* w, const float* b, float* y, size_t channels,
+                      size_t hw, float eps) {
+  const size_t n = channels * hw;
+  const float mean = mean_span(x, n);
+  const float rstd = inv_sqrt(variance_span(x, n, mean) + eps);
+  const D d;
+  const V m = hn::Set(d, mean);
+  for (size_t c = 0; c < channels; ++c) {
+    const V s = hn::Set(d, w ? rstd * w[c] : rstd);
+    const V sh = hn::Set(d, b ? b[c] : 0.0f);
+    const float* xc = x + c * hw;
+    float* yc = y + c * hw;
+    for_each_vec(hw, [&](size_t i, size_t count) {
+      const V v = hn::MulAdd(hn::Sub(load_part(xc, i, count, 0.0f), m), s, sh);
+      store_part(v, yc, i, count);
+    });
+  }
+}
+
+void softmax_row(const float* x, float* y, size_t n) {
+  const D d;
+  const V mx = hn::Set(d, max_span(x, n));
+  // Pass 2 writes e = exp(x - max) and sums it. Highway's Exp maps NaN to 0, so NaN
+  // is put back explicitly: a NaN input, an all -inf row (-inf - -inf) or a +inf max
+  // then poisons the sum and the whole row becomes NaN, as in PyTorch. Tail lanes load
+  // -inf, whose exp is 0.
+  V acc = hn::Zero(d);
+  for_each_vec(n, [&](size_t i, size_t count) {
+    const V z = hn::Sub(load_part(x, i, count, kNegInf), mx);
+    const V e = hn::IfThenElse(hn::IsNaN(z), z, hn::Exp(d, z));
+    acc = hn::Add(acc, e);
+    store_part(e, y, i, count);
+  });
+  const V inv = hn::Set(d, 1.0f / hn::GetLane(hn::SumOfLanes(d, acc)));
+  for_each_vec(n, [&](size_t i, size_t count) {
+    store_part(hn::Mul(load_part(y, i, count, 0.0f), inv), y, i, count);
+  });
+}
+
+// Runs fn(r) for r in [0, rows), in parallel only when total work is worth a team.
+template <class Fn>
+void for_rows(int64_t rows, int64_t elems_per_row, Fn fn) {
+  if (rows < 2 || rows * elems_per_row < kParallelMinElems) {
+    for (int64_t r = 0; r < rows; ++r) fn(r);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) fn(r);
+}
+
+void check_rows(const char* op, const float* x, const float* y, int64_t rows, int64_t cols) {
+  KILN_CHECK(rows >= 0 && cols >= 0, op, "negative shape: rows=", rows, " cols=", cols);
+  KILN_CHECK(rows * cols == 0 || (x && y), op, "null input or output pointer");
+}
+
+}  // namespace
+
+void layer_norm_rows(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                     int64_t cols, float eps) {
+  check_rows("layer_norm", x, y, rows, cols);
+  if (cols == 0) return;
+  const size_t n = static_cast<size_t>(cols);
+  for_rows(rows, cols,
+           [&](int64_t r) { layer_norm_row(x + r * cols, w, b, y + r * cols, n, eps); });
+}
+
+void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t cols,
+                   float eps) {
+  check_rows("rms_norm", x, y, rows, cols);
+  if (cols == 0) return;
+  const size_t n = static_cast<size_t>(cols);
+  for_rows(rows, cols, [&](int64_t r) { rms_norm_row(x + r * cols, w, y + r * cols, n, eps); });
+}
+
+void group_norm_nchw(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t C,
+                     int64_t HW, int64_t groups, float eps) {
+  KILN_CHECK(N >= 0 && C >= 0 && HW >= 0, "group_norm", "negative shape: N=", N, " C=", C,
+             " HW=", HW);
+  KILN_CHECK(groups > 0 && C % groups == 0, "group_norm", "channels ", C, " not divisible into ",
+             groups, " groups");
+  KILN_CHECK(N * C * HW == 0 || (x && y), "group_norm", "null input or output pointer");
+  if (N * C * HW == 0) return;
+  const int64_t cpg = C / groups;
+  const int64_t group_elems = cpg * HW;
+  // Groups are contiguous spans in NCHW; unit u = n * groups + g starts at u * group_elems.
+  for_rows(N * groups, group_elems, [&](int64_t u) {
+    const int64_t c0 = (u % groups) * cpg;
+    const int64_t off = u * group_elems;
+    group_norm_group(x + off, w ? w + c0 : nullptr, b ? b + c0 : nullptr, y + off,
+                     static_cast<size_t>(cpg), static_cast<size_t>(HW), eps);
+  });
+}
+
+void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols) {
+  check_rows("softmax", x, y, rows, cols);
+  if (cols == 0) return;
+  const size_t n = static_cast<size_t>(cols);
+  for_rows(rows, cols, [&](int64_t r) { softmax_row(x + r * cols, y + r * cols, n); });
+}
+
+}  // namespace kiln::cpu

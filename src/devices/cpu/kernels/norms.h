@@ -1,0 +1,28 @@
+// Row-wise normalisation and softmax kernels over contiguous f32 data (Highway SIMD +
+// OpenMP). All arithmetic is f32 and follows PyTorch's definitions. Results are
+// deterministic: each row's (or group's) reduction order is fixed, so the output does
+// not depend on the number of threads. Safe to call from any thread, concurrently.
+#pragma once
+#include <cstdint>
+
+namespace kiln::cpu {
+
+// y = (x - mean) / sqrt(var + eps) * w + b over each row of `cols` (biased variance).
+// w, b may be nullptr (no scale / no shift). y may alias x.
+void layer_norm_rows(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                     int64_t cols, float eps);
+
+// y = x * rsqrt(mean(x^2) + eps) * w over each row (w may be nullptr). y may alias x.
+void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t cols, float eps);
+
+// GroupNorm on NCHW: x [N, C, HW]; each of `groups` groups of C/groups channels is
+// normalised over its (C/groups)*HW values (biased variance), then per-channel w[c],
+// b[c] (each nullable). C must be divisible by groups. y may alias x.
+void group_norm_nchw(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t C,
+                     int64_t HW, int64_t groups, float eps);
+
+// Softmax over each row, numerically stable (the row max is subtracted before exp).
+// As in PyTorch, a row containing NaN, +inf, or only -inf yields NaN. y may alias x.
+void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols);
+
+}  // namespace kiln::cpu

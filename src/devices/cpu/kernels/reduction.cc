@@ -1,0 +1,168 @@
+// Reduction kernels (sum, mean, max, var over any axes) and the normalisations, which
+// delegate their row math to norms.h. Inputs arrive dense (the dispatcher copies views).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "devices/cpu/kernels/f32_io.h"
+#include "devices/cpu/kernels/kernel_table.h"
+#include "devices/cpu/kernels/norms.h"
+#include "devices/cpu/kernels/strided.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+enum class Reduce { sum, mean, max, var };
+
+std::vector<int64_t> axes_of(const KernelArgs& args) {
+  const auto& given = args.attrs->get_ints("axes");
+  const int64_t rank = args.in[0].rank();
+  std::vector<int64_t> axes;
+  if (given.empty()) {
+    for (int64_t i = 0; i < rank; ++i) axes.push_back(i);
+  } else {
+    for (int64_t a : given) axes.push_back(a < 0 ? a + rank : a);
+    std::sort(axes.begin(), axes.end());
+  }
+  return axes;
+}
+
+// Reduces one gathered row. Sums run in fixed order (deterministic) in double for accuracy.
+float reduce_row(Reduce kind, const float* v, int64_t n, int64_t correction) {
+  switch (kind) {
+    case Reduce::max: return *std::max_element(v, v + n);
+    case Reduce::sum:
+    case Reduce::mean: {
+      double s = 0;
+      for (int64_t i = 0; i < n; ++i) s += v[i];
+      return float(kind == Reduce::sum ? s : s / double(n));
+    }
+    case Reduce::var: {
+      double s = 0, ss = 0;
+      for (int64_t i = 0; i < n; ++i) s += v[i];
+      const double mean = s / double(n);
+      for (int64_t i = 0; i < n; ++i) ss += (v[i] - mean) * (v[i] - mean);
+      return float(ss / double(n - correction));
+    }
+  }
+  return 0;
+}
+
+void reduce_kernel(const KernelArgs& args, Reduce kind) {
+  const TensorView& x = args.in[0];
+  const auto axes = axes_of(args);
+  const int64_t correction = args.attrs->get_int("correction", 1);
+  // Split the input's dims into kept (outer) and reduced (inner) ones.
+  const Strides xs = contiguous_strides(x.shape);
+  Shape kept_shape, red_shape;
+  Strides kept_strides, red_strides;
+  for (int64_t d = 0; d < x.rank(); ++d) {
+    const bool red = std::binary_search(axes.begin(), axes.end(), d);
+    (red ? red_shape : kept_shape).push_back(x.shape[size_t(d)]);
+    (red ? red_strides : kept_strides).push_back(xs[size_t(d)]);
+  }
+  const int64_t n_out = numel(kept_shape), n_red = numel(red_shape);
+  const StridedLoop red = make_strided_loop(red_shape, {red_strides});
+  const StridedLoop kept = make_strided_loop(kept_shape, {kept_strides});
+  F32In in(x);
+  F32Out out(args.out);
+  const float* src = in.get();
+  float* dst = out.get();
+#pragma omp parallel if (n_out * n_red >= (1 << 15))
+  {
+    std::vector<float> row(static_cast<size_t>(n_red));
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < n_out; ++o) {
+      const int64_t base = kept.offset(0, o / kept.inner) + (o % kept.inner) * kept.inner_stride[0];
+      float* r = row.data();
+      for (int64_t p = 0, k = 0; p < red.outer_count(); ++p) {
+        const float* s = src + base + red.offset(0, p);
+        for (int64_t i = 0; i < red.inner; ++i) r[k++] = s[i * red.inner_stride[0]];
+      }
+      dst[o] = reduce_row(kind, r, n_red, correction);
+    }
+  }
+}
+
+template <Reduce K>
+void reduce_entry(const KernelArgs& args) { reduce_kernel(args, K); }
+
+void softmax_kernel(const KernelArgs& args) {
+  const TensorView& x = args.in[0];
+  const int64_t axis = normalize_axis(args.attrs->get_int("axis"), x.rank(), "softmax");
+  F32In in(x);
+  F32Out out(args.out);
+  const int64_t n = x.shape[size_t(axis)];
+  int64_t inner = 1;
+  for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[size_t(d)];
+  const int64_t outer = n * inner != 0 ? x.numel() / (n * inner) : 0;
+  if (inner == 1) return softmax_rows(in.get(), out.get(), outer, n);
+  // Softmax over a non-last axis: gather each lane into a row, normalise, scatter back.
+  std::vector<float> row(static_cast<size_t>(n)), res(static_cast<size_t>(n));
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < inner; ++j) {
+      for (int64_t k = 0; k < n; ++k) row[size_t(k)] = in.get()[(o * n + k) * inner + j];
+      softmax_rows(row.data(), res.data(), 1, n);
+      for (int64_t k = 0; k < n; ++k) out.get()[(o * n + k) * inner + j] = res[size_t(k)];
+    }
+}
+
+const float* optional_param(const KernelArgs& args, size_t i, std::vector<F32In>& keep) {
+  if (args.in.size() <= i) return nullptr;
+  keep.emplace_back(args.in[i]);
+  return keep.back().get();
+}
+
+void layer_norm_kernel(const KernelArgs& args) {
+  const TensorView& x = args.in[0];
+  std::vector<F32In> params;
+  params.reserve(2);
+  const float* w = optional_param(args, 1, params);
+  const float* b = optional_param(args, 2, params);
+  F32In in(x);
+  F32Out out(args.out);
+  const int64_t c = x.shape.back();
+  layer_norm_rows(in.get(), w, b, out.get(), c ? x.numel() / c : 0, c, float(args.attrs->get_float("eps")));
+}
+
+void rms_norm_kernel(const KernelArgs& args) {
+  const TensorView& x = args.in[0];
+  std::vector<F32In> params;
+  params.reserve(1);
+  const float* w = optional_param(args, 1, params);
+  F32In in(x);
+  F32Out out(args.out);
+  const int64_t c = x.shape.back();
+  rms_norm_rows(in.get(), w, out.get(), c ? x.numel() / c : 0, c, float(args.attrs->get_float("eps")));
+}
+
+void group_norm_kernel(const KernelArgs& args) {
+  const TensorView& x = args.in[0];
+  std::vector<F32In> params;
+  params.reserve(2);
+  const float* w = optional_param(args, 1, params);
+  const float* b = optional_param(args, 2, params);
+  F32In in(x);
+  F32Out out(args.out);
+  const int64_t n = x.shape[0], c = x.shape[1];
+  group_norm_nchw(in.get(), w, b, out.get(), n, c, n * c != 0 ? x.numel() / (n * c) : 0, args.attrs->get_int("groups"),
+                  float(args.attrs->get_float("eps")));
+}
+
+}  // namespace
+
+void add_reduction_kernels(KernelTable& table) {
+  table["sum"] = &reduce_entry<Reduce::sum>;
+  table["mean"] = &reduce_entry<Reduce::mean>;
+  table["max"] = &reduce_entry<Reduce::max>;
+  table["var"] = &reduce_entry<Reduce::var>;
+  table["softmax"] = &softmax_kernel;
+  table["layer_norm"] = &layer_norm_kernel;
+  table["rms_norm"] = &rms_norm_kernel;
+  table["group_norm"] = &group_norm_kernel;
+}
+
+}  // namespace kiln::cpu

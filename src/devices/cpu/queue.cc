@@ -1,0 +1,87 @@
+#include "devices/cpu/queue.h"
+
+#include "core/error.h"
+
+namespace kiln::cpu {
+
+Queue::Queue(size_t max_pending) : max_pending_(max_pending ? max_pending : 1) {
+  worker_ = std::thread([this] { run(); });
+}
+
+Queue::~Queue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_work_.notify_all();
+  worker_.join();
+}
+
+uint64_t Queue::enqueue(std::string what, std::function<void()> work) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_space_.wait(lock, [&] { return items_.size() < max_pending_; });
+  const uint64_t seq = next_seq_++;
+  items_.push_back(Item{seq, std::move(what), std::move(work)});
+  lock.unlock();
+  cv_work_.notify_one();
+  return seq;
+}
+
+void Queue::wait_for(uint64_t seq) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_done_.wait(lock, [&] { return completed_ >= seq || !error_.empty(); });
+  if (!error_.empty()) {
+    // Everything queued after a failure is skipped; report once, then the queue is usable again.
+    cv_done_.wait(lock, [&] { return items_.empty() && completed_ + 1 >= next_seq_; });
+    std::string msg = std::move(error_);
+    error_.clear();
+    throw Error(msg);
+  }
+}
+
+uint64_t Queue::last_enqueued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_seq_ - 1;
+}
+
+uint64_t Queue::completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_;
+}
+
+void Queue::run() {
+  for (;;) {
+    Item item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_work_.wait(lock, [&] { return stop_ || !items_.empty(); });
+      if (items_.empty()) return;  // stop requested and drained
+      item = std::move(items_.front());
+      items_.pop_front();
+    }
+    cv_space_.notify_one();
+    std::string failure;
+    bool skip;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      skip = !error_.empty();
+    }
+    if (!skip) {
+      try {
+        item.work();
+      } catch (const std::exception& e) {
+        failure = std::string("[async] ") + item.what + " failed on the device: " + e.what() +
+                  " (later queued work was skipped)";
+      }
+    }
+    item.work = nullptr;  // drop buffer references before reporting completion
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure.empty() && error_.empty()) error_ = std::move(failure);
+      completed_ = item.seq;
+    }
+    cv_done_.notify_all();
+  }
+}
+
+}  // namespace kiln::cpu

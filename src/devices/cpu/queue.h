@@ -1,0 +1,52 @@
+// An asynchronous in-order work queue (one worker thread). enqueue() returns at once
+// with the work's sequence number; wait_for(seq) blocks the host until that work (and
+// everything before it) has run. The host may run at most `max_pending` items ahead
+// (backpressure). An exception thrown by queued work is kept and rethrown, naming the
+// op that failed, at the next wait (the asynchronous error rule of runtime.md §1.3).
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace kiln::cpu {
+
+class Queue {
+ public:
+  explicit Queue(size_t max_pending = 32);
+  ~Queue();
+  Queue(const Queue&) = delete;
+  Queue& operator=(const Queue&) = delete;
+
+  // `what` names the work in error messages (the op name).
+  uint64_t enqueue(std::string what, std::function<void()> work);
+  // Blocks until work `seq` has completed; rethrows a pending asynchronous error.
+  void wait_for(uint64_t seq);
+  void wait_all() { wait_for(last_enqueued()); }
+  uint64_t last_enqueued() const;
+  uint64_t completed() const;
+  bool on_worker_thread() const { return std::this_thread::get_id() == worker_.get_id(); }
+
+ private:
+  struct Item {
+    uint64_t seq;
+    std::string what;
+    std::function<void()> work;
+  };
+  void run();
+
+  const size_t max_pending_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_work_, cv_done_, cv_space_;
+  std::deque<Item> items_;
+  uint64_t next_seq_ = 1;
+  uint64_t completed_ = 0;
+  std::string error_;  // first asynchronous failure, cleared when reported
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace kiln::cpu

@@ -1,0 +1,54 @@
+// The interface every device backend implements: memory, an in-order queue, kernels.
+// exec/ talks to devices only through this; models never see it.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/attrs.h"
+#include "core/buffer.h"
+#include "core/tensor_view.h"
+
+namespace kiln {
+
+struct KernelArgs {
+  std::vector<TensorView> in;
+  TensorView out;
+  const Attrs* attrs = nullptr;
+};
+using KernelFn = void (*)(const KernelArgs&);
+
+struct MemoryStats {
+  size_t in_use_bytes = 0;
+  size_t peak_bytes = 0;
+  size_t pooled_bytes = 0;
+  size_t capacity_bytes = 0;  // 0 = unlimited
+};
+
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  virtual Device device() const = 0;
+
+  // Memory. allocate() throws "[alloc] out of memory ..." past the capacity.
+  virtual BufferPtr allocate(size_t bytes) = 0;
+  virtual MemoryStats memory() const = 0;
+  virtual void set_memory_capacity(size_t bytes) = 0;
+  virtual void reset_peak_memory() = 0;
+
+  // Queue: enqueue returns at once with a sequence number; wait_for blocks the host.
+  virtual uint64_t enqueue(std::string what, std::function<void()> work) = 0;
+  virtual void wait_for(uint64_t seq) = 0;
+  virtual uint64_t last_enqueued() const = 0;
+  virtual uint64_t completed() const = 0;
+
+  // The kernel implementing `op` on this device, or nullptr.
+  virtual KernelFn kernel(const std::string& op) const = 0;
+};
+
+// The runtime of a device (created on first use, lives for the process).
+// Throws "[device] ... not available" for devices this build or machine lacks.
+DeviceRuntime& runtime(const Device& device);
+
+}  // namespace kiln

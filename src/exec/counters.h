@@ -1,0 +1,24 @@
+// Counters the engine exposes (process-wide, all devices). Memory counters come from each
+// device's allocator: kiln::runtime(device).memory().
+#pragma once
+#include <cstdint>
+
+namespace kiln {
+
+struct Counters {
+  uint64_t ops_dispatched = 0;    // every op call, views included
+  uint64_t kernels_launched = 0;  // work items enqueued on a device queue
+  uint64_t sync_points = 0;       // host reads / explicit syncs
+  uint64_t host_waits = 0;        // sync points that actually blocked on unfinished work
+};
+
+Counters counters();
+void reset_counters();
+
+namespace detail {
+void count_op();
+void count_kernel();
+void count_sync(bool waited);
+}  // namespace detail
+
+}  // namespace kiln

@@ -1,0 +1,72 @@
+#include "exec/dispatch.h"
+
+#include <memory>
+
+#include "core/error.h"
+#include "devices/runtime.h"
+#include "exec/counters.h"
+#include "exec/mode.h"
+#include "graph/op.h"
+
+namespace kiln {
+
+namespace {
+
+void check_inputs(const OpDef& def, const std::vector<Tensor>& inputs) {
+  const int n = int(inputs.size());
+  KILN_CHECK(n >= def.min_inputs && (def.max_inputs < 0 || n <= def.max_inputs), def.name, "takes ",
+             def.min_inputs, (def.max_inputs == def.min_inputs ? "" : " or more"), " inputs, got ", n);
+  for (int i = 0; i < n; ++i) {
+    KILN_CHECK(inputs[size_t(i)].defined(), def.name, "input ", i, " is an undefined tensor");
+    KILN_CHECK(inputs[size_t(i)].device() == inputs[0].device(), def.name, "input ", i, " is on ",
+               inputs[size_t(i)].device().str(), " but input 0 is on ", inputs[0].device().str());
+  }
+}
+
+Tensor launch(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, const OutputMeta& meta,
+              const Device& device) {
+  DeviceRuntime& rt = runtime(device);
+  const KernelFn kernel = rt.kernel(def.name);
+  KILN_CHECK(kernel != nullptr, def.name, "has no kernel on ", device.str());
+  if (!def.strided_inputs)
+    for (Tensor& t : inputs)
+      if (!t.is_contiguous()) t = dispatch("copy", {t});
+
+  BufferPtr out_buf = rt.allocate(size_t(numel(meta.shape)) * dtype_size(meta.dtype));
+  Tensor out = Tensor::view_of(out_buf, meta.shape, meta.dtype);
+  // The queued work holds the inputs and output, so their buffers outlive the kernel even if
+  // the caller drops every handle before it runs.
+  auto work = [kernel, inputs = std::move(inputs), out, attrs = std::move(attrs)] {
+    KernelArgs args;
+    args.in.reserve(inputs.size());
+    for (const Tensor& t : inputs) args.in.push_back(TensorView::of(t));
+    args.out = TensorView::of(out);
+    args.attrs = &attrs;
+    kernel(args);
+  };
+  const uint64_t seq = rt.enqueue(def.name, std::move(work));
+  out_buf->set_ready_seq(seq);
+  detail::count_kernel();
+  if (eager_mode() == EagerMode::DeferNeverAndLaunchBlocking) {
+    rt.wait_for(seq);
+    detail::count_sync(true);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor dispatch(const std::string& op, std::vector<Tensor> inputs, Attrs attrs, std::optional<Device> device) {
+  const OpDef& def = op_def(op);
+  check_inputs(def, inputs);
+  const OutputMeta meta = def.infer(inputs, attrs);
+  detail::count_op();
+  if (def.view) {
+    const ViewMeta v = def.view(inputs[0], attrs);
+    return Tensor::view_of(inputs[0].buffer(), v.shape, meta.dtype, v.strides, v.offset);
+  }
+  const Device dev = inputs.empty() ? device.value_or(Device::cpu()) : inputs[0].device();
+  return launch(def, std::move(inputs), std::move(attrs), meta, dev);
+}
+
+}  // namespace kiln

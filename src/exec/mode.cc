@@ -1,0 +1,44 @@
+#include "exec/mode.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace kiln {
+
+namespace {
+
+EagerMode mode_from_env() {
+  const char* v = std::getenv("KILN_LAUNCH_BLOCKING");
+  return v && std::strcmp(v, "0") != 0 && *v ? EagerMode::DeferNeverAndLaunchBlocking : EagerMode::DeferNever;
+}
+
+std::atomic<EagerMode>& default_mode() {
+  static std::atomic<EagerMode> mode{mode_from_env()};
+  return mode;
+}
+
+thread_local bool t_has_override = false;
+thread_local EagerMode t_override = EagerMode::DeferNever;
+
+}  // namespace
+
+EagerMode eager_mode() { return t_has_override ? t_override : default_mode().load(); }
+
+void set_default_eager_mode(EagerMode mode) { default_mode().store(mode); }
+
+const char* eager_mode_name(EagerMode mode) {
+  return mode == EagerMode::DeferNever ? "eager" : "eager-launch-blocking";
+}
+
+EagerModeGuard::EagerModeGuard(EagerMode mode) : had_override_(t_has_override), previous_(t_override) {
+  t_has_override = true;
+  t_override = mode;
+}
+
+EagerModeGuard::~EagerModeGuard() {
+  t_has_override = had_override_;
+  t_override = previous_;
+}
+
+}  // namespace kiln

@@ -1,0 +1,236 @@
+// The op conformance harness: every registered op runs through the dispatcher on the CPU
+// device and is compared with its reference implementation, on random inputs, with
+// broadcasting and non-contiguous views, for f32 and (where meaningful) bf16/f16 storage.
+// Adding an op means adding a row to kCases; a test fails if an op has no row.
+#include <set>
+
+#include "exec/dispatch.h"
+#include "exec/ops.h"
+#include "graph/op.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+enum class Layout {
+  dense,
+  transposed,  // stored with the last two dims swapped, then permuted back (a strided view)
+  strided,     // every other element of a tensor twice as long in the last dim
+  broadcast,   // a size-1 leading dim expanded to `shape` (stride 0)
+};
+
+struct InputSpec {
+  Shape shape;
+  Layout layout = Layout::dense;
+  double lo = -2, hi = 2;
+  std::optional<DType> fixed_dtype;  // integer / bool inputs keep their dtype in every variant
+};
+
+struct OpCase {
+  OpCase(std::string label_, std::string op_, std::vector<InputSpec> inputs_, Attrs attrs_ = {},
+         double rtol_ = 1e-5, double atol_ = 1e-5, bool low_precision_ = true)
+      : label(std::move(label_)), op(std::move(op_)), inputs(std::move(inputs_)), attrs(std::move(attrs_)),
+        rtol(rtol_), atol(atol_), low_precision(low_precision_) {}
+  std::string label;
+  std::string op;
+  std::vector<InputSpec> inputs;
+  Attrs attrs;
+  double rtol, atol;   // for f32 storage
+  bool low_precision;  // also run with bf16 and f16 storage
+};
+
+InputSpec in(Shape s, Layout l = Layout::dense, double lo = -2, double hi = 2) { return {std::move(s), l, lo, hi, {}}; }
+InputSpec positive(Shape s, Layout l = Layout::dense) { return {std::move(s), l, 0.1, 3, {}}; }
+InputSpec booleans(Shape s) { return {std::move(s), Layout::dense, 0, 2, DType::boolean}; }
+InputSpec indices(Shape s, int64_t vocab) { return {std::move(s), Layout::dense, 0, double(vocab), DType::i64}; }
+
+Tensor make_input(const InputSpec& spec, DType dtype, uint32_t seed) {
+  const DType t = spec.fixed_dtype.value_or(dtype);
+  auto values = [&](const Shape& s) {
+    auto v = test::random_values(numel(s), seed, spec.lo, spec.hi);
+    if (!is_floating(t))
+      for (float& x : v) x = std::floor(x);
+    return v;
+  };
+  const Shape& s = spec.shape;
+  switch (spec.layout) {
+    case Layout::dense: return from_vector(values(s), s, t);
+    case Layout::transposed: {
+      Shape st = s;
+      std::swap(st[st.size() - 1], st[st.size() - 2]);
+      return transpose(from_vector(values(st), st, t), -1, -2);
+    }
+    case Layout::strided: {
+      Shape big = s;
+      big.back() *= 2;
+      return slice(from_vector(values(big), big, t), -1, 0, big.back(), 2);
+    }
+    case Layout::broadcast: {
+      Shape one = s;
+      one[0] = 1;
+      return expand(from_vector(values(one), one, t), s);
+    }
+  }
+  return Tensor();
+}
+
+const std::vector<OpCase>& cases() {
+  using L = Layout;
+  static const std::vector<OpCase> k = [] {
+    std::vector<OpCase> c;
+    for (const char* u : {"neg", "abs", "exp", "tanh", "sin", "cos", "sigmoid", "relu", "silu", "gelu", "gelu_tanh",
+                          "quick_gelu"}) {
+      c.push_back({std::string(u) + "/dense", u, {in({3, 37})}});
+      c.push_back({std::string(u) + "/transposed", u, {in({5, 8, 9}, L::transposed)}});
+    }
+    for (const char* u : {"log", "sqrt", "rsqrt"}) {
+      c.push_back({std::string(u) + "/dense", u, {positive({4, 33})}});
+      c.push_back({std::string(u) + "/strided", u, {positive({6, 7}, L::strided)}});
+    }
+    c.push_back({"clamp/both", "clamp", {in({4, 50})}, Attrs{{"min", -0.5}, {"max", 0.75}}});
+    c.push_back({"clamp/min_only", "clamp", {in({4, 50}, L::strided)}, Attrs{{"min", 0.1}}});
+    c.push_back({"cast/to_f32", "cast", {in({3, 40}, L::transposed)}, Attrs{{"dtype", int64_t(DType::f32)}}});
+    c.push_back({"cast/to_bf16", "cast", {in({3, 40})}, Attrs{{"dtype", int64_t(DType::bf16)}}, 4e-3, 1e-6});
+    c.push_back({"cast/to_i32", "cast", {in({3, 40}, L::dense, -50, 50)}, Attrs{{"dtype", int64_t(DType::i32)}}});
+    c.push_back({"cast/bool_to_f32", "cast", {booleans({5, 6})}, Attrs{{"dtype", int64_t(DType::f32)}}});
+    for (const char* b : {"add", "sub", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"}) {
+      c.push_back({std::string(b) + "/same", b, {in({4, 70}), in({4, 70})}});
+      c.push_back({std::string(b) + "/broadcast_row", b, {in({3, 5, 16}, L::transposed), in({16})}});
+      c.push_back({std::string(b) + "/broadcast_both", b, {in({4, 1, 6}), in({1, 3, 6}, L::strided)}});
+      c.push_back({std::string(b) + "/scalar", b, {in({2, 9}), in({})}});
+    }
+    c.push_back({"div/same", "div", {in({4, 70}), positive({4, 70})}});
+    c.push_back({"div/broadcast", "div", {in({3, 5, 16}, L::transposed), positive({5, 1})}});
+    c.push_back({"pow/scalar_exponent", "pow", {positive({3, 33}), in({}, L::dense, 0.5, 2.5)}, {}, 2e-5, 1e-5});
+    c.push_back({"pow/broadcast", "pow", {positive({4, 9}), in({9}, L::dense, -1, 2)}, {}, 2e-5, 1e-5});
+    c.push_back({"where/broadcast", "where", {booleans({4, 1, 10}), in({4, 3, 10}), in({10}, L::dense)}});
+    c.push_back({"where/views", "where", {booleans({6, 8}), in({6, 8}, L::transposed), in({6, 8}, L::strided)}});
+
+    for (const char* r : {"sum", "mean", "max", "var"}) {
+      c.push_back({std::string(r) + "/last", r, {in({5, 7, 33})}, Attrs{{"axes", std::vector<int64_t>{-1}}}, 2e-5, 1e-5});
+      c.push_back({std::string(r) + "/middle_keepdim", r, {in({5, 7, 33}, L::transposed)},
+                   Attrs{{"axes", std::vector<int64_t>{1}}, {"keepdim", int64_t(1)}}, 2e-5, 1e-5});
+      c.push_back({std::string(r) + "/two_axes", r, {in({4, 6, 5, 3})}, Attrs{{"axes", std::vector<int64_t>{0, 2}}},
+                   2e-5, 1e-5});
+      c.push_back({std::string(r) + "/all", r, {in({9, 13}, L::strided)}, Attrs{{"axes", std::vector<int64_t>{}}}, 2e-5, 1e-5});
+    }
+    c.push_back({"var/population", "var", {in({6, 40})}, Attrs{{"axes", std::vector<int64_t>{1}}, {"correction", int64_t(0)}},
+                 2e-5, 1e-5});
+    c.push_back({"softmax/last", "softmax", {in({4, 3, 77}, L::dense, -8, 8)}, Attrs{{"axis", int64_t(-1)}}});
+    c.push_back({"softmax/middle", "softmax", {in({4, 9, 5}, L::transposed, -8, 8)}, Attrs{{"axis", int64_t(1)}}});
+    c.push_back({"layer_norm/affine", "layer_norm", {in({2, 7, 96}, L::dense, -3, 5), in({96}), in({96})},
+                 Attrs{{"eps", 1e-6}}, 2e-5, 2e-5});
+    c.push_back({"layer_norm/plain_view", "layer_norm", {in({6, 48}, L::transposed)}, Attrs{{"eps", 1e-5}}, 2e-5, 2e-5});
+    c.push_back({"rms_norm/weight", "rms_norm", {in({3, 5, 64}), in({64})}, Attrs{{"eps", 1e-6}}, 2e-5, 2e-5});
+    c.push_back({"rms_norm/plain", "rms_norm", {in({7, 33}, L::strided)}, Attrs{{"eps", 1e-6}}, 2e-5, 2e-5});
+    c.push_back({"group_norm/affine", "group_norm", {in({2, 32, 5, 6}), in({32}), in({32})},
+                 Attrs{{"groups", int64_t(8)}, {"eps", 1e-6}}, 2e-5, 2e-5});
+    c.push_back({"group_norm/plain", "group_norm", {in({1, 12, 7}, L::transposed)}, Attrs{{"groups", int64_t(3)}, {"eps", 1e-5}},
+                 2e-5, 2e-5});
+
+    c.push_back({"matmul/plain", "matmul", {in({33, 47}), in({47, 29})}, {}, 1e-4, 1e-4});
+    c.push_back({"matmul/transpose_b", "matmul", {in({2, 17, 40}), in({23, 40})}, Attrs{{"transpose_b", int64_t(1)}}, 1e-4, 1e-4});
+    c.push_back({"matmul/transpose_a", "matmul", {in({3, 40, 17}), in({3, 40, 9})}, Attrs{{"transpose_a", int64_t(1)}}, 1e-4, 1e-4});
+    c.push_back({"matmul/batch_broadcast", "matmul", {in({2, 1, 8, 16}, L::transposed), in({3, 16, 5})}, {}, 1e-4, 1e-4});
+    c.push_back({"linear/bias", "linear", {in({2, 9, 64}), in({48, 64}), in({48})}, {}, 1e-4, 1e-4});
+    c.push_back({"linear/no_bias_view", "linear", {in({10, 32}, L::transposed), in({20, 32})}, {}, 1e-4, 1e-4});
+    c.push_back({"conv2d/3x3_pad1", "conv2d", {in({2, 3, 9, 10}), in({4, 3, 3, 3}), in({4})},
+                 Attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{1, 1}}}, 1e-4, 1e-4});
+    c.push_back({"conv2d/stride2", "conv2d", {in({1, 4, 11, 8}, L::transposed), in({5, 4, 3, 3})},
+                 Attrs{{"stride", std::vector<int64_t>{2, 2}}, {"padding", std::vector<int64_t>{0, 0}}}, 1e-4, 1e-4});
+    c.push_back({"conv2d/1x1", "conv2d", {in({1, 8, 5, 5}), in({6, 8, 1, 1}), in({6})},
+                 Attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{0, 0}}}, 1e-4, 1e-4});
+    c.push_back({"sdpa/plain", "sdpa", {in({2, 3, 37, 16}), in({2, 3, 53, 16}), in({2, 3, 53, 8})}, {}, 1e-4, 1e-4});
+    c.push_back({"sdpa/mask_scale", "sdpa", {in({1, 2, 20, 8}), in({1, 2, 30, 8}), in({1, 2, 30, 8}), in({1, 1, 20, 30}, L::dense, -4, 0)},
+                 Attrs{{"scale", 0.3}}, 1e-4, 1e-4});
+    c.push_back({"sdpa/views", "sdpa", {in({1, 2, 24, 16}, L::transposed), in({1, 2, 24, 16}, L::strided), in({1, 2, 24, 16})},
+                 {}, 1e-4, 1e-4});
+
+    c.push_back({"reshape/merge", "reshape", {in({4, 6, 5})}, Attrs{{"shape", std::vector<int64_t>{24, 5}}}});
+    c.push_back({"reshape/split_view", "reshape", {in({4, 6, 10}, L::strided)}, Attrs{{"shape", std::vector<int64_t>{2, 2, 6, 10}}}});
+    c.push_back({"permute/3d", "permute", {in({3, 4, 5})}, Attrs{{"dims", std::vector<int64_t>{2, 0, 1}}}});
+    c.push_back({"slice/step", "slice", {in({5, 12}, L::transposed)},
+                 Attrs{{"axis", int64_t(1)}, {"start", int64_t(1)}, {"end", int64_t(-1)}, {"step", int64_t(3)}}});
+    c.push_back({"expand/leading", "expand", {in({1, 7})}, Attrs{{"shape", std::vector<int64_t>{3, 4, -1}}}});
+    c.push_back({"copy/transposed", "copy", {in({6, 7}, L::transposed)}});
+    c.push_back({"copy/broadcast", "copy", {in({3, 4, 5}, L::broadcast)}});
+    c.push_back({"concat/axis1", "concat", {in({2, 3, 4}), in({2, 5, 4}, L::transposed), in({2, 1, 4})}, Attrs{{"axis", int64_t(1)}}});
+    c.push_back({"concat/last", "concat", {in({3, 2}), in({3, 7}, L::strided)}, Attrs{{"axis", int64_t(-1)}}});
+    c.push_back({"pad/2d", "pad", {in({3, 4, 5}, L::transposed)},
+                 Attrs{{"pads", std::vector<int64_t>{0, 0, 1, 2, 3, 0}}, {"value", -1.5}}});
+    c.push_back({"gather/embedding", "gather", {in({11, 6}), indices({2, 7}, 11)}});
+    c.push_back({"upsample_nearest2x/nchw", "upsample_nearest2x", {in({2, 3, 4, 5}, L::transposed)}});
+    c.push_back({"arange/float", "arange", {}, Attrs{{"start", 0.5}, {"end", 9.0}, {"step", 0.75}, {"dtype", int64_t(DType::f32)}}});
+    c.push_back({"arange/int", "arange", {}, Attrs{{"start", -3.0}, {"end", 20.0}, {"step", 2.0}, {"dtype", int64_t(DType::i64)}},
+                 1e-5, 1e-5, false});
+    c.push_back({"full/f32", "full", {}, Attrs{{"shape", std::vector<int64_t>{3, 5}}, {"value", 2.25}, {"dtype", int64_t(DType::f32)}}});
+    return c;
+  }();
+  return k;
+}
+
+struct Variant {
+  OpCase c;
+  DType dtype;
+};
+
+std::string variant_name(const testing::TestParamInfo<Variant>& info) {
+  std::string s = info.param.c.label + "_" + dtype_name(info.param.dtype);
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
+  for (const OpCase& c : cases()) {
+    v.push_back({c, DType::f32});
+    if (c.low_precision) {
+      v.push_back({c, DType::bf16});
+      v.push_back({c, DType::f16});
+    }
+  }
+  return v;
+}
+
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.c.label << " (" << dtype_name(v.dtype) << ")"; }
+
+class OpConformance : public testing::TestWithParam<Variant> {};
+
+TEST_P(OpConformance, MatchesReference) {
+  const OpCase& c = GetParam().c;
+  const DType dtype = GetParam().dtype;
+  std::vector<Tensor> inputs;
+  std::vector<HostTensor> host;
+  uint32_t seed = 1234;
+  for (const InputSpec& spec : c.inputs) {
+    inputs.push_back(make_input(spec, dtype, seed++));
+    host.push_back(to_host(inputs.back()));  // the values the kernel sees, already rounded
+  }
+  Attrs attrs = c.attrs;
+  // Factories take their dtype from attrs: run them in the variant's dtype.
+  if (inputs.empty() && attrs.has("dtype") && is_floating(DType(attrs.get_int("dtype"))))
+    attrs.set("dtype", int64_t(dtype));
+  const Tensor out = dispatch(c.op, inputs, attrs);
+  const OutputMeta meta{out.shape(), out.dtype()};
+  const HostTensor expected = reference_run(c.op, host, attrs, meta);
+  const HostTensor got = to_host(out);
+  ASSERT_EQ(got.shape, expected.shape);
+  // Low-precision storage: the kernel rounds once from f32, the reference once from double,
+  // so they may differ by one unit in the last place of the storage type.
+  const bool low = dtype != DType::f32 && is_floating(out.dtype()) && out.dtype() != DType::f32;
+  const double rtol = low ? (dtype == DType::bf16 ? 1.6e-2 : 2e-3) : c.rtol;
+  const double atol = low ? (dtype == DType::bf16 ? 1.6e-2 : 2e-3) : c.atol;
+  EXPECT_LE(test::closeness(got.data, expected.data, rtol, atol), 1.0) << c.label << " in " << dtype_name(dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, OpConformance, testing::ValuesIn(variants()), variant_name);
+
+TEST(OpConformanceCoverage, EveryRegisteredOpHasACase) {
+  std::set<std::string> covered;
+  for (const OpCase& c : cases()) covered.insert(c.op);
+  for (const std::string& op : op_names()) EXPECT_TRUE(covered.count(op)) << "op '" << op << "' has no harness row";
+}
+
+}  // namespace
+}  // namespace kiln

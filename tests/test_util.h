@@ -1,0 +1,50 @@
+// Helpers shared by the tests: seeded random tensors, closeness checks, message checks.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "exec/host.h"
+
+namespace kiln::test {
+
+inline std::vector<float> random_values(int64_t n, uint32_t seed, double lo = -2, double hi = 2) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = float(dist(rng));
+  return v;
+}
+
+inline Tensor random_tensor(const Shape& shape, uint32_t seed, DType dtype = DType::f32, double lo = -2,
+                            double hi = 2) {
+  return from_vector(random_values(numel(shape), seed, lo, hi), shape, dtype);
+}
+
+// Largest |a - b| / (atol + rtol |b|); <= 1 means close.
+inline double closeness(const std::vector<double>& a, const std::vector<double>& b, double rtol, double atol) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (std::isinf(b[i]) && a[i] == b[i]) continue;
+    worst = std::max(worst, std::fabs(a[i] - b[i]) / (atol + rtol * std::fabs(b[i])));
+  }
+  return worst;
+}
+
+// Runs `f`, expecting a kiln::Error whose message contains every one of `parts`.
+template <typename F>
+void expect_error(F&& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected a kiln::Error containing '" << (parts.empty() ? "" : parts[0]) << "'";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nmissing: " << p;
+  }
+}
+
+}  // namespace kiln::test
