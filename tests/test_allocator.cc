@@ -1,0 +1,66 @@
+// The CPU device's pooled allocator: counters, reuse, capacity errors.
+#include "devices/cpu/allocator.h"
+#include "devices/runtime.h"
+#include "exec/ops.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+TEST(Allocator, CountsInUseAndPeakAndReusesBlocks) {
+  cpu::Allocator alloc(Device::cpu());
+  {
+    BufferPtr a = alloc.allocate(1000);
+    BufferPtr b = alloc.allocate(100000);
+    const auto s = alloc.stats();
+    EXPECT_EQ(s.in_use_bytes, cpu::Allocator::round_size(1000) + cpu::Allocator::round_size(100000));
+    EXPECT_EQ(s.peak_bytes, s.in_use_bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % 64, 0u);
+  }
+  auto s = alloc.stats();
+  EXPECT_EQ(s.in_use_bytes, 0u);
+  EXPECT_GT(s.pooled_bytes, 0u);
+  EXPECT_EQ(s.peak_bytes, cpu::Allocator::round_size(1000) + cpu::Allocator::round_size(100000));
+  BufferPtr again = alloc.allocate(99000);  // same size class as 100000: served from the pool
+  EXPECT_EQ(alloc.stats().pool_hits, 1u);
+}
+
+TEST(Allocator, CapacityErrorNamesRequestedAndAvailableBytes) {
+  cpu::Allocator alloc(Device::cpu());
+  alloc.set_capacity(1 << 20);
+  BufferPtr a = alloc.allocate(600 * 1024);
+  test::expect_error([&] { alloc.allocate(600 * 1024); },
+                     {"[alloc] out of memory on cpu:0", "requested 614400 bytes", "available 393216",
+                      "capacity 1048576"});
+  a.reset();
+  // The freed block is pooled; the capacity counts it, so the allocator drops the pool and succeeds.
+  BufferPtr b = alloc.allocate(900 * 1024);
+  EXPECT_NE(b, nullptr);
+}
+
+TEST(Allocator, DeviceCapacityStopsAnOpAtItsCall) {
+  DeviceRuntime& rt = runtime(Device::cpu());
+  synchronize();
+  const size_t used = rt.memory().in_use_bytes;
+  rt.set_memory_capacity(used + (1 << 20));
+  test::expect_error([&] { zeros({1024, 1024}); }, {"[alloc] out of memory", "requested 4194304 bytes"});
+  rt.set_memory_capacity(0);
+  EXPECT_EQ(zeros({1024, 1024}).numel(), 1 << 20);
+}
+
+TEST(Allocator, PeakTracksOpOutputs) {
+  DeviceRuntime& rt = runtime(Device::cpu());
+  synchronize();
+  rt.reset_peak_memory();
+  const size_t base = rt.memory().in_use_bytes;
+  {
+    const Tensor a = zeros({256, 1024});  // 1 MiB
+    const Tensor b = a + 1.0;             // 1 MiB more (plus a 0-d scalar)
+    synchronize();
+  }
+  EXPECT_GE(rt.memory().peak_bytes, base + 2 * (1u << 20));
+  EXPECT_EQ(rt.memory().in_use_bytes, base);
+}
+
+}  // namespace
+}  // namespace kiln
