@@ -1,0 +1,774 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "devices/runtime.h"
+#include "io/json_config.h"
+
+namespace kiln::io {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kWhere = "safetensors";
+// Real headers are kilobytes to a few MiB; anything larger is a corrupt length field, and
+// parsing it would only burn memory.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+std::atomic<uint64_t> g_bytes_read{0};
+
+struct DTypeEntry {
+  const char* name;
+  size_t size;
+  std::optional<DType> kiln;
+};
+
+constexpr DTypeEntry kDTypes[] = {
+    {"F64", 8, std::nullopt},    {"F32", 4, DType::f32},       {"F16", 2, DType::f16},
+    {"BF16", 2, DType::bf16},    {"I64", 8, DType::i64},       {"I32", 4, DType::i32},
+    {"I16", 2, std::nullopt},    {"I8", 1, std::nullopt},      {"U8", 1, std::nullopt},
+    {"U16", 2, std::nullopt},    {"U32", 4, std::nullopt},     {"U64", 8, std::nullopt},
+    {"BOOL", 1, DType::boolean}, {"F8_E4M3", 1, std::nullopt}, {"F8_E5M2", 1, std::nullopt},
+};
+
+const DTypeEntry* find_dtype(const std::string& name) {
+  for (const DTypeEntry& e : kDTypes)
+    if (name == e.name) return &e;
+  return nullptr;
+}
+
+std::string known_dtype_list() {
+  std::string s;
+  for (const DTypeEntry& e : kDTypes) s += std::string(s.empty() ? "" : ", ") + e.name;
+  return s;
+}
+
+std::string errno_text() { return std::error_code(errno, std::generic_category()).message(); }
+
+// "[safetensors] <file>: <parts...>"
+template <typename... Parts>
+[[noreturn]] void file_fail(const fs::path& file, const Parts&... parts) {
+  fail(kWhere, file.string(), ": ", parts...);
+}
+
+// "[a, b)" without overflowing when a + b does not fit.
+std::string range_text(int64_t start, int64_t length) {
+  std::ostringstream os;
+  int64_t end = 0;
+  os << '[' << start << ", ";
+  if (__builtin_add_overflow(start, length, &end))
+    os << start << '+' << length;
+  else
+    os << end;
+  os << ')';
+  return os.str();
+}
+
+// A JSON value as a non-negative int64, or nullopt with `why` set.
+std::optional<int64_t> json_to_count(const nlohmann::json& v, std::string* why) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u <= uint64_t(std::numeric_limits<int64_t>::max())) return int64_t(u);
+    *why = "too large";
+    return std::nullopt;
+  }
+  if (v.is_number_integer()) {
+    *why = "negative";
+    return std::nullopt;
+  }
+  *why = json_kind(v);
+  return std::nullopt;
+}
+
+// A JSON value for an error message: scalars as written (cut short), containers by kind, so
+// that a hostile header cannot make the message huge.
+std::string short_text(const nlohmann::json& v) {
+  if (v.is_structured()) return json_kind(v);
+  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
+// Integer conversion kept in 64 bits so that large i64 values survive i64 <-> i32/bool.
+int64_t load_int(const void* data, DType t, int64_t i) {
+  switch (t) {
+    case DType::i32: return static_cast<const int32_t*>(data)[i];
+    case DType::i64: return static_cast<const int64_t*>(data)[i];
+    case DType::boolean: return static_cast<const uint8_t*>(data)[i] != 0;
+    default: return 0;
+  }
+}
+
+void store_int(void* data, DType t, int64_t i, int64_t v) {
+  switch (t) {
+    case DType::i32: static_cast<int32_t*>(data)[i] = int32_t(v); return;
+    case DType::i64: static_cast<int64_t*>(data)[i] = v; return;
+    case DType::boolean: static_cast<uint8_t*>(data)[i] = v != 0; return;
+    default: return;
+  }
+}
+
+void convert_elements(const void* src, DType from, void* dst, DType to, int64_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, size_t(n) * dtype_size(from));
+  } else if (to == DType::f32) {
+    convert_to_f32(src, from, static_cast<float*>(dst), n);
+  } else if (from == DType::f32) {
+    convert_from_f32(static_cast<const float*>(src), dst, to, n);
+  } else if (!is_floating(from) && !is_floating(to)) {
+    for (int64_t i = 0; i < n; ++i) store_int(dst, to, i, load_int(src, from, i));
+  } else {
+    for (int64_t i = 0; i < n; ++i) store_from_double(dst, to, i, load_as_double(src, from, i));
+  }
+}
+
+BufferPtr allocate_cpu(size_t bytes) {
+  // A zero-byte request still gets a real block so every tensor has a valid base pointer.
+  return runtime(Device::cpu()).allocate(std::max<size_t>(bytes, 1));
+}
+
+Tensor convert_tensor(const Tensor& src, DType want) {
+  BufferPtr buf = allocate_cpu(size_t(src.numel()) * dtype_size(want));
+  convert_elements(src.data_ptr(), src.dtype(), buf->data(), want, src.numel());
+  return Tensor::view_of(std::move(buf), src.shape(), want);
+}
+
+}  // namespace
+
+uint64_t bytes_read() { return g_bytes_read.load(std::memory_order_relaxed); }
+void reset_bytes_read() { g_bytes_read.store(0, std::memory_order_relaxed); }
+
+const char* safetensors_dtype_name(DType t) {
+  for (const DTypeEntry& e : kDTypes)
+    if (e.kiln == t) return e.name;
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsFile
+
+struct SafetensorsFile::Mapping {
+  void* base = nullptr;
+  size_t size = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (base) ::munmap(base, size);
+  }
+};
+
+SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) file_fail(path_, "cannot open: ", errno_text());
+  try {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) file_fail(path_, "cannot stat: ", errno_text());
+    if (!S_ISREG(st.st_mode)) file_fail(path_, "not a regular file");
+    const uint64_t size = uint64_t(st.st_size);
+    if (size < 8)
+      file_fail(path_, "file is truncated: ", size,
+                " bytes, shorter than the 8-byte header length that starts a safetensors file");
+    mapping_ = std::make_shared<Mapping>();
+    void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd_, 0);
+    if (base == MAP_FAILED) file_fail(path_, "cannot mmap ", size, " bytes: ", errno_text());
+    mapping_->base = base;
+    mapping_->size = size;
+    parse_header();
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
+    : path_(std::move(o.path_)),
+      fd_(std::exchange(o.fd_, -1)),
+      mapping_(std::move(o.mapping_)),
+      tensors_(std::move(o.tensors_)),
+      metadata_(std::move(o.metadata_)) {}
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(o.path_);
+    fd_ = std::exchange(o.fd_, -1);
+    mapping_ = std::move(o.mapping_);
+    tensors_ = std::move(o.tensors_);
+    metadata_ = std::move(o.metadata_);
+  }
+  return *this;
+}
+
+namespace {
+
+std::map<std::string, std::string> parse_metadata(const fs::path& file, const nlohmann::json& m) {
+  if (!m.is_object())
+    file_fail(file, "\"__metadata__\" is ", json_kind(m), ", expected an object of strings");
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : m.items()) {
+    if (!value.is_string())
+      file_fail(file, "\"__metadata__\" entry '", key, "' is ", json_kind(value),
+                ", expected a string");
+    out.emplace(key, value.get<std::string>());
+  }
+  return out;
+}
+
+Shape parse_shape(const fs::path& file, const std::string& name, const nlohmann::json& entry) {
+  const auto it = entry.find("shape");
+  if (it == entry.end()) file_fail(file, "tensor '", name, "': missing \"shape\"");
+  if (!it->is_array())
+    file_fail(file, "tensor '", name, "': \"shape\" is ", json_kind(*it),
+              ", expected an array of non-negative integers");
+  Shape shape;
+  for (size_t i = 0; i < it->size(); ++i) {
+    std::string why;
+    const auto d = json_to_count((*it)[i], &why);
+    if (!d)
+      file_fail(file, "tensor '", name, "': shape entry ", i, " (", short_text((*it)[i]), ") is ",
+                why, "; expected a non-negative integer");
+    shape.push_back(*d);
+  }
+  return shape;
+}
+
+std::pair<uint64_t, uint64_t> parse_offsets(const fs::path& file, const std::string& name,
+                                            const nlohmann::json& entry) {
+  const auto it = entry.find("data_offsets");
+  if (it == entry.end()) file_fail(file, "tensor '", name, "': missing \"data_offsets\"");
+  if (!it->is_array() || it->size() != 2)
+    file_fail(file, "tensor '", name, "': \"data_offsets\" is ", short_text(*it),
+              ", expected [begin, end]");
+  uint64_t v[2];
+  for (size_t i = 0; i < 2; ++i) {
+    std::string why;
+    const auto d = json_to_count((*it)[i], &why);
+    if (!d)
+      file_fail(file, "tensor '", name, "': data_offsets ", (i ? "end" : "begin"), " (",
+                short_text((*it)[i]), ") is ", why, "; expected a non-negative integer");
+    v[i] = uint64_t(*d);
+  }
+  if (v[0] > v[1])
+    file_fail(file, "tensor '", name, "': data_offsets begin ", v[0], " > end ", v[1]);
+  return {v[0], v[1]};
+}
+
+// Bytes that `shape` of `dtype` occupies, or nullopt on overflow (or numel past int64).
+std::optional<uint64_t> shape_bytes(const Shape& shape, size_t elem) {
+  uint64_t n = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, uint64_t(d), &n)) return std::nullopt;
+  if (n > uint64_t(std::numeric_limits<int64_t>::max())) return std::nullopt;
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(n, uint64_t(elem), &bytes)) return std::nullopt;
+  return bytes;
+}
+
+TensorInfo parse_entry(const fs::path& file, const std::string& name, const nlohmann::json& entry,
+                       uint64_t data_begin, uint64_t data_size) {
+  if (!entry.is_object())
+    file_fail(file, "tensor '", name, "': entry is ", json_kind(entry),
+              ", expected an object with \"dtype\", \"shape\" and \"data_offsets\"");
+  const auto dt = entry.find("dtype");
+  if (dt == entry.end()) file_fail(file, "tensor '", name, "': missing \"dtype\"");
+  if (!dt->is_string())
+    file_fail(file, "tensor '", name, "': \"dtype\" is ", json_kind(*dt), ", expected a string");
+  const std::string dtype_string = dt->get<std::string>();
+  const DTypeEntry* known = find_dtype(dtype_string);
+  if (!known)
+    file_fail(file, "tensor '", name, "': unknown dtype '", dtype_string, "' (expected one of ",
+              known_dtype_list(), ")");
+
+  TensorInfo info;
+  info.dtype_string = dtype_string;
+  info.dtype = known->kiln;
+  info.shape = parse_shape(file, name, entry);
+  const auto [begin, end] = parse_offsets(file, name, entry);
+
+  const auto need = shape_bytes(info.shape, known->size);
+  if (!need)
+    file_fail(file, "tensor '", name, "': shape ", to_string(info.shape), " x ", dtype_string,
+              " is too large (byte size overflows 64 bits)");
+  if (*need != end - begin)
+    file_fail(file, "tensor '", name, "': shape ", to_string(info.shape), " x ", dtype_string,
+              " needs ", *need, " bytes but data_offsets span ", end - begin);
+  if (end > data_size)
+    file_fail(file, "tensor '", name, "': data_offsets [", begin, ",", end,
+              "] lie outside the file: the data section has only ", data_size,
+              " bytes (file truncated?)");
+  info.byte_begin = data_begin + begin;
+  info.byte_end = data_begin + end;
+  return info;
+}
+
+void check_no_overlaps(const fs::path& file, const std::map<std::string, TensorInfo>& tensors,
+                       uint64_t data_begin) {
+  std::vector<std::pair<const std::string*, const TensorInfo*>> order;
+  for (const auto& [name, info] : tensors)
+    if (info.nbytes() > 0) order.emplace_back(&name, &info);  // empty ranges hold no bytes
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.second->byte_begin < b.second->byte_begin;
+  });
+  for (size_t i = 1; i < order.size(); ++i) {
+    const TensorInfo& prev = *order[i - 1].second;
+    const TensorInfo& cur = *order[i].second;
+    if (cur.byte_begin < prev.byte_end)
+      file_fail(file, "tensors '", *order[i - 1].first, "' (data_offsets [",
+                prev.byte_begin - data_begin, ",", prev.byte_end - data_begin, "]) and '",
+                *order[i].first, "' (data_offsets [", cur.byte_begin - data_begin, ",",
+                cur.byte_end - data_begin, "]) overlap");
+  }
+}
+
+}  // namespace
+
+void SafetensorsFile::parse_header() {
+  const auto* bytes = static_cast<const unsigned char*>(mapping_->base);
+  const uint64_t file_size = mapping_->size;
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(bytes[i]) << (8 * i);
+  if (n > kMaxHeaderBytes)
+    file_fail(path_, "header length ", n, " bytes is absurd (limit ", kMaxHeaderBytes,
+              " bytes); not a safetensors file?");
+  if (n > file_size - 8)
+    file_fail(path_, "header length ", n, " bytes runs past the end of the file (", file_size,
+              " bytes leave room for at most ", file_size - 8, ")");
+
+  const char* text = reinterpret_cast<const char*>(bytes + 8);
+  const nlohmann::json header = parse_json(text, text + n, kWhere, path_.string() + " header");
+  if (!header.is_object())
+    file_fail(path_, "header is ", json_kind(header), ", expected a JSON object");
+
+  const uint64_t data_begin = 8 + n;
+  for (const auto& [key, value] : header.items()) {
+    if (key == "__metadata__")
+      metadata_ = parse_metadata(path_, value);
+    else
+      tensors_.emplace(key, parse_entry(path_, key, value, data_begin, file_size - data_begin));
+  }
+  check_no_overlaps(path_, tensors_, data_begin);
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& kv : tensors_) out.push_back(kv.first);
+  return out;
+}
+
+bool SafetensorsFile::contains(const std::string& name) const { return tensors_.count(name) > 0; }
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end())
+    file_fail(path_, "no tensor '", name, "' in the file (it has ", tensors_.size(), " tensors)");
+  return it->second;
+}
+
+std::span<const std::byte> SafetensorsFile::mapped_range() const {
+  if (!mapping_) return {};
+  return {static_cast<const std::byte*>(mapping_->base), mapping_->size};
+}
+
+const TensorInfo& SafetensorsFile::supported_info(const std::string& name, DType* stored) const {
+  const TensorInfo& ti = info(name);
+  if (!ti.dtype)
+    file_fail(path_, "tensor '", name, "' has dtype ", ti.dtype_string,
+              ", which is not supported by kiln (supported: F32, BF16, F16, I32, I64, BOOL)");
+  *stored = *ti.dtype;
+  return ti;
+}
+
+Tensor SafetensorsFile::load_uncounted(const std::string& name) const {
+  DType dt;
+  const TensorInfo& ti = supported_info(name, &dt);
+  auto* src = static_cast<std::byte*>(mapping_->base) + ti.byte_begin;
+  const size_t bytes = ti.nbytes();
+  // Kernels read elements through typed pointers, which must be aligned; headers whose length
+  // is not a multiple of 8 can leave data misaligned, and then the tensor gets a copy.
+  if (bytes == 0 || reinterpret_cast<uintptr_t>(src) % dtype_size(dt) == 0) {
+    auto keep_mapped = mapping_;
+    auto buf = std::make_shared<Buffer>(src, bytes, Device::cpu(), [keep_mapped] {});
+    return Tensor::view_of(std::move(buf), ti.shape, dt);
+  }
+  BufferPtr buf = allocate_cpu(bytes);
+  std::memcpy(buf->data(), src, bytes);
+  return Tensor::view_of(std::move(buf), ti.shape, dt);
+}
+
+Tensor SafetensorsFile::load(const std::string& name) const {
+  Tensor t = load_uncounted(name);
+  g_bytes_read.fetch_add(t.nbytes(), std::memory_order_relaxed);
+  return t;
+}
+
+Tensor SafetensorsFile::load(const std::string& name, DType want) const {
+  Tensor t = load(name);
+  return t.dtype() == want ? t : convert_tensor(t, want);
+}
+
+void SafetensorsFile::pread_exact(void* dst, size_t bytes, uint64_t offset,
+                                  const std::string& name) const {
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t r =
+        ::pread(fd_, static_cast<char*>(dst) + done, bytes - done, off_t(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      file_fail(path_, "tensor '", name, "': reading ", bytes, " bytes at offset ", offset,
+                " failed: ", errno_text());
+    if (r == 0)
+      file_fail(path_, "tensor '", name, "': file ended at byte ", offset + done, " while reading ",
+                bytes, " bytes at offset ", offset, " (was it truncated after opening?)");
+    done += size_t(r);
+    g_bytes_read.fetch_add(uint64_t(r), std::memory_order_relaxed);
+  }
+}
+
+Tensor SafetensorsFile::load_slice(const std::string& name, int dim, int64_t start, int64_t length,
+                                   DType want) const {
+  DType dt;
+  const TensorInfo& ti = supported_info(name, &dt);
+  if (ti.shape.size() != 2)
+    file_fail(path_, "tensor '", name, "' has shape ", to_string(ti.shape),
+              "; load_slice needs a 2-D tensor");
+  if (dim != 0 && dim != 1)
+    file_fail(path_, "tensor '", name, "': slice dim ", dim, " must be 0 (rows) or 1 (columns)");
+  const int64_t size = ti.shape[size_t(dim)];
+  if (start < 0 || length < 0 || start > size || length > size - start)
+    file_fail(path_, "tensor '", name, "': slice ", range_text(start, length), " of dim ", dim,
+              " is out of range: dim ", dim, " has size ", size);
+
+  const size_t elem = dtype_size(dt);
+  const int64_t rows = dim == 0 ? length : ti.shape[0];
+  const int64_t cols = dim == 0 ? ti.shape[1] : length;
+  const size_t row_bytes = size_t(ti.shape[1]) * elem;  // a full row in the file
+  const size_t out_row_bytes = size_t(cols) * elem;
+  BufferPtr buf = allocate_cpu(size_t(rows) * out_row_bytes);
+  auto* dst = static_cast<char*>(buf->data());
+  if (dim == 0) {
+    pread_exact(dst, size_t(rows) * out_row_bytes, ti.byte_begin + uint64_t(start) * row_bytes,
+                name);
+  } else if (out_row_bytes > 0) {
+    for (int64_t r = 0; r < rows; ++r)
+      pread_exact(dst + size_t(r) * out_row_bytes, out_row_bytes,
+                  ti.byte_begin + uint64_t(r) * row_bytes + uint64_t(start) * elem, name);
+  }
+  Tensor t = Tensor::view_of(std::move(buf), {rows, cols}, dt);
+  return dt == want ? t : convert_tensor(t, want);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsIndex
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Path components without the empty one a trailing separator produces.
+std::vector<fs::path> components(const fs::path& p) {
+  std::vector<fs::path> out;
+  for (const fs::path& part : p)
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+bool is_inside(const fs::path& root, const fs::path& p) {
+  const auto r = components(root), c = components(p);
+  return c.size() > r.size() && std::equal(r.begin(), r.end(), c.begin());
+}
+
+std::string read_text_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) file_fail(path, "cannot open: ", errno_text());
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) file_fail(path, "error reading the file");
+  return text.str();
+}
+
+}  // namespace
+
+SafetensorsIndex::SafetensorsIndex(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const char* index :
+         {"diffusion_pytorch_model.safetensors.index.json", "model.safetensors.index.json"}) {
+      if (fs::is_regular_file(path / index, ec)) {
+        open_index(path / index);
+        return;
+      }
+    }
+    std::vector<fs::path> found;
+    for (const auto& entry : fs::directory_iterator(path, ec))
+      if (entry.path().extension() == ".safetensors") found.push_back(entry.path());
+    if (ec) file_fail(path, "cannot list the folder: ", ec.message());
+    std::sort(found.begin(), found.end());
+    if (found.empty())
+      file_fail(path,
+                "no checkpoint in this folder (looked for "
+                "diffusion_pytorch_model.safetensors.index.json, "
+                "model.safetensors.index.json and *.safetensors)");
+    if (found.size() > 1) {
+      std::string list;
+      for (const auto& f : found) list += (list.empty() ? "" : ", ") + f.filename().string();
+      file_fail(path, found.size(),
+                " .safetensors files but no index.json saying which to use: ", list);
+    }
+    path_ = found.front();
+  } else if (ends_with(path.string(), ".index.json")) {
+    open_index(path);
+    return;
+  } else {
+    path_ = path;
+  }
+  single_ = std::make_unique<SafetensorsFile>(path_);
+}
+
+SafetensorsIndex::~SafetensorsIndex() = default;
+
+void SafetensorsIndex::open_index(const fs::path& index_path) {
+  path_ = index_path;
+  const std::string text = read_text_file(index_path);
+  const nlohmann::json j =
+      parse_json(text.data(), text.data() + text.size(), kWhere, index_path.string());
+  if (!j.is_object()) file_fail(path_, "index is ", json_kind(j), ", expected a JSON object");
+
+  const auto wm = j.find("weight_map");
+  if (wm == j.end()) file_fail(path_, "missing \"weight_map\"");
+  if (!wm->is_object())
+    file_fail(path_, "\"weight_map\" is ", json_kind(*wm), ", expected an object");
+  for (const auto& [tensor, shard] : wm->items()) {
+    if (!shard.is_string())
+      file_fail(path_, "weight_map entry for tensor '", tensor, "' is ", json_kind(shard),
+                ", expected a shard file name");
+    weight_map_.emplace(tensor, shard.get<std::string>());
+  }
+
+  const auto md = j.find("metadata");
+  if (md != j.end() && !md->is_null()) {
+    if (!md->is_object())
+      file_fail(path_, "\"metadata\" is ", json_kind(*md), ", expected an object");
+    for (const auto& [key, value] : md->items())
+      metadata_.emplace(key, value.is_string() ? value.get<std::string>() : value.dump());
+  }
+
+  fs::path folder = index_path.parent_path();
+  if (folder.empty()) folder = ".";
+  std::error_code ec;
+  const fs::path root = fs::weakly_canonical(folder, ec);
+  if (ec) file_fail(path_, "cannot resolve the index folder: ", ec.message());
+  for (const auto& [tensor, shard] : weight_map_) {
+    if (shard_paths_.count(shard)) continue;
+    const fs::path rel(shard);
+    if (shard.empty()) file_fail(path_, "tensor '", tensor, "' maps to an empty shard name");
+    if (rel.has_root_path())
+      file_fail(path_, "shard '", shard, "' is an absolute path; shards must be files inside ",
+                root.string());
+    for (const fs::path& part : rel)
+      if (part == "..")
+        file_fail(path_, "shard '", shard, "' contains '..'; shards must be files inside ",
+                  root.string());
+    const fs::path resolved = fs::weakly_canonical(root / rel, ec);
+    if (ec) file_fail(path_, "shard '", shard, "' cannot be resolved: ", ec.message());
+    if (!is_inside(root, resolved))
+      file_fail(path_, "shard '", shard, "' resolves to ", resolved.string(),
+                ", outside the model folder ", root.string());
+    shard_paths_.emplace(shard, resolved);
+  }
+}
+
+const SafetensorsFile& SafetensorsIndex::shard_for(const std::string& name) const {
+  if (single_) return *single_;
+  const auto it = weight_map_.find(name);
+  if (it == weight_map_.end())
+    file_fail(path_, "tensor '", name, "' is not in the weight_map (", weight_map_.size(),
+              " tensors)");
+  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_ptr<SafetensorsFile>& slot = shards_[it->second];
+  if (!slot) {
+    try {
+      slot = std::make_unique<SafetensorsFile>(shard_paths_.at(it->second));
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + " (shard '" + it->second + "' listed in " +
+                  path_.string() + ")");
+    }
+  }
+  if (!slot->contains(name))
+    file_fail(path_, "weight_map puts tensor '", name, "' in shard '", it->second,
+              "', but that shard has no such tensor");
+  return *slot;
+}
+
+std::vector<std::string> SafetensorsIndex::names() const {
+  if (single_) return single_->names();
+  std::vector<std::string> out;
+  out.reserve(weight_map_.size());
+  for (const auto& kv : weight_map_) out.push_back(kv.first);
+  return out;
+}
+
+bool SafetensorsIndex::contains(const std::string& name) const {
+  return single_ ? single_->contains(name) : weight_map_.count(name) > 0;
+}
+
+TensorInfo SafetensorsIndex::info(const std::string& name) const {
+  return shard_for(name).info(name);
+}
+
+const std::map<std::string, std::string>& SafetensorsIndex::metadata() const {
+  return single_ ? single_->metadata() : metadata_;
+}
+
+fs::path SafetensorsIndex::shard_path(const std::string& name) const {
+  if (single_) {
+    single_->info(name);  // throws, naming the file, when the tensor is missing
+    return path_;
+  }
+  const auto it = weight_map_.find(name);
+  if (it == weight_map_.end())
+    file_fail(path_, "tensor '", name, "' is not in the weight_map (", weight_map_.size(),
+              " tensors)");
+  return shard_paths_.at(it->second);
+}
+
+Tensor SafetensorsIndex::load(const std::string& name) const { return shard_for(name).load(name); }
+
+Tensor SafetensorsIndex::load(const std::string& name, DType want) const {
+  return shard_for(name).load(name, want);
+}
+
+Tensor SafetensorsIndex::load_slice(const std::string& name, int dim, int64_t start, int64_t length,
+                                    DType want) const {
+  return shard_for(name).load_slice(name, dim, start, length, want);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+namespace {
+
+// Removes the temporary file unless it was renamed into place.
+class TempFile {
+ public:
+  explicit TempFile(const fs::path& target) {
+    static std::atomic<uint64_t> counter{0};
+    path_ = target.parent_path() /
+            ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
+             std::to_string(counter.fetch_add(1)));
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ < 0)
+      file_fail(target, "cannot create temporary file ", path_.string(), ": ", errno_text());
+  }
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(path_.c_str());
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+
+  void write(const fs::path& target, const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t w = ::write(fd_, p, bytes);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) file_fail(target, "write failed: ", errno_text());
+      p += w;
+      bytes -= size_t(w);
+    }
+  }
+
+  void commit(const fs::path& target) {
+    if (::fsync(fd_) != 0) file_fail(target, "fsync failed: ", errno_text());
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) file_fail(target, "close failed: ", errno_text());
+    if (::rename(path_.c_str(), target.c_str()) != 0)
+      file_fail(target, "cannot rename ", path_.string(), " into place: ", errno_text());
+    committed_ = true;
+  }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+std::string build_header(const fs::path& path,
+                         const std::vector<std::pair<std::string, Tensor>>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  // ordered_json keeps entries in data order, which makes files easy to inspect.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json md = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) md[k] = v;
+    header["__metadata__"] = std::move(md);
+  }
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (name.empty() || name == "__metadata__") file_fail(path, "invalid tensor name '", name, "'");
+    if (!seen.insert(name).second) file_fail(path, "tensor '", name, "' given twice");
+    if (!t.defined()) file_fail(path, "tensor '", name, "' is undefined");
+    if (t.device() != Device::cpu())
+      file_fail(path, "tensor '", name, "' is on ", t.device().str(), "; move it to cpu first");
+    if (!t.is_contiguous())
+      file_fail(path, "tensor '", name, "' (", t.describe(), ") is not contiguous");
+    const uint64_t end = offset + t.nbytes();
+    header[name] = {{"dtype", safetensors_dtype_name(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, end}}};
+    offset = end;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not valid UTF-8
+    file_fail(path, "cannot write the header: ", e.what());
+  }
+  // The data section must start 8-byte aligned so that readers can map tensors in place.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+}  // namespace
+
+void save_safetensors(const fs::path& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  const std::string header = build_header(path, tensors, metadata);
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<unsigned char>(uint64_t(header.size()) >> (8 * i));
+  TempFile out(path);
+  out.write(path, len, sizeof len);
+  out.write(path, header.data(), header.size());
+  for (const auto& [name, t] : tensors) out.write(path, t.data_ptr(), t.nbytes());
+  out.commit(path);
+}
+
+}  // namespace kiln::io
