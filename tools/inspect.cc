@@ -1,0 +1,130 @@
+// `kiln inspect`: load a Diffusers folder the way a pipeline will (model_index.json, each
+// component's config.json and safetensors weights) and summarise it.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "core/error.h"
+#include "devices/runtime.h"
+#include "exec/counters.h"
+#include "io/json_config.h"
+#include "io/safetensors.h"
+
+namespace kiln::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Options {
+  fs::path model;
+  fs::path report;
+};
+
+Options parse(const std::vector<std::string>& args) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto value = [&]() -> std::string {
+      KILN_CHECK(i + 1 < args.size(), "cli", "flag ", args[i], " needs a value");
+      return args[++i];
+    };
+    if (args[i] == "--model") o.model = value();
+    else if (args[i] == "--report") o.report = value();
+    else fail("cli", "unknown flag '", args[i], "' for inspect (expected --model DIR, --report FILE)");
+  }
+  if (o.model.empty()) {
+    o.model = KILN_BUNDLED_MODEL;
+    std::fprintf(stderr, "kiln: no --model given, using the bundled tiny FLUX.1 checkpoint (%s)\n", o.model.c_str());
+  }
+  return o;
+}
+
+// Components of a Diffusers folder: model_index.json entries whose value is [library, class].
+std::vector<std::pair<std::string, std::string>> components(const fs::path& dir) {
+  const io::JsonConfig index(dir / "model_index.json");
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, value] : index.json().items()) {
+    if (name.empty() || name[0] == '_' || !value.is_array() || value.size() != 2 || !value[1].is_string()) continue;
+    out.emplace_back(name, value[1].get<std::string>());
+  }
+  return out;
+}
+
+bool has_weights(const fs::path& dir) {
+  if (!fs::is_directory(dir)) return false;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() > 12 && (n.ends_with(".safetensors") || n.ends_with(".safetensors.index.json"))) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int inspect(const std::vector<std::string>& args) {
+  const Options opt = parse(args);
+  KILN_CHECK(fs::is_directory(opt.model), "inspect", "model folder ", opt.model, " does not exist");
+  const auto t0 = std::chrono::steady_clock::now();
+  io::reset_bytes_read();
+  nlohmann::json report_components = nlohmann::json::array();
+  std::printf("%s\n", opt.model.c_str());
+  for (const auto& [name, cls] : components(opt.model)) {
+    const fs::path dir = opt.model / name;
+    KILN_CHECK(fs::is_directory(dir), "inspect", "component '", name, "' (", cls, ") is listed in ",
+               opt.model / "model_index.json", " but its folder ", dir, " is missing");
+    nlohmann::json entry{{"name", name}, {"class", cls}};
+    if (!has_weights(dir)) {
+      std::printf("  %-16s %-28s (no weights)\n", name.c_str(), cls.c_str());
+      report_components.push_back(entry);
+      continue;
+    }
+    const io::SafetensorsIndex weights(dir);
+    int64_t params = 0;
+    std::map<std::string, int64_t> bytes_by_dtype;
+    for (const std::string& t : weights.names()) {
+      const Tensor w = weights.load(t);  // zero-copy view of the mapped file
+      params += w.numel();
+      bytes_by_dtype[dtype_name(w.dtype())] += int64_t(w.nbytes());
+    }
+    std::string dtypes;
+    for (const auto& [d, b] : bytes_by_dtype) dtypes += (dtypes.empty() ? "" : ", ") + d + " " + std::to_string(b) + " B";
+    std::printf("  %-16s %-28s %5zu tensors %10lld params  (%s)\n", name.c_str(), cls.c_str(), weights.names().size(),
+                static_cast<long long>(params), dtypes.c_str());
+    entry["tensors"] = weights.names().size();
+    entry["parameters"] = params;
+    entry["bytes_by_dtype"] = bytes_by_dtype;
+    report_components.push_back(entry);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const MemoryStats mem = runtime(Device::cpu()).memory();
+  std::printf("loaded in %.3f s, %llu bytes read from checkpoint files, device peak %zu bytes\n", seconds,
+              static_cast<unsigned long long>(io::bytes_read()), mem.peak_bytes);
+  if (!opt.report.empty()) {
+    const Counters c = counters();
+    nlohmann::json report{
+        {"engine", {{"version", KILN_VERSION}, {"device", "cpu:0"}, {"mode", "eager"}}},
+        {"inputs", {{"command", "inspect"}, {"model", opt.model.string()}}},
+        {"timings", {{"load", seconds}, {"total", seconds}}},
+        {"counters", {{"ops_dispatched", c.ops_dispatched}, {"kernels_launched", c.kernels_launched},
+                      {"sync_points", c.sync_points}, {"host_waits", c.host_waits}}},
+        {"memory", {{"device_peak_bytes", mem.peak_bytes}}},
+        {"io", {{"bytes_read", io::bytes_read()}}},
+        {"components", report_components}};
+    const fs::path tmp = opt.report.string() + ".tmp";
+    {
+      std::ofstream out(tmp);
+      KILN_CHECK(out.good(), "report", "cannot write ", opt.report);
+      out << report.dump(2) << '\n';
+      KILN_CHECK(out.good(), "report", "failed writing ", opt.report);
+    }
+    fs::rename(tmp, opt.report);
+  }
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,51 @@
+// The `kiln` command-line tool.
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "core/error.h"
+
+namespace {
+
+void usage(std::FILE* out) {
+  std::fprintf(out,
+               "kiln %s — diffusion pipelines in C++\n\n"
+               "usage: kiln <command> [options]\n\n"
+               "commands:\n"
+               "  inspect [--model DIR] [--report FILE]\n"
+               "      Load a Diffusers model folder (model_index.json, each component's config and\n"
+               "      safetensors weights, zero-copy) and print what it holds. Without --model it\n"
+               "      uses the small FLUX.1 checkpoint bundled with kiln.\n"
+               "  --version   print the engine version\n"
+               "  --help      this text\n",
+               KILN_VERSION);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    usage(args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "--version") {
+    std::printf("kiln %s\n", KILN_VERSION);
+    return 0;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  try {
+    if (command == "inspect") return kiln::cli::inspect(args);
+    std::fprintf(stderr, "kiln: unknown command '%s' (see kiln --help)\n", command.c_str());
+    return 2;
+  } catch (const kiln::Error& e) {
+    std::fprintf(stderr, "kiln: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln: internal error: %s\n", e.what());
+    return 1;
+  }
+}
