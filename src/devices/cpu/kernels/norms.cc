@@ -262,3 +262,13 @@ void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols) {
 }
 
 }  // namespace kiln::cpu
+
+namespace kiln::cpu {
+
+float row_sum(const float* x, int64_t n) { return sum_span(x, size_t(n), 0.0f, [](V v) { return v; }); }
+float row_max(const float* x, int64_t n) { return max_span(x, size_t(n)); }
+float row_squared_deviation_sum(const float* x, int64_t n, float mean) {
+  return variance_span(x, size_t(n), mean) * static_cast<float>(n);
+}
+
+}  // namespace kiln::cpu

@@ -25,4 +25,11 @@ void group_norm_nchw(const float* x, const float* w, const float* b, float* y, i
 // As in PyTorch, a row containing NaN, +inf, or only -inf yields NaN. y may alias x.
 void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols);
 
+// Row reductions shared with the generic reduction kernels (SIMD, fixed order, so the
+// result does not depend on the thread count). n > 0.
+float row_sum(const float* x, int64_t n);
+float row_max(const float* x, int64_t n);
+// sum((x - mean)^2): the second pass of the two-pass variance.
+float row_squared_deviation_sum(const float* x, int64_t n, float mean);
+
 }  // namespace kiln::cpu

@@ -30,22 +30,15 @@ std::vector<int64_t> axes_of(const KernelArgs& args) {
   return axes;
 }
 
-// Reduces one gathered row. Sums run in fixed order (deterministic) in double for accuracy.
+// Reduces one gathered row with the SIMD row reductions of norms.h.
 float reduce_row(Reduce kind, const float* v, int64_t n, int64_t correction) {
   switch (kind) {
-    case Reduce::max: return *std::max_element(v, v + n);
-    case Reduce::sum:
-    case Reduce::mean: {
-      double s = 0;
-      for (int64_t i = 0; i < n; ++i) s += v[i];
-      return float(kind == Reduce::sum ? s : s / double(n));
-    }
+    case Reduce::max: return row_max(v, n);
+    case Reduce::sum: return row_sum(v, n);
+    case Reduce::mean: return row_sum(v, n) / float(n);
     case Reduce::var: {
-      double s = 0, ss = 0;
-      for (int64_t i = 0; i < n; ++i) s += v[i];
-      const double mean = s / double(n);
-      for (int64_t i = 0; i < n; ++i) ss += (v[i] - mean) * (v[i] - mean);
-      return float(ss / double(n - correction));
+      const float mean = row_sum(v, n) / float(n);
+      return row_squared_deviation_sum(v, n, mean) / float(n - correction);
     }
   }
   return 0;
@@ -77,10 +70,14 @@ void reduce_kernel(const KernelArgs& args, Reduce kind) {
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < n_out; ++o) {
       const int64_t base = kept.offset(0, o / kept.inner) + (o % kept.inner) * kept.inner_stride[0];
-      float* r = row.data();
-      for (int64_t p = 0, k = 0; p < red.outer_count(); ++p) {
-        const float* s = src + base + red.offset(0, p);
-        for (int64_t i = 0; i < red.inner; ++i) r[k++] = s[i * red.inner_stride[0]];
+      const float* r = src + base;
+      if (!(red.outer.empty() && red.inner_stride[0] == 1)) {  // not one dense run: gather it
+        float* g = row.data();
+        for (int64_t p = 0, k = 0; p < red.outer_count(); ++p) {
+          const float* s = src + base + red.offset(0, p);
+          for (int64_t i = 0; i < red.inner; ++i) g[k++] = s[i * red.inner_stride[0]];
+        }
+        r = g;
       }
       dst[o] = reduce_row(kind, r, n_red, correction);
     }
