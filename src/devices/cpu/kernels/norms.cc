@@ -10,12 +10,6 @@
 #include <cstring>
 #include <limits>
 
-// Static dispatch only: kernels are built with -march=native. This also sidesteps a
-// Highway 1.0.3 bug where an AVX3_DL baseline (e.g. Zen 4) is missing from the dynamic
-// target list and highway.h fails with "best baseline should be included".
-#ifndef HWY_COMPILE_ONLY_STATIC
-#define HWY_COMPILE_ONLY_STATIC 1
-#endif
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 

@@ -1,0 +1,28 @@
+// Scaled dot-product attention for the CPU device: a tiled online-softmax
+// (flash-attention style) kernel that never materialises the [Lq,Lk] score matrix.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace kiln::cpu {
+
+// out = softmax(q k^T * scale + mask) v, independently for every (b,h).
+// q [B,H,Lq,D], k [B,H,Lk,D], v [B,H,Lk,Dv], out [B,H,Lq,Dv]: contiguous f32.
+// mask: optional (nullptr) additive f32 mask read as
+//   mask[b*ms[0] + h*ms[1] + i*ms[2] + j*ms[3]]   (i: query, j: key)
+// with strides in elements, 0 for broadcast dims; mask_strides may be null when mask is.
+// A query row whose scores are all -inf (fully masked) yields an all-zero output row;
+// PyTorch's reference SDPA would give NaN there. A NaN score (or a +inf one) makes its
+// row NaN, as in PyTorch.
+// Parallel over (b, h, query block) with OpenMP; inside an existing parallel region it
+// runs on the calling thread. The GEMMs use gemm_backend().
+void attention_f32(const float* q, const float* k, const float* v, const float* mask,
+                   const int64_t mask_strides[4], float* out, int64_t B, int64_t H, int64_t Lq,
+                   int64_t Lk, int64_t D, int64_t Dv, float scale);
+
+// Upper bound of the scratch attention_f32 allocates (all threads together) for these
+// sizes: a few query-block x key-block tiles, far below Lq*Lk*4 bytes per head. Excludes
+// the GEMM library's own packing buffers.
+size_t attention_workspace_bytes(int64_t Lq, int64_t Lk, int64_t D, int64_t Dv);
+
+}  // namespace kiln::cpu

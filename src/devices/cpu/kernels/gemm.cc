@@ -1,0 +1,144 @@
+#include "devices/cpu/kernels/gemm.h"
+
+#include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <string_view>
+
+#include "core/error.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr const char* kWhere = "matmul";
+
+GemmBackend backend_from_env() {
+  const char* env = std::getenv("KILN_GEMM");
+  if (env == nullptr || *env == '\0') return GemmBackend::onednn;
+  const std::string_view name(env);
+  if (name == "openblas") return GemmBackend::openblas;
+  if (name == "onednn") return GemmBackend::onednn;
+  fail(kWhere, "KILN_GEMM must be 'openblas' or 'onednn', got '", name, "'");
+}
+
+// Checks one stored operand: `rows` x `cols` with row stride `ld`.
+void check_operand(const char* name, const void* p, int64_t rows, int64_t cols, int64_t ld) {
+  KILN_CHECK(ld >= std::max<int64_t>(1, cols), kWhere, "sgemm: ld", name, " = ", ld,
+             " is smaller than the ", cols, " columns of stored ", name);
+  KILN_CHECK(p != nullptr || rows == 0 || cols == 0, kWhere, "sgemm: ", name, " is null");
+}
+
+void check_args(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+                int64_t lda, const float* B, int64_t ldb, const float* C, int64_t ldc) {
+  KILN_CHECK(M >= 0 && N >= 0 && K >= 0, kWhere, "sgemm: negative size M=", M, " N=", N,
+             " K=", K);
+  check_operand("A", A, trans_a ? K : M, trans_a ? M : K, lda);
+  check_operand("B", B, trans_b ? N : K, trans_b ? K : N, ldb);
+  check_operand("C", C, M, N, ldc);
+}
+
+// C = beta * C, for the cases where the product contributes nothing (K == 0 or
+// alpha == 0). Done here so both backends agree, and beta == 0 clears NaNs in C.
+void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    float* row = C + i * ldc;
+    if (beta == 0.0f) {
+      std::fill(row, row + N, 0.0f);
+    } else {
+      for (int64_t j = 0; j < N; ++j) row[j] *= beta;
+    }
+  }
+}
+
+bool fits_blasint(int64_t v) { return v <= std::numeric_limits<blasint>::max(); }
+
+void sgemm_openblas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                    float* C, int64_t ldc) {
+  // The Debian OpenBLAS build uses 32-bit integers for sizes and strides.
+  KILN_CHECK(fits_blasint(M) && fits_blasint(N) && fits_blasint(K) && fits_blasint(lda) &&
+                 fits_blasint(ldb) && fits_blasint(ldc),
+             kWhere, "sgemm: sizes or strides exceed OpenBLAS's 32-bit range");
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
+              static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
+              static_cast<blasint>(ldc));
+}
+
+void sgemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                  float* C, int64_t ldc) {
+  // dnnl_sgemm is row-major (unlike Fortran BLAS), so the arguments pass straight through.
+  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha,
+                                      A, lda, B, ldb, beta, C, ldc);
+  KILN_CHECK(st == dnnl_success, kWhere, "dnnl_sgemm failed with status ",
+             static_cast<int>(st), " (M=", M, " N=", N, " K=", K, ")");
+}
+
+}  // namespace
+
+// Default backend: oneDNN. Measured with bench/bench_matmul (best of 2 repetitions) on the
+// 2-core AMD EPYC (Zen 5, AVX-512) dev machine, 2 OpenMP threads. OpenBLAS 0.3.21 there
+// reports core "Haswell" (AVX2) because the machine sets OPENBLAS_CORETYPE=Haswell;
+// oneDNN 2.6 runs its AVX-512 kernels. GFLOP/s, A = [M,K] activations, C = [M,N]:
+//
+//                            B stored [N,K] (trans_b)     B stored [K,N]
+//   M     K      N          OpenBLAS  dnnl_sgemm  matmul   OpenBLAS  dnnl_sgemm  matmul
+//   1024  3072   3072        199.1     369.0     354.0     197.5     364.7     196.2
+//   1024  3072   12288       189.4     359.7     354.5     194.0     363.7     182.7
+//   1024  12288  3072        196.6     365.2     356.7     191.4     363.2     156.8
+//   4096  3072   3072        201.9     395.6     362.4     191.2     368.6     187.5
+//   4096  3072   12288       181.3     364.4     335.7     186.9     373.9     174.8
+//   4096  12288  3072        189.6     370.6     348.1     192.1     373.7     154.2
+//
+// oneDNN is ~1.9x faster on every shape. With OPENBLAS_CORETYPE unset OpenBLAS picks
+// "Cooperlake" (AVX-512) and gets 292-344 GFLOP/s on the same shapes, still at or below
+// dnnl_sgemm on 10 of 12 (284-360 in that run). "matmul" is a oneDNN matmul primitive
+// created ahead of time: no faster than dnnl_sgemm with B stored [N,K] and 2x slower with
+// B stored [K,N], so the oneDNN path is dnnl_sgemm, which needs no primitive cache.
+GemmBackend gemm_backend() {
+  static const GemmBackend backend = backend_from_env();
+  return backend;
+}
+
+const char* gemm_backend_name(GemmBackend b) {
+  switch (b) {
+    case GemmBackend::openblas:
+      return "openblas";
+    case GemmBackend::onednn:
+      return "onednn";
+  }
+  return "unknown";
+}
+
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+           int64_t ldc) {
+  sgemm_with(gemm_backend(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void sgemm_with(GemmBackend backend, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                int64_t ldb, float beta, float* C, int64_t ldc) {
+  check_args(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+  if (M == 0 || N == 0) return;
+  if (K == 0 || alpha == 0.0f) {
+    scale_c(M, N, beta, C, ldc);
+    return;
+  }
+  switch (backend) {
+    case GemmBackend::openblas:
+      sgemm_openblas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return;
+    case GemmBackend::onednn:
+      sgemm_onednn(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return;
+  }
+  fail(kWhere, "sgemm: unknown backend ", static_cast<int>(backend));
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,32 @@
+// Single-precision GEMM for the CPU device, backed by OpenBLAS or oneDNN.
+//
+// Both backends are multithreaded with OpenMP. Called from inside an `omp parallel`
+// region they run single-threaded on the calling thread (both libraries check
+// omp_in_parallel()), which is what the attention kernel relies on.
+#pragma once
+#include <cstdint>
+
+namespace kiln::cpu {
+
+enum class GemmBackend { openblas, onednn };
+
+// Backend used by kiln's matmul op: oneDNN unless env KILN_GEMM=openblas|onednn says
+// otherwise (read once, on first call). See gemm.cc for the measurements behind it.
+GemmBackend gemm_backend();
+const char* gemm_backend_name(GemmBackend b);
+
+// Row-major: C[M,N] = alpha * op(A) * op(B) + beta * C, where op(X) = X^T when trans_x.
+// lda/ldb/ldc are the row strides (in elements) of the matrices as stored, so A is
+// stored [M,K] (or [K,M] when trans_a) and B is stored [K,N] (or [N,K] when trans_b,
+// the layout of a PyTorch Linear weight). As in BLAS, beta == 0 overwrites C without
+// reading it. Throws kiln::Error("[matmul] ...") on bad sizes or strides.
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+           int64_t ldc);
+
+// As sgemm(), with an explicit backend (benchmarks, tests).
+void sgemm_with(GemmBackend backend, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                int64_t ldb, float beta, float* C, int64_t ldc);
+
+}  // namespace kiln::cpu
