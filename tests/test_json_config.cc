@@ -8,27 +8,14 @@
 #include <initializer_list>
 
 #include "core/error.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using kiln::io::JsonConfig;
 
 namespace {
 
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> parts) {
-  EXPECT_THROW(
-      {
-        try {
-          f();
-        } catch (const kiln::Error& e) {
-          const std::string msg = e.what();
-          for (const std::string& p : parts)
-            EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nlacks: " << p;
-          throw;
-        }
-      },
-      kiln::Error);
-}
+using kiln::test::expect_error;
 
 class JsonConfigTest : public ::testing::Test {
  protected:

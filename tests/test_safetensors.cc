@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "safetensors_fuzzing.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using kiln::DType;
@@ -22,22 +24,8 @@ using kiln::io::SafetensorsIndex;
 
 namespace {
 
-// Runs `f`, which must throw kiln::Error whose message contains every one of `parts`.
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> parts) {
-  EXPECT_THROW(
-      {
-        try {
-          f();
-        } catch (const kiln::Error& e) {
-          const std::string msg = e.what();
-          for (const std::string& p : parts)
-            EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nlacks: " << p;
-          throw;
-        }
-      },
-      kiln::Error);
-}
+using kiln::test::expect_error;
+using kiln::test::make_tensor;
 
 // A fresh folder per test, removed afterwards.
 class SafetensorsTest : public ::testing::Test {
@@ -55,14 +43,6 @@ class SafetensorsTest : public ::testing::Test {
   fs::path dir_;
 };
 
-template <typename T>
-Tensor make_tensor(const kiln::Shape& shape, DType dtype, const std::vector<T>& values) {
-  const size_t bytes = values.size() * sizeof(T);
-  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-  if (bytes) std::memcpy(p, values.data(), bytes);
-  auto buf = std::make_shared<kiln::Buffer>(p, bytes, kiln::Device::cpu(), [p] { std::free(p); });
-  return Tensor::view_of(buf, shape, dtype);
-}
 
 std::vector<float> iota_f32(size_t n, float scale = 0.5f) {
   std::vector<float> v(n);
@@ -631,68 +611,6 @@ TEST_F(SafetensorsTest, WriterReplacesAnExistingFile) {
 
 // ---- fuzz -----------------------------------------------------------------------------------
 
-// Deterministic across platforms (unlike std:: distributions).
-struct SplitMix64 {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  uint64_t below(uint64_t n) { return n ? next() % n : 0; }
-};
-
-// One random corruption of a valid file: header bytes, truncation or the length field.
-std::string mutate(const std::string& valid, SplitMix64& rng) {
-  std::string b = valid;
-  uint64_t header_len = 0;
-  for (int i = 0; i < 8; ++i) header_len |= uint64_t(uint8_t(valid[size_t(i)])) << (8 * i);
-  static const char kJsonish[] = "{}[]\":,-+0123456789eE. \\u\x00\xff";
-  switch (rng.below(4)) {
-    case 0:  // flip bits
-      for (uint64_t k = 1 + rng.below(4); k > 0; --k)
-        b[size_t(8 + rng.below(header_len))] ^= char(1 + rng.below(255));
-      break;
-    case 1:  // JSON-significant characters where they break structure
-      for (uint64_t k = 1 + rng.below(3); k > 0; --k)
-        b[size_t(8 + rng.below(header_len))] = kJsonish[rng.below(sizeof kJsonish - 1)];
-      break;
-    case 2:  // truncation
-      b.resize(size_t(rng.below(b.size())));
-      break;
-    default: {  // header length: near the truth, small, or anything
-      const uint64_t choice = rng.below(3);
-      const uint64_t v = choice == 0   ? header_len + rng.below(33) - 16
-                         : choice == 1 ? rng.below(b.size() + 64)
-                                       : rng.next();
-      b.replace(0, 8, le64(v));
-    }
-  }
-  return b;
-}
-
-// Opens the file and loads everything every way; only kiln::Error may escape.
-void open_and_load_all(const fs::path& path) {
-  const SafetensorsFile file(path);
-  for (const std::string& name : file.names()) {
-    try {
-      const Tensor t = file.load(name);
-      volatile unsigned sum = 0;
-      const auto* p = static_cast<const unsigned char*>(t.data_ptr());
-      for (size_t i = 0; i < t.nbytes(); ++i) sum = sum + p[i];
-      file.load(name, DType::f32);
-      const kiln::io::TensorInfo& info = file.info(name);
-      if (info.shape.size() == 2) {
-        file.load_slice(name, 0, info.shape[0] / 2, info.shape[0] - info.shape[0] / 2, DType::f32);
-        file.load_slice(name, 1, 0, info.shape[1] / 2, DType::bf16);
-      }
-    } catch (const kiln::Error&) {
-      // Expected for unsupported dtypes; the next tensor may still load.
-    }
-  }
-}
-
 TEST_F(SafetensorsTest, MutatedFilesOnlyEverThrowKilnError) {
   const fs::path good = dir_ / "good.safetensors";
   kiln::io::save_safetensors(good,
@@ -703,13 +621,15 @@ TEST_F(SafetensorsTest, MutatedFilesOnlyEverThrowKilnError) {
                              {{"format", "pt"}});
   const std::string valid = read_bytes(good);
 
-  SplitMix64 rng{20240601};
+  kiln::test::SplitMix64 rng{20240601};
   const fs::path path = dir_ / "fuzz.safetensors";
   int opened = 0, rejected = 0;
   for (int i = 0; i < 2000; ++i) {
-    write_bytes(path, mutate(valid, rng));
+    std::string bytes = valid;
+    kiln::test::mutate_once(bytes, kiln::test::read_le64(valid), rng);
+    write_bytes(path, bytes);
     try {
-      open_and_load_all(path);
+      kiln::test::open_and_load_all(path);
       ++opened;
     } catch (const kiln::Error&) {
       ++rejected;
