@@ -3,6 +3,6 @@
 # checkpoint (every component's config and weights, loaded zero-copy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh kiln_cli
+bash scripts/build.sh --target kiln_cli
 if [ "$#" -eq 0 ]; then set -- inspect; fi
 exec build/tools/kiln "$@"
