@@ -11,7 +11,9 @@ packages=(
   nlohmann-json3-dev     # JSON: safetensors headers, configs, reports
   libgtest-dev libgmock-dev
   libbenchmark-dev
-  libpng-dev
+  libpng-dev             # PNG output
+  libsentencepiece-dev   # T5 tokenizer (spiece.model)
+  libpcre2-dev           # CLIP pre-tokenisation pattern (Unicode classes)
 )
 
 missing=()

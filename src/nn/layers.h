@@ -1,0 +1,64 @@
+// The layers models are built from. Each loads its parameters from Weights under the
+// PyTorch names (weight, bias) and applies the op from exec/ops.h; none holds device details.
+#pragma once
+#include <optional>
+
+#include "exec/ops.h"
+#include "nn/weights.h"
+
+namespace kiln::nn {
+
+// y = x W^T + b, W [out, in].
+struct Linear {
+  Linear() = default;
+  Linear(const Weights& w, int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor operator()(const Tensor& x) const { return linear(x, weight, bias); }
+  Tensor weight, bias;
+};
+
+// LayerNorm over the last dim; `affine` = elementwise_affine (weight and bias).
+struct LayerNorm {
+  LayerNorm() = default;
+  LayerNorm(const Weights& w, int64_t dim, double eps, bool affine = true, bool bias = true);
+  Tensor operator()(const Tensor& x) const { return layer_norm(x, weight, bias, eps); }
+  Tensor weight, bias;
+  double eps = 1e-5;
+};
+
+// RMSNorm over the last dim: x * rsqrt(mean(x^2) + eps) * weight.
+struct RMSNorm {
+  RMSNorm() = default;
+  RMSNorm(const Weights& w, int64_t dim, double eps, bool affine = true);
+  Tensor operator()(const Tensor& x) const { return rms_norm(x, weight, eps); }
+  Tensor weight;
+  double eps = 1e-6;
+};
+
+struct GroupNorm {
+  GroupNorm() = default;
+  GroupNorm(const Weights& w, int64_t groups, int64_t channels, double eps, bool affine = true);
+  Tensor operator()(const Tensor& x) const { return group_norm(x, groups, weight, bias, eps); }
+  Tensor weight, bias;
+  int64_t groups = 32;
+  double eps = 1e-6;
+};
+
+// NCHW convolution with square kernel, stride and padding.
+struct Conv2d {
+  Conv2d() = default;
+  Conv2d(const Weights& w, int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride = 1,
+         int64_t padding = 0, bool bias = true);
+  Tensor operator()(const Tensor& x) const { return conv2d(x, weight, bias, {stride, stride}, {padding, padding}); }
+  Tensor weight, bias;
+  int64_t stride = 1, padding = 0;
+};
+
+// Lookup table [num, dim]; ids of any integer shape -> ids.shape + [dim].
+struct Embedding {
+  Embedding() = default;
+  Embedding(const Weights& w, int64_t num, int64_t dim);
+  Tensor operator()(const Tensor& ids) const { return gather(weight, ids); }
+  Tensor weight;
+};
+
+}  // namespace kiln::nn

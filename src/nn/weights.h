@@ -1,0 +1,37 @@
+// Weights: a module's view of a checkpoint (a safetensors file, index or folder) under a
+// key prefix, so a model builds itself with the same names as the Diffusers/transformers
+// state dict ("transformer_blocks.0.attn.to_q.weight"). Every tensor is checked against
+// the shape the config implies; errors name the checkpoint, the full key and both shapes.
+#pragma once
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "io/safetensors.h"
+
+namespace kiln::nn {
+
+class Weights {
+ public:
+  Weights() = default;
+  explicit Weights(const std::filesystem::path& checkpoint);  // file, index or folder
+  explicit Weights(std::shared_ptr<const io::SafetensorsIndex> index, std::string prefix = "");
+
+  // The weights of a child module: prefix + name + ".".
+  Weights sub(const std::string& name) const;
+  Weights sub(const std::string& name, int64_t index) const { return sub(name + "." + std::to_string(index)); }
+
+  bool has(const std::string& name) const;
+  // The tensor `name` converted to `dtype` (zero-copy when it is stored as `dtype`);
+  // throws naming the key when missing or when its shape is not `shape`.
+  Tensor get(const std::string& name, const Shape& shape, DType dtype = DType::f32) const;
+  std::string key(const std::string& name) const { return prefix_ + name; }
+  const io::SafetensorsIndex& index() const { return *index_; }
+
+ private:
+  std::shared_ptr<const io::SafetensorsIndex> index_;
+  std::string prefix_;
+};
+
+}  // namespace kiln::nn
