@@ -1,0 +1,68 @@
+#include "schedulers/flow_match_euler.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "exec/ops.h"
+#include "io/json_config.h"
+
+namespace kiln {
+
+FlowMatchEulerConfig FlowMatchEulerConfig::load(const std::filesystem::path& file) {
+  const io::JsonConfig j(file);
+  FlowMatchEulerConfig c;
+  c.num_train_timesteps = j.get_int("num_train_timesteps", c.num_train_timesteps);
+  c.shift = j.get_float("shift", c.shift);
+  c.use_dynamic_shifting = j.get_bool("use_dynamic_shifting", c.use_dynamic_shifting);
+  c.base_shift = j.get_float("base_shift", c.base_shift);
+  c.max_shift = j.get_float("max_shift", c.max_shift);
+  c.base_image_seq_len = j.get_int("base_image_seq_len", c.base_image_seq_len);
+  c.max_image_seq_len = j.get_int("max_image_seq_len", c.max_image_seq_len);
+  for (const char* flag : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
+                           "stochastic_sampling"})
+    KILN_CHECK(!j.get_bool(flag, false), "scheduler", file.string(), ": '", flag,
+               "' is not supported by kiln's FlowMatchEulerDiscreteScheduler");
+  KILN_CHECK(!j.has("shift_terminal"), "scheduler", file.string(), ": 'shift_terminal' is not supported");
+  KILN_CHECK(j.get_string("time_shift_type", "exponential") == "exponential", "scheduler", file.string(),
+             ": only time_shift_type 'exponential' is supported");
+  return c;
+}
+
+double FlowMatchEulerDiscreteScheduler::calculate_shift(int64_t image_seq_len) const {
+  const double m = (config_.max_shift - config_.base_shift) /
+                   double(config_.max_image_seq_len - config_.base_image_seq_len);
+  const double b = config_.base_shift - m * double(config_.base_image_seq_len);
+  return double(image_seq_len) * m + b;
+}
+
+void FlowMatchEulerDiscreteScheduler::set_timesteps(int64_t n, double mu) {
+  KILN_CHECK(n >= 1, "scheduler", "num_inference_steps must be at least 1, got ", n);
+  // np.linspace(1, 1/N, N) in float64 (last element exact), then float32.
+  std::vector<float> s(static_cast<size_t>(n));
+  const double end = 1.0 / double(n);
+  const double step = n > 1 ? (end - 1.0) / double(n - 1) : 0.0;
+  for (int64_t i = 0; i < n; ++i) s[size_t(i)] = float(i == n - 1 ? end : 1.0 + double(i) * step);
+  if (config_.use_dynamic_shifting) {
+    const float e = float(std::exp(mu));  // exp in double, rounded to fp32; the rest in fp32
+    for (float& v : s) v = e / (e + (1.0f / v - 1.0f));
+  } else {
+    const float shift = float(config_.shift);
+    for (float& v : s) v = shift * v / (1.0f + (shift - 1.0f) * v);
+  }
+  timesteps_.resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) timesteps_[size_t(i)] = s[size_t(i)] * float(config_.num_train_timesteps);
+  sigmas_ = s;
+  sigmas_.push_back(0.0f);
+  step_index_ = 0;
+}
+
+Tensor FlowMatchEulerDiscreteScheduler::step(const Tensor& velocity, const Tensor& latents) {
+  KILN_CHECK(step_index_ + 1 < int64_t(sigmas_.size()), "scheduler", "step ", step_index_,
+             " called after the last of ", sigmas_.size() - 1, " steps (call set_timesteps first)");
+  const float dt = sigmas_[size_t(step_index_ + 1)] - sigmas_[size_t(step_index_)];
+  ++step_index_;
+  const Tensor x = cast(latents, DType::f32);
+  return cast(x + velocity * double(dt), velocity.dtype());
+}
+
+}  // namespace kiln
