@@ -7,5 +7,6 @@
 namespace kiln::cli {
 
 int inspect(const std::vector<std::string>& args);
+int generate(const std::vector<std::string>& args);
 
 }  // namespace kiln::cli

@@ -3,15 +3,14 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "report.h"
 #include "core/error.h"
 #include "devices/runtime.h"
-#include "exec/counters.h"
 #include "io/json_config.h"
 #include "io/safetensors.h"
 
@@ -104,26 +103,9 @@ int inspect(const std::vector<std::string>& args) {
   const MemoryStats mem = runtime(Device::cpu()).memory();
   std::printf("loaded in %.3f s, %llu bytes read from checkpoint files, device peak %zu bytes\n", seconds,
               static_cast<unsigned long long>(io::bytes_read()), mem.peak_bytes);
-  if (!opt.report.empty()) {
-    const Counters c = counters();
-    nlohmann::json report{
-        {"engine", {{"version", KILN_VERSION}, {"device", "cpu:0"}, {"mode", "eager"}}},
-        {"inputs", {{"command", "inspect"}, {"model", opt.model.string()}}},
-        {"timings", {{"load", seconds}, {"total", seconds}}},
-        {"counters", {{"ops_dispatched", c.ops_dispatched}, {"kernels_launched", c.kernels_launched},
-                      {"sync_points", c.sync_points}, {"host_waits", c.host_waits}}},
-        {"memory", {{"device_peak_bytes", mem.peak_bytes}}},
-        {"io", {{"bytes_read", io::bytes_read()}}},
-        {"components", report_components}};
-    const fs::path tmp = opt.report.string() + ".tmp";
-    {
-      std::ofstream out(tmp);
-      KILN_CHECK(out.good(), "report", "cannot write ", opt.report);
-      out << report.dump(2) << '\n';
-      KILN_CHECK(out.good(), "report", "failed writing ", opt.report);
-    }
-    fs::rename(tmp, opt.report);
-  }
+  if (!opt.report.empty())
+    write_report(opt.report, {{"command", "inspect"}, {"model", opt.model.string()}}, {{"load", seconds}, {"total", seconds}},
+                 {{"components", report_components}});
   return 0;
 }
 

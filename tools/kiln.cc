@@ -14,6 +14,11 @@ void usage(std::FILE* out) {
                "kiln %s — diffusion pipelines in C++\n\n"
                "usage: kiln <command> [options]\n\n"
                "commands:\n"
+               "  generate [--model DIR] [--prompt TEXT] [--prompt-2 TEXT] [--height H] [--width W]\n"
+               "           [--steps N] [--guidance G] [--max-sequence-length N] [--seed S]\n"
+               "           [--latents FILE] [--out out.png] [--report run.json] [--device cpu]\n"
+               "      Text to image with a FLUX.1 checkpoint in Diffusers layout (FluxPipeline). Without\n"
+               "      --model it runs the small FLUX.1 checkpoint bundled with kiln (128x128, 4 steps).\n"
                "  inspect [--model DIR] [--report FILE]\n"
                "      Load a Diffusers model folder (model_index.json, each component's config and\n"
                "      safetensors weights, zero-copy) and print what it holds. Without --model it\n"
@@ -39,6 +44,7 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   try {
     if (command == "inspect") return kiln::cli::inspect(args);
+    if (command == "generate") return kiln::cli::generate(args);
     std::fprintf(stderr, "kiln: unknown command '%s' (see kiln --help)\n", command.c_str());
     return 2;
   } catch (const kiln::Error& e) {

@@ -1,0 +1,199 @@
+#include "io/png.h"
+
+#include <fcntl.h>
+#include <png.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace kiln::io {
+
+namespace {
+
+// libpng reports errors by longjmp; the message is kept here for the kiln::Error.
+struct ErrorSink {
+  char message[256] = "unknown libpng error";
+};
+
+void on_error(png_structp png, png_const_charp msg) {
+  auto* sink = static_cast<ErrorSink*>(png_get_error_ptr(png));
+  std::snprintf(sink->message, sizeof sink->message, "%s", msg);
+  png_longjmp(png, 1);
+}
+void on_warning(png_structp, png_const_charp) {}
+
+// The libpng calls live in these two functions, which hold no object with a destructor, so
+// the longjmp out of an error skips nothing (the buffers belong to the callers).
+bool encode(FILE* f, const uint8_t* rgb, png_uint_32 height, png_uint_32 width, png_text* texts, int n_text,
+            ErrorSink* sink) {
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, sink, on_error, on_warning);
+  if (!png) return false;
+  png_infop info = png_create_info_struct(png);
+  if (!info) {
+    png_destroy_write_struct(&png, nullptr);
+    return false;
+  }
+  if (setjmp(png_jmpbuf(png))) {
+    png_destroy_write_struct(&png, &info);
+    return false;
+  }
+  png_init_io(png, f);
+  png_set_IHDR(png, info, width, height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
+  if (n_text > 0) png_set_text(png, info, texts, n_text);
+  png_write_info(png, info);
+  for (png_uint_32 y = 0; y < height; ++y) png_write_row(png, rgb + size_t(y) * width * 3);
+  png_write_end(png, info);
+  png_destroy_write_struct(&png, &info);
+  return true;
+}
+
+// Decodes into out->rgb and copies the text chunks (before and after the image data).
+bool decode(FILE* f, PngImage* out, ErrorSink* sink) {
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, sink, on_error, on_warning);
+  if (!png) return false;
+  png_infop info = png_create_info_struct(png);
+  png_infop end = info ? png_create_info_struct(png) : nullptr;
+  if (!end) {
+    png_destroy_read_struct(&png, info ? &info : nullptr, nullptr);
+    return false;
+  }
+  if (setjmp(png_jmpbuf(png))) {
+    png_destroy_read_struct(&png, &info, &end);
+    return false;
+  }
+  png_init_io(png, f);
+  png_read_info(png, info);
+  png_set_expand(png);  // palette -> RGB, gray < 8 bits -> 8, tRNS -> alpha
+  png_set_strip_16(png);
+  png_set_strip_alpha(png);
+  png_set_gray_to_rgb(png);
+  const int passes = png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  const png_uint_32 height = png_get_image_height(png, info), width = png_get_image_width(png, info);
+  if (png_get_channels(png, info) != 3 || png_get_rowbytes(png, info) != size_t(width) * 3) {
+    std::snprintf(sink->message, sizeof sink->message, "unexpected layout after conversion to 8-bit RGB");
+    png_destroy_read_struct(&png, &info, &end);
+    return false;
+  }
+  out->height = height;
+  out->width = width;
+  out->rgb.assign(size_t(height) * width * 3, 0);
+  // Interlaced images are read pass by pass into the same full-size rows.
+  for (int p = 0; p < passes; ++p)
+    for (png_uint_32 y = 0; y < height; ++y) png_read_row(png, out->rgb.data() + size_t(y) * width * 3, nullptr);
+  png_read_end(png, end);
+  for (png_infop i : {info, end}) {
+    png_textp texts = nullptr;
+    const int n = png_get_text(png, i, &texts, nullptr);
+    for (int t = 0; t < n; ++t) {
+      const size_t len = texts[t].compression > 0 ? texts[t].itxt_length : texts[t].text_length;
+      out->text.emplace_back(texts[t].key, std::string(texts[t].text ? texts[t].text : "", len));
+    }
+  }
+  png_destroy_read_struct(&png, &info, &end);
+  return true;
+}
+
+// PNG keywords: 1-79 Latin-1 printable characters, no leading/trailing/consecutive spaces.
+bool valid_keyword(const std::string& k) {
+  if (k.empty() || k.size() > 79 || k.front() == ' ' || k.back() == ' ') return false;
+  for (size_t i = 0; i < k.size(); ++i) {
+    const auto c = static_cast<unsigned char>(k[i]);
+    if (c < 32 || (c > 126 && c < 161)) return false;
+    if (c == ' ' && i > 0 && k[i - 1] == ' ') return false;
+  }
+  return true;
+}
+
+bool is_ascii(const std::string& s) {
+  for (char c : s)
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+  return true;
+}
+
+}  // namespace
+
+void write_png(const std::filesystem::path& path, const uint8_t* rgb, int64_t height, int64_t width,
+               const PngText& text_metadata) {
+  auto fail_write = [&](const std::string& reason) { fail("png", "cannot write ", path.string(), ": ", reason); };
+  if (height <= 0 || width <= 0 || height > 0x7fffffff || width > 0x7fffffff / 3)
+    fail_write("image size " + std::to_string(height) + "x" + std::to_string(width) + " is not supported");
+  if (!rgb) fail_write("no pixel data");
+  if (path.filename().empty()) fail_write("not a file name");
+
+  std::vector<png_text> texts(text_metadata.size());
+  for (size_t i = 0; i < text_metadata.size(); ++i) {
+    const auto& [key, value] = text_metadata[i];
+    if (!valid_keyword(key)) fail_write("invalid text keyword '" + key + "' (1-79 printable Latin-1 characters)");
+    if (value.find('\0') != std::string::npos) fail_write("text '" + key + "' contains a NUL byte");
+    png_text& t = texts[i];
+    std::memset(&t, 0, sizeof t);
+    // libpng copies keys and texts; it only takes them as non-const pointers.
+    t.key = const_cast<char*>(key.c_str());
+    t.text = const_cast<char*>(value.c_str());
+    // tEXt is Latin-1; anything beyond ASCII is taken as UTF-8 and goes into iTXt.
+    if (is_ascii(value)) {
+      t.compression = PNG_TEXT_COMPRESSION_NONE;
+      t.text_length = value.size();
+    } else {
+      t.compression = PNG_ITXT_COMPRESSION_NONE;
+      t.itxt_length = value.size();
+      t.lang = const_cast<char*>("");
+      t.lang_key = const_cast<char*>("");
+    }
+  }
+
+  // A unique name next to the target, so the rename is atomic (same file system).
+  static std::atomic<uint64_t> counter{0};
+  std::string tmp_name(".");
+  tmp_name.append(path.filename().string()).append(".tmp.").append(std::to_string(::getpid()));
+  tmp_name.append(".").append(std::to_string(counter.fetch_add(1)));
+  const std::filesystem::path tmp = path.parent_path() / tmp_name;
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) fail_write(std::strerror(errno));
+  FILE* f = ::fdopen(fd, "wb");
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    fail_write(std::strerror(err));
+  }
+
+  ErrorSink sink;
+  std::string reason;
+  if (!encode(f, rgb, png_uint_32(height), png_uint_32(width), texts.data(), int(texts.size()), &sink))
+    reason = sink.message;
+  if (reason.empty() && (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0)) reason = std::strerror(errno);
+  if (std::fclose(f) != 0 && reason.empty()) reason = std::strerror(errno);
+  if (reason.empty() && std::rename(tmp.c_str(), path.c_str()) != 0) reason = std::strerror(errno);
+  if (!reason.empty()) {
+    ::unlink(tmp.c_str());
+    fail_write(reason);
+  }
+}
+
+PngImage read_png(const std::filesystem::path& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) fail("png", "cannot read ", path.string(), ": ", std::strerror(errno));
+  unsigned char sig[8] = {};
+  const bool is_png = std::fread(sig, 1, 8, f) == 8 && png_sig_cmp(sig, 0, 8) == 0;
+  std::rewind(f);
+  if (!is_png) {
+    std::fclose(f);
+    fail("png", "cannot read ", path.string(), ": not a PNG file (bad signature)");
+  }
+  PngImage image;
+  ErrorSink sink;
+  const bool ok = decode(f, &image, &sink);
+  std::fclose(f);
+  if (!ok) fail("png", "cannot read ", path.string(), ": ", sink.message);
+  return image;
+}
+
+}  // namespace kiln::io

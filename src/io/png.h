@@ -1,0 +1,32 @@
+// PNG files (libpng): 8-bit RGB images with text metadata (prompt, seed, steps, ...).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kiln::io {
+
+using PngText = std::vector<std::pair<std::string, std::string>>;
+
+// Writes `rgb` (height * width * 3 bytes, row-major HWC) as an 8-bit RGB PNG with one text
+// chunk per (keyword, text) pair: tEXt when the text is ASCII, uncompressed iTXt (UTF-8)
+// otherwise. Keywords must be 1-79 printable Latin-1 characters without leading, trailing or
+// double spaces (the PNG rule). The image is written to a temporary file in the same folder
+// and renamed over `path`, so `path` never holds a partial file. Errors are kiln::Error
+// "[png] cannot write <path>: <reason>" and leave neither `path` nor the temporary behind.
+void write_png(const std::filesystem::path& path, const uint8_t* rgb, int64_t height, int64_t width,
+               const PngText& text_metadata = {});
+
+struct PngImage {
+  int64_t height = 0, width = 0;
+  std::vector<uint8_t> rgb;  // height * width * 3, HWC
+  PngText text;              // tEXt, zTXt and iTXt chunks in file order
+};
+
+// Reads any PNG as 8-bit RGB (palette and gray expanded, 16-bit reduced, alpha dropped).
+// Errors are kiln::Error "[png] cannot read <path>: <reason>".
+PngImage read_png(const std::filesystem::path& path);
+
+}  // namespace kiln::io

@@ -1,0 +1,80 @@
+// CLIPTextModel (transformers), the text tower FLUX.1 takes its pooled prompt embedding from
+// (spec flux1.md §4.1). Weights use the transformers state-dict names ("text_model.encoder.
+// layers.0.self_attn.q_proj.weight", ...), so a Hub `text_encoder/` folder loads as is.
+#pragma once
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/json_config.h"
+#include "nn/layers.h"
+
+namespace kiln {
+
+// Which position of each row `pooler_output` takes (§4.1 step 4). The rules only differ for
+// configs whose eos_token_id is not the largest id in use (the tiny test models); for the
+// real FLUX CLIP both give the first <|endoftext|>.
+enum class ClipPooledRule {
+  // transformers since mid-2023 (and the fixtures' reference, 4.52): eos_token_id == 2 (a
+  // legacy wrong value) -> argmax(ids) (first position of the largest id); otherwise the
+  // first position of eos_token_id (0 if absent).
+  eos2_argmax,
+  // A 2025 transformers snapshot: argmax(ids) when every row's maximum id is 49407, otherwise
+  // the first position of eos_token_id (0 if absent).
+  max_id_49407_argmax,
+};
+
+class ClipTextModel {
+ public:
+  struct Config {
+    int64_t vocab_size = 49408;
+    int64_t hidden_size = 512;
+    int64_t intermediate_size = 2048;
+    int64_t num_hidden_layers = 12;
+    int64_t num_attention_heads = 8;
+    int64_t max_position_embeddings = 77;
+    std::string hidden_act = "quick_gelu";
+    double layer_norm_eps = 1e-5;
+    int64_t eos_token_id = 49407;
+    ClipPooledRule pooled_rule = ClipPooledRule::eos2_argmax;
+
+    // Fields absent from the file take CLIPTextConfig's defaults (above). Checks the sizes
+    // agree (hidden_size divisible by the head count) and that hidden_act is known.
+    static Config from_json(const io::JsonConfig& json);
+  };
+
+  struct Output {
+    Tensor last_hidden_state;           // [B, L, E], after final_layer_norm
+    Tensor pooler_output;               // [B, E]
+    std::vector<Tensor> hidden_states;  // N+1 entries: embeddings, then after each layer (no final norm)
+  };
+
+  // `dir` holds config.json and model.safetensors (or model.safetensors.index.json + shards).
+  static ClipTextModel from_pretrained(const std::filesystem::path& dir,
+                                       ClipPooledRule pooled_rule = ClipPooledRule::eos2_argmax);
+  ClipTextModel(const Config& config, const nn::Weights& weights);  // weights at the state-dict root
+
+  // input_ids: integer [B, L] with L <= max_position_embeddings. Reads the ids on the host
+  // (for the pooled positions).
+  Output forward(const Tensor& input_ids, bool output_hidden_states = false) const;
+  const Config& config() const { return config_; }
+
+  // The position pooler_output takes in each row of ids [B, L] (row-major).
+  static std::vector<int64_t> pooled_positions(const std::vector<int64_t>& ids, int64_t batch, int64_t length,
+                                               int64_t eos_token_id, ClipPooledRule rule);
+
+ private:
+  struct Layer {
+    nn::LayerNorm layer_norm1, layer_norm2;
+    nn::Linear q_proj, k_proj, v_proj, out_proj, fc1, fc2;
+  };
+  Tensor attention(const Layer& layer, const Tensor& x, const Tensor& causal_mask) const;
+
+  Config config_;
+  nn::Embedding token_embedding_, position_embedding_;
+  std::vector<Layer> layers_;
+  nn::LayerNorm final_layer_norm_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,125 @@
+#include "models/flux/flux_blocks.h"
+
+#include <cmath>
+
+namespace kiln::flux {
+namespace {
+
+constexpr double kNormEps = 1e-6;  // every LayerNorm and QK RMSNorm in the transformer
+
+// LayerNorm eps 1e-6 without affine parameters, as all transformer LNs are.
+Tensor ln(const Tensor& x) { return layer_norm(x, Tensor(), Tensor(), kNormEps); }
+
+// LN(x)·(1 + scale) + shift with scale/shift [B, D] broadcast over the sequence.
+Tensor modulate(const Tensor& normed, const Tensor& scale, const Tensor& shift) {
+  return normed * (1.0 + unsqueeze(scale, 1)) + unsqueeze(shift, 1);
+}
+
+// [B, S, H*hd] -> [B, S, H, hd]; the head count follows the (possibly sharded) width.
+Tensor heads(const Tensor& x, int64_t head_dim) { return reshape(x, {x.dim(0), x.dim(1), -1, head_dim}); }
+
+// fp16 activations are clamped to the finite range after each block, as Diffusers does.
+Tensor clamp_fp16(const Tensor& x) { return x.dtype() == DType::f16 ? clamp(x, -65504.0, 65504.0) : x; }
+
+}  // namespace
+
+Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RotaryTables& rope) {
+  const int64_t hd = q.dim(3);
+  // SDPA wants [B, H, S, hd].
+  const Tensor qh = transpose(apply_rotary_emb(q, rope), 1, 2);
+  const Tensor kh = transpose(apply_rotary_emb(k, rope), 1, 2);
+  const Tensor o = scaled_dot_product_attention(qh, kh, transpose(v, 1, 2), Tensor(), 1.0 / std::sqrt(double(hd)));
+  return flatten(transpose(o, 1, 2), 2);
+}
+
+// ---- double-stream block ----
+
+FluxTransformerBlock::FluxTransformerBlock(const nn::Weights& w, const BlockDims& d) : dims_(d) {
+  const int64_t D = d.dim, hd = d.head_dim, M = d.mlp_hidden;
+  const nn::Weights attn = w.sub("attn");
+  img_ = Stream{nn::Linear(w.sub("norm1").sub("linear"), D, 6 * D),
+                nn::Linear(attn.sub("to_q"), D, D),
+                nn::Linear(attn.sub("to_k"), D, D),
+                nn::Linear(attn.sub("to_v"), D, D),
+                nn::Linear(attn.sub("to_out").sub("0"), D, D),
+                nn::Linear(w.sub("ff").sub("net").sub("0").sub("proj"), D, M),
+                nn::Linear(w.sub("ff").sub("net").sub("2"), M, D),
+                nn::RMSNorm(attn.sub("norm_q"), hd, kNormEps),
+                nn::RMSNorm(attn.sub("norm_k"), hd, kNormEps)};
+  txt_ = Stream{nn::Linear(w.sub("norm1_context").sub("linear"), D, 6 * D),
+                nn::Linear(attn.sub("add_q_proj"), D, D),
+                nn::Linear(attn.sub("add_k_proj"), D, D),
+                nn::Linear(attn.sub("add_v_proj"), D, D),
+                nn::Linear(attn.sub("to_add_out"), D, D),
+                nn::Linear(w.sub("ff_context").sub("net").sub("0").sub("proj"), D, M),
+                nn::Linear(w.sub("ff_context").sub("net").sub("2"), M, D),
+                nn::RMSNorm(attn.sub("norm_added_q"), hd, kNormEps),
+                nn::RMSNorm(attn.sub("norm_added_k"), hd, kNormEps)};
+}
+
+std::pair<Tensor, Tensor> FluxTransformerBlock::operator()(const Tensor& x, const Tensor& c, const Tensor& temb,
+                                                           const RotaryTables& rope) const {
+  const int64_t hd = dims_.head_dim, L_txt = c.dim(1), S = c.dim(1) + x.dim(1);
+  // AdaLayerNormZero chunks: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp.
+  const Tensor act = silu(temb);
+  const std::vector<Tensor> m = chunk(img_.norm1(act), 6, 1);
+  const std::vector<Tensor> mc = chunk(txt_.norm1(act), 6, 1);
+  const Tensor x_n = modulate(ln(x), m[1], m[0]);
+  const Tensor c_n = modulate(ln(c), mc[1], mc[0]);
+
+  // Joint attention: each stream projects and RMS-normalises its own Q/K; text comes first.
+  const Tensor q = concat({txt_.norm_q(heads(txt_.q(c_n), hd)), img_.norm_q(heads(img_.q(x_n), hd))}, 1);
+  const Tensor k = concat({txt_.norm_k(heads(txt_.k(c_n), hd)), img_.norm_k(heads(img_.k(x_n), hd))}, 1);
+  const Tensor v = concat({heads(txt_.v(c_n), hd), heads(img_.v(x_n), hd)}, 1);
+  const Tensor o = rope_attention(q, k, v, rope);
+  const Tensor attn_c = txt_.out(slice(o, 1, 0, L_txt));
+  const Tensor attn_x = img_.out(slice(o, 1, L_txt, S));
+
+  // Residual updates in Diffusers' order; FF = net.2(GELU_tanh(net.0.proj(·))).
+  Tensor xo = x + unsqueeze(m[2], 1) * attn_x;
+  xo = xo + unsqueeze(m[5], 1) * img_.ff_out(gelu(img_.ff_in(modulate(ln(xo), m[4], m[3])), "tanh"));
+  Tensor co = c + unsqueeze(mc[2], 1) * attn_c;
+  co = co + unsqueeze(mc[5], 1) * txt_.ff_out(gelu(txt_.ff_in(modulate(ln(co), mc[4], mc[3])), "tanh"));
+  return {clamp_fp16(co), xo};  // Diffusers clamps only the text stream here
+}
+
+// ---- single-stream block ----
+
+FluxSingleTransformerBlock::FluxSingleTransformerBlock(const nn::Weights& w, const BlockDims& d)
+    : norm_(w.sub("norm").sub("linear"), d.dim, 3 * d.dim),
+      to_q_(w.sub("attn").sub("to_q"), d.dim, d.dim),
+      to_k_(w.sub("attn").sub("to_k"), d.dim, d.dim),
+      to_v_(w.sub("attn").sub("to_v"), d.dim, d.dim),
+      proj_mlp_(w.sub("proj_mlp"), d.dim, d.mlp_hidden),
+      proj_out_(w.sub("proj_out"), d.dim + d.mlp_hidden, d.dim),
+      norm_q_(w.sub("attn").sub("norm_q"), d.head_dim, kNormEps),
+      norm_k_(w.sub("attn").sub("norm_k"), d.head_dim, kNormEps),
+      dims_(d) {}
+
+std::pair<Tensor, Tensor> FluxSingleTransformerBlock::operator()(const Tensor& x, const Tensor& c,
+                                                                 const Tensor& temb,
+                                                                 const RotaryTables& rope) const {
+  const int64_t hd = dims_.head_dim, L_txt = c.dim(1), S = c.dim(1) + x.dim(1);
+  const Tensor h = concat({c, x}, 1);  // the residual
+  // AdaLayerNormZeroSingle chunks: shift, scale, gate.
+  const std::vector<Tensor> m = chunk(norm_(silu(temb)), 3, 1);
+  const Tensor h_n = modulate(ln(h), m[1], m[0]);
+  // MLP and attention branches read the same h_n; attention has no output projection.
+  const Tensor mlp = gelu(proj_mlp_(h_n), "tanh");
+  const Tensor a = rope_attention(norm_q_(heads(to_q_(h_n), hd)), norm_k_(heads(to_k_(h_n), hd)),
+                                  heads(to_v_(h_n), hd), rope);
+  const Tensor out = clamp_fp16(h + unsqueeze(m[2], 1) * proj_out_(concat({a, mlp}, 2)));
+  return {slice(out, 1, 0, L_txt), slice(out, 1, L_txt, S)};
+}
+
+// ---- output norm ----
+
+AdaLayerNormContinuous::AdaLayerNormContinuous(const nn::Weights& w, int64_t dim)
+    : linear_(w.sub("linear"), dim, 2 * dim) {}
+
+Tensor AdaLayerNormContinuous::operator()(const Tensor& x, const Tensor& temb) const {
+  const std::vector<Tensor> m = chunk(linear_(silu(temb)), 2, 1);  // scale first, then shift
+  return modulate(ln(x), m[0], m[1]);
+}
+
+}  // namespace kiln::flux

@@ -1,0 +1,183 @@
+#include "models/flux/flux_transformer.h"
+
+#include <tuple>
+
+#include "core/error.h"
+
+namespace kiln {
+namespace {
+
+constexpr const char* kWhere = "FluxTransformer2DModel";
+
+// Ids may come as [L, 3] or (deprecated) [1, L, 3]; Diffusers then uses batch element 0.
+Tensor ids_2d(const Tensor& ids, const char* name) {
+  if (ids.rank() == 3) return squeeze(slice(ids, 0, 0, 1), 0);
+  KILN_CHECK(ids.rank() == 2, kWhere, name, " must be [L, n_axes], got ", to_string(ids.shape()));
+  return ids;
+}
+
+}  // namespace
+
+// ---- config ----
+
+FluxTransformerConfig FluxTransformerConfig::from_json(const io::JsonConfig& j) {
+  FluxTransformerConfig c;
+  c.patch_size = j.get_int("patch_size", c.patch_size);
+  c.in_channels = j.get_int("in_channels", c.in_channels);
+  if (j.has("out_channels")) c.out_channels = j.get_int("out_channels");
+  c.num_layers = j.get_int("num_layers", c.num_layers);
+  c.num_single_layers = j.get_int("num_single_layers", c.num_single_layers);
+  c.attention_head_dim = j.get_int("attention_head_dim", c.attention_head_dim);
+  c.num_attention_heads = j.get_int("num_attention_heads", c.num_attention_heads);
+  c.joint_attention_dim = j.get_int("joint_attention_dim", c.joint_attention_dim);
+  c.pooled_projection_dim = j.get_int("pooled_projection_dim", c.pooled_projection_dim);
+  c.guidance_embeds = j.get_bool("guidance_embeds", c.guidance_embeds);
+  c.axes_dims_rope = j.get_int_list("axes_dims_rope", c.axes_dims_rope);
+  c.validate(j.source());
+  return c;
+}
+
+void FluxTransformerConfig::validate(const std::string& source) const {
+  const auto positive = [&](int64_t v, const char* field) {
+    KILN_CHECK(v > 0, kWhere, source, ": '", field, "' must be positive, got ", v);
+  };
+  positive(patch_size, "patch_size");
+  positive(in_channels, "in_channels");
+  if (out_channels) positive(*out_channels, "out_channels");
+  KILN_CHECK(num_layers >= 0 && num_single_layers >= 0, kWhere, source, ": block counts must be >= 0, got ",
+             num_layers, " and ", num_single_layers);
+  positive(attention_head_dim, "attention_head_dim");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(joint_attention_dim, "joint_attention_dim");
+  positive(pooled_projection_dim, "pooled_projection_dim");
+  int64_t rope_dim = 0;
+  for (int64_t d : axes_dims_rope) {
+    KILN_CHECK(d > 0 && d % 2 == 0, kWhere, source, ": every axes_dims_rope entry must be even and positive, got ",
+               d);
+    rope_dim += d;
+  }
+  KILN_CHECK(rope_dim == attention_head_dim, kWhere, source, ": sum(axes_dims_rope) = ", rope_dim,
+             " must equal attention_head_dim = ", attention_head_dim);
+}
+
+// ---- class data ----
+
+const std::vector<std::string>& FluxTransformer2DModel::repeated_blocks() {
+  static const std::vector<std::string> names{flux::FluxTransformerBlock::kClassName,
+                                              flux::FluxSingleTransformerBlock::kClassName};
+  return names;
+}
+
+const std::vector<TensorParallelEntry>& FluxTransformer2DModel::tp_plan() {
+  // Colwise producers feed rowwise consumers (one all-reduce per rowwise Linear). The single
+  // block's proj_out reads [attn (D) | mlp (4D)], each sharded on its own: packed rowwise [1, 4].
+  static const std::vector<TensorParallelEntry> plan{
+      {"transformer_blocks.*.attn.to_q", "colwise", {}},
+      {"transformer_blocks.*.attn.to_k", "colwise", {}},
+      {"transformer_blocks.*.attn.to_v", "colwise", {}},
+      {"transformer_blocks.*.attn.add_q_proj", "colwise", {}},
+      {"transformer_blocks.*.attn.add_k_proj", "colwise", {}},
+      {"transformer_blocks.*.attn.add_v_proj", "colwise", {}},
+      {"transformer_blocks.*.attn.to_out.0", "rowwise", {}},
+      {"transformer_blocks.*.attn.to_add_out", "rowwise", {}},
+      {"transformer_blocks.*.ff.net.0.proj", "colwise", {}},
+      {"transformer_blocks.*.ff.net.2", "rowwise", {}},
+      {"transformer_blocks.*.ff_context.net.0.proj", "colwise", {}},
+      {"transformer_blocks.*.ff_context.net.2", "rowwise", {}},
+      {"single_transformer_blocks.*.attn.to_q", "colwise", {}},
+      {"single_transformer_blocks.*.attn.to_k", "colwise", {}},
+      {"single_transformer_blocks.*.attn.to_v", "colwise", {}},
+      {"single_transformer_blocks.*.proj_mlp", "colwise", {}},
+      {"single_transformer_blocks.*.proj_out", "packed_rowwise", {1, 4}},
+  };
+  return plan;
+}
+
+// ---- construction ----
+
+FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir) {
+  return FluxTransformer2DModel(FluxTransformerConfig::from_json(io::JsonConfig(dir / "config.json")),
+                                nn::Weights(dir));
+}
+
+FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, const nn::Weights& w)
+    : config_(std::move(config)) {
+  const FluxTransformerConfig& c = config_;
+  c.validate();
+  const int64_t D = c.inner_dim();
+  // A checkpoint with more blocks or a guidance embedder than the config says would load
+  // "fine" and compute the wrong model, so those disagreements are errors too.
+  const auto extra = [&](const std::string& key, const std::string& what) {
+    KILN_CHECK(!w.has(key), kWhere, w.index().path().string(), ": the checkpoint has '", w.key(key), "' but ",
+               what);
+  };
+  if (!c.guidance_embeds)
+    extra("time_text_embed.guidance_embedder.linear_1.weight", "the config has guidance_embeds=false");
+  extra("transformer_blocks." + std::to_string(c.num_layers) + ".norm1.linear.weight",
+        "the config has num_layers=" + std::to_string(c.num_layers));
+  extra("single_transformer_blocks." + std::to_string(c.num_single_layers) + ".norm.linear.weight",
+        "the config has num_single_layers=" + std::to_string(c.num_single_layers));
+
+  x_embedder_ = nn::Linear(w.sub("x_embedder"), c.in_channels, D);
+  context_embedder_ = nn::Linear(w.sub("context_embedder"), c.joint_attention_dim, D);
+  time_text_embed_ = flux::TimeTextEmbed(w.sub("time_text_embed"), D, c.pooled_projection_dim, c.guidance_embeds);
+  const flux::BlockDims dims{D, c.attention_head_dim, c.mlp_hidden()};
+  for (int64_t i = 0; i < c.num_layers; ++i) transformer_blocks_.emplace_back(w.sub("transformer_blocks", i), dims);
+  for (int64_t i = 0; i < c.num_single_layers; ++i)
+    single_transformer_blocks_.emplace_back(w.sub("single_transformer_blocks", i), dims);
+  norm_out_ = flux::AdaLayerNormContinuous(w.sub("norm_out"), D);
+  proj_out_ = nn::Linear(w.sub("proj_out"), D, c.out_features());
+}
+
+// ---- forward ----
+
+Tensor FluxTransformer2DModel::time_text_embed(const Tensor& timestep, const Tensor& pooled_projections,
+                                               const std::optional<Tensor>& guidance) const {
+  // Cast chain (§6.6): to the model dtype first, then ×1000 in that dtype.
+  const DType dt = x_embedder_.weight.dtype();
+  std::optional<Tensor> gs;
+  if (guidance) gs = cast(*guidance, dt) * 1000.0;
+  return time_text_embed_(cast(timestep, dt) * 1000.0, gs, pooled_projections);
+}
+
+flux::RotaryTables FluxTransformer2DModel::pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
+  return flux::flux_pos_embed(concat({ids_2d(txt_ids, "txt_ids"), ids_2d(img_ids, "img_ids")}, 0),
+                              config_.axes_dims_rope);
+}
+
+Tensor FluxTransformer2DModel::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
+                                       const Tensor& pooled_projections, const Tensor& timestep,
+                                       const Tensor& img_ids, const Tensor& txt_ids,
+                                       std::optional<Tensor> guidance) const {
+  const FluxTransformerConfig& c = config_;
+  KILN_CHECK(hidden_states.rank() == 3 && hidden_states.dim(2) == c.in_channels, kWhere,
+             "hidden_states must be [B, L_img, ", c.in_channels, "], got ", to_string(hidden_states.shape()));
+  const int64_t B = hidden_states.dim(0);
+  KILN_CHECK(encoder_hidden_states.rank() == 3 && encoder_hidden_states.dim(0) == B &&
+                 encoder_hidden_states.dim(2) == c.joint_attention_dim,
+             kWhere, "encoder_hidden_states must be [", B, ", L_txt, ", c.joint_attention_dim, "], got ",
+             to_string(encoder_hidden_states.shape()));
+  KILN_CHECK(pooled_projections.shape() == Shape({B, c.pooled_projection_dim}), kWhere,
+             "pooled_projections must be [", B, ", ", c.pooled_projection_dim, "], got ",
+             to_string(pooled_projections.shape()));
+  KILN_CHECK(timestep.rank() == 1 && (timestep.dim(0) == B || timestep.dim(0) == 1), kWhere,
+             "timestep must be [", B, "], got ", to_string(timestep.shape()));
+  if (guidance)
+    KILN_CHECK(guidance->rank() == 1 && (guidance->dim(0) == B || guidance->dim(0) == 1), kWhere,
+               "guidance must be [", B, "], got ", to_string(guidance->shape()));
+  const Tensor img = ids_2d(img_ids, "img_ids"), txt = ids_2d(txt_ids, "txt_ids");
+  KILN_CHECK(img.dim(0) == hidden_states.dim(1) && txt.dim(0) == encoder_hidden_states.dim(1), kWhere,
+             "img_ids ", to_string(img.shape()), " / txt_ids ", to_string(txt.shape()),
+             " rows must match the image / text sequence lengths ", hidden_states.dim(1), " / ",
+             encoder_hidden_states.dim(1));
+
+  Tensor x = x_embedder_(hidden_states);
+  const Tensor temb = time_text_embed(timestep, pooled_projections, guidance);
+  Tensor ctx = context_embedder_(encoder_hidden_states);
+  const flux::RotaryTables rope = pos_embed(img, txt);  // text rows first
+  for (const auto& block : transformer_blocks_) std::tie(ctx, x) = block(x, ctx, temb, rope);
+  for (const auto& block : single_transformer_blocks_) std::tie(ctx, x) = block(x, ctx, temb, rope);
+  return proj_out_(norm_out_(x, temb));
+}
+
+}  // namespace kiln

@@ -1,0 +1,93 @@
+// FluxTransformer2DModel: the FLUX.1 (schnell / dev) diffusion transformer, as in Diffusers
+// (spec flux1.md §2). Loaded from a Diffusers "transformer" folder (config.json + safetensors)
+// with the Diffusers state-dict names; computes in f32.
+#pragma once
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/json_config.h"
+#include "models/flux/flux_blocks.h"
+
+namespace kiln {
+
+// transformer/config.json with the class defaults (spec §1.4).
+struct FluxTransformerConfig {
+  int64_t patch_size = 1;
+  int64_t in_channels = 64;
+  std::optional<int64_t> out_channels;  // null -> in_channels
+  int64_t num_layers = 19;              // double-stream blocks
+  int64_t num_single_layers = 38;
+  int64_t attention_head_dim = 128;
+  int64_t num_attention_heads = 24;
+  int64_t joint_attention_dim = 4096;
+  int64_t pooled_projection_dim = 768;
+  bool guidance_embeds = false;
+  std::vector<int64_t> axes_dims_rope{16, 56, 56};
+
+  static FluxTransformerConfig from_json(const io::JsonConfig& json);  // reads and validates
+  // Errors (naming `source`) when the derived quantities of §2.1 do not hold.
+  void validate(const std::string& source = "FluxTransformerConfig") const;
+
+  int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
+  int64_t out_features() const { return patch_size * patch_size * out_channels.value_or(in_channels); }
+  int64_t mlp_hidden() const { return 4 * inner_dim(); }
+};
+
+// One entry of the tensor-parallel plan (runtime.md §6.4/§6.7): a module path pattern where
+// "*" stands for every block index, and its style. `blocks` is only set for packed styles:
+// proportional block sizes of the packed dimension (for proj_out: [D, 4D] -> {1, 4}).
+struct TensorParallelEntry {
+  std::string pattern;
+  std::string style;  // "colwise", "rowwise", "packed_colwise" or "packed_rowwise"
+  std::vector<int64_t> blocks;
+};
+
+class FluxTransformer2DModel {
+ public:
+  // Class names of the repeated blocks (what compile_repeated_blocks compiles separately).
+  static const std::vector<std::string>& repeated_blocks();
+  // Diffusers' _tp_plan for this model; every Linear not listed is replicated.
+  static const std::vector<TensorParallelEntry>& tp_plan();
+
+  // `dir` is the transformer folder (config.json and diffusion_pytorch_model*.safetensors).
+  static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir);
+  // Builds from an explicit config and checkpoint (shapes checked against the config).
+  FluxTransformer2DModel(FluxTransformerConfig config, const nn::Weights& weights);
+
+  // hidden_states [B, L_img, in_ch], encoder_hidden_states [B, L_txt, joint_dim],
+  // pooled_projections [B, pooled_dim], timestep [B] (sigma = t/1000), img_ids [L_img, 3],
+  // txt_ids [L_txt, 3] (3-D ids use batch element 0), guidance [B] iff guidance_embeds
+  // -> velocity [B, L_img, patch²·out_ch].
+  Tensor forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states, const Tensor& pooled_projections,
+                 const Tensor& timestep, const Tensor& img_ids, const Tensor& txt_ids,
+                 std::optional<Tensor> guidance = std::nullopt) const;
+
+  const FluxTransformerConfig& config() const { return config_; }
+
+  // ---- sub-steps of forward (public so tests can compare them with Diffusers' modules) ----
+  Tensor x_embedder(const Tensor& hidden_states) const { return x_embedder_(hidden_states); }
+  Tensor context_embedder(const Tensor& encoder_hidden_states) const { return context_embedder_(encoder_hidden_states); }
+  // timestep/guidance as given to forward (already /1000): applies the ×1000 of the cast chain.
+  Tensor time_text_embed(const Tensor& timestep, const Tensor& pooled_projections,
+                         const std::optional<Tensor>& guidance = std::nullopt) const;
+  // pos_embed over concat(txt_ids, img_ids) -> cos/sin [L_txt + L_img, head_dim].
+  flux::RotaryTables pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const;
+  const std::vector<flux::FluxTransformerBlock>& transformer_blocks() const { return transformer_blocks_; }
+  const std::vector<flux::FluxSingleTransformerBlock>& single_transformer_blocks() const {
+    return single_transformer_blocks_;
+  }
+  Tensor norm_out(const Tensor& x, const Tensor& temb) const { return norm_out_(x, temb); }
+  Tensor proj_out(const Tensor& x) const { return proj_out_(x); }
+
+ private:
+  FluxTransformerConfig config_;
+  nn::Linear x_embedder_, context_embedder_, proj_out_;
+  flux::TimeTextEmbed time_text_embed_;
+  std::vector<flux::FluxTransformerBlock> transformer_blocks_;
+  std::vector<flux::FluxSingleTransformerBlock> single_transformer_blocks_;
+  flux::AdaLayerNormContinuous norm_out_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,153 @@
+#include "models/vae/autoencoder_kl.h"
+
+#include "core/error.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr const char* kWhere = "vae";
+
+std::vector<std::string> string_list(const io::JsonConfig& json, const std::string& field,
+                                     const std::vector<std::string>& fallback) {
+  if (!json.has(field)) return fallback;
+  const auto& v = json.json().at(field);
+  KILN_CHECK(v.is_array(), kWhere, json.source(), ": field '", field, "' is ", io::json_kind(v), ", expected an array");
+  std::vector<std::string> out;
+  for (const auto& e : v) {
+    KILN_CHECK(e.is_string(), kWhere, json.source(), ": field '", field, "' has ", io::json_kind(e),
+               " elements, expected strings");
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+// The VAE computes in f32 (flux1.md §3.2: no upcast inside; kiln's parity target is fp32).
+Tensor as_f32(const Tensor& x) { return x.dtype() == DType::f32 ? x : cast(x, DType::f32); }
+
+}  // namespace
+
+VaeConfig VaeConfig::from_json(const io::JsonConfig& json) {
+  VaeConfig c;
+  c.in_channels = json.get_int("in_channels", c.in_channels);
+  c.out_channels = json.get_int("out_channels", c.out_channels);
+  c.latent_channels = json.get_int("latent_channels", c.latent_channels);
+  c.layers_per_block = json.get_int("layers_per_block", c.layers_per_block);
+  c.norm_num_groups = json.get_int("norm_num_groups", c.norm_num_groups);
+  c.block_out_channels = json.get_int_list("block_out_channels", c.block_out_channels);
+  c.down_block_types = string_list(json, "down_block_types", c.down_block_types);
+  c.up_block_types = string_list(json, "up_block_types", c.up_block_types);
+  c.act_fn = json.get_string("act_fn", c.act_fn);
+  c.scaling_factor = json.get_float("scaling_factor", c.scaling_factor);
+  c.shift_factor = json.get_float("shift_factor", c.shift_factor);
+  c.use_quant_conv = json.get_bool("use_quant_conv", c.use_quant_conv);
+  c.use_post_quant_conv = json.get_bool("use_post_quant_conv", c.use_post_quant_conv);
+  c.mid_block_add_attention = json.get_bool("mid_block_add_attention", c.mid_block_add_attention);
+
+  const std::string& src = json.source();
+  const size_t n = c.block_out_channels.size();
+  KILN_CHECK(n > 0, kWhere, src, ": 'block_out_channels' is empty");
+  KILN_CHECK(c.down_block_types.size() == n && c.up_block_types.size() == n, kWhere, src,
+             ": 'down_block_types' (", c.down_block_types.size(), ") and 'up_block_types' (",
+             c.up_block_types.size(), ") must have one entry per 'block_out_channels' entry (", n, ")");
+  for (const auto& t : c.down_block_types)
+    KILN_CHECK(t == "DownEncoderBlock2D", kWhere, src, ": down block type '", t,
+               "' is not supported (only DownEncoderBlock2D)");
+  for (const auto& t : c.up_block_types)
+    KILN_CHECK(t == "UpDecoderBlock2D", kWhere, src, ": up block type '", t,
+               "' is not supported (only UpDecoderBlock2D)");
+  KILN_CHECK(c.act_fn == "silu", kWhere, src, ": act_fn '", c.act_fn, "' is not supported (only silu)");
+  KILN_CHECK(c.layers_per_block > 0 && c.latent_channels > 0 && c.in_channels > 0 && c.out_channels > 0, kWhere,
+             src, ": channel counts and layers_per_block must be positive");
+  for (int64_t ch : c.block_out_channels)
+    KILN_CHECK(c.norm_num_groups > 0 && ch > 0 && ch % c.norm_num_groups == 0, kWhere, src,
+               ": block_out_channels entry ", ch, " is not divisible by norm_num_groups ", c.norm_num_groups);
+  return c;
+}
+
+AutoencoderKL AutoencoderKL::from_pretrained(const std::filesystem::path& dir) {
+  return AutoencoderKL(VaeConfig::from_json(io::JsonConfig(dir / "config.json")), nn::Weights(dir));
+}
+
+AutoencoderKL::AutoencoderKL(VaeConfig config, const nn::Weights& weights) : config_(std::move(config)) {
+  const auto& c = config_;
+  const vae::NormSpec norm{c.norm_num_groups, 1e-6};
+  const auto& boc = c.block_out_channels;
+  const int64_t n = int64_t(boc.size()), top = boc.back();
+
+  // Decoder: channels run through reversed(block_out_channels); every block but the last
+  // doubles the size, and each has layers_per_block + 1 resnets.
+  const nn::Weights d = weights.sub("decoder");
+  decoder_.conv_in = nn::Conv2d(d.sub("conv_in"), c.latent_channels, top, 3, 1, 1);
+  decoder_.mid_block.emplace(d.sub("mid_block"), top, norm, c.mid_block_add_attention);
+  int64_t prev = top;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t out = boc[size_t(n - 1 - i)];
+    decoder_.up_blocks.emplace_back(d.sub("up_blocks", i), prev, out, c.layers_per_block + 1, i != n - 1, norm);
+    prev = out;
+  }
+  decoder_.conv_norm_out = nn::GroupNorm(d.sub("conv_norm_out"), norm.groups, boc[0], norm.eps);
+  decoder_.conv_out = nn::Conv2d(d.sub("conv_out"), boc[0], c.out_channels, 3, 1, 1);
+  if (c.use_post_quant_conv)
+    post_quant_conv_.emplace(weights.sub("post_quant_conv"), c.latent_channels, c.latent_channels, 1);
+
+  // Encoder (double_z: conv_out gives mean and logvar); every block but the last halves the size.
+  const nn::Weights e = weights.sub("encoder");
+  if (e.has("conv_in.weight")) {
+    Encoder enc;
+    enc.conv_in = nn::Conv2d(e.sub("conv_in"), c.in_channels, boc[0], 3, 1, 1);
+    prev = boc[0];
+    for (int64_t i = 0; i < n; ++i) {
+      enc.down_blocks.emplace_back(e.sub("down_blocks", i), prev, boc[size_t(i)], c.layers_per_block, i != n - 1,
+                                   norm);
+      prev = boc[size_t(i)];
+    }
+    enc.mid_block.emplace(e.sub("mid_block"), top, norm, c.mid_block_add_attention);
+    enc.conv_norm_out = nn::GroupNorm(e.sub("conv_norm_out"), norm.groups, top, norm.eps);
+    enc.conv_out = nn::Conv2d(e.sub("conv_out"), top, 2 * c.latent_channels, 3, 1, 1);
+    encoder_ = std::move(enc);
+    if (c.use_quant_conv)
+      quant_conv_.emplace(weights.sub("quant_conv"), 2 * c.latent_channels, 2 * c.latent_channels, 1);
+  }
+}
+
+Tensor AutoencoderKL::decode(const Tensor& z_in, VaeTrace* trace) const {
+  KILN_CHECK(z_in.rank() == 4 && z_in.dim(1) == config_.latent_channels, kWhere, "decode expects latents [B, ",
+             config_.latent_channels, ", h, w], got ", to_string(z_in.shape()));
+  auto record = [&](const char* name, const Tensor& t) {
+    if (trace) (*trace)[name] = t;
+  };
+  Tensor z = as_f32(z_in);
+  if (post_quant_conv_) z = (*post_quant_conv_)(z);
+  Tensor h = decoder_.conv_in(z);
+  record("decoder.conv_in", h);
+  h = (*decoder_.mid_block)(h);
+  record("decoder.mid_block", h);
+  for (size_t i = 0; i < decoder_.up_blocks.size(); ++i) {
+    h = decoder_.up_blocks[i](h);
+    if (trace) (*trace)["decoder.up_blocks." + std::to_string(i)] = h;
+  }
+  h = decoder_.conv_norm_out(h);
+  record("decoder.conv_norm_out", h);
+  h = decoder_.conv_out(silu(h));
+  record("decoder.conv_out", h);
+  return h;
+}
+
+Tensor AutoencoderKL::encode_moments(const Tensor& image) const {
+  KILN_CHECK(encoder_.has_value(), kWhere, "the checkpoint has no encoder weights (encoder.conv_in.weight)");
+  KILN_CHECK(image.rank() == 4 && image.dim(1) == config_.in_channels, kWhere, "encode expects an image [B, ",
+             config_.in_channels, ", H, W], got ", to_string(image.shape()));
+  const Encoder& enc = *encoder_;
+  Tensor h = enc.conv_in(as_f32(image));
+  for (const auto& b : enc.down_blocks) h = b(h);
+  h = (*enc.mid_block)(h);
+  h = enc.conv_out(silu(enc.conv_norm_out(h)));
+  return quant_conv_ ? (*quant_conv_)(h) : h;
+}
+
+Tensor AutoencoderKL::encode_mean(const Tensor& image) const {
+  return slice(encode_moments(image), 1, 0, config_.latent_channels);
+}
+
+}  // namespace kiln

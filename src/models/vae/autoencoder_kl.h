@@ -1,0 +1,87 @@
+// Diffusers' AutoencoderKL as FLUX.1 uses it (flux1.md §3): the decoder turns latents into an
+// image in [-1, 1]; the encoder (for img2img) gives the mean of the latent distribution.
+// Weights use the Diffusers state-dict names (decoder.conv_in, decoder.mid_block.attentions.0.to_q,
+// decoder.up_blocks.N.resnets.M.conv_shortcut, ...). Everything is computed in f32.
+#pragma once
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/json_config.h"
+#include "models/vae/vae_blocks.h"
+
+namespace kiln {
+
+// vae/config.json (flux1.md §1.4); absent or null fields take the Diffusers class defaults.
+struct VaeConfig {
+  int64_t in_channels = 3;
+  int64_t out_channels = 3;
+  int64_t latent_channels = 4;
+  int64_t layers_per_block = 1;
+  int64_t norm_num_groups = 32;
+  std::vector<int64_t> block_out_channels{64};
+  std::vector<std::string> down_block_types{"DownEncoderBlock2D"};
+  std::vector<std::string> up_block_types{"UpDecoderBlock2D"};
+  std::string act_fn = "silu";
+  double scaling_factor = 0.18215;
+  double shift_factor = 0;  // null in the file means "no shift"
+  bool use_quant_conv = true;
+  bool use_post_quant_conv = true;
+  bool mid_block_add_attention = true;
+
+  // Reads the fields and rejects what this implementation does not support (other block
+  // types, activations), naming the file and the field.
+  static VaeConfig from_json(const io::JsonConfig& json);
+  // Image pixels per latent pixel along each axis: 2^(len(block_out_channels) - 1).
+  int64_t vae_scale_factor() const { return int64_t(1) << (block_out_channels.size() - 1); }
+};
+
+// Named intermediate outputs of a decode, keyed like the Diffusers modules that produce them
+// ("decoder.conv_in", "decoder.mid_block", "decoder.up_blocks.0", ..., "decoder.conv_norm_out",
+// "decoder.conv_out"); used by the parity tests.
+using VaeTrace = std::map<std::string, Tensor>;
+
+class AutoencoderKL {
+ public:
+  // Loads `dir`/config.json and the checkpoint in `dir` (the pipeline's vae/ folder).
+  static AutoencoderKL from_pretrained(const std::filesystem::path& dir);
+  AutoencoderKL(VaeConfig config, const nn::Weights& weights);
+
+  // z: [B, latent_channels, h, w], already latents / scaling_factor + shift_factor.
+  // Returns the image [B, out_channels, h * vae_scale_factor, w * vae_scale_factor], about [-1, 1].
+  Tensor decode(const Tensor& z, VaeTrace* trace = nullptr) const;
+  // image: [B, in_channels, H, W] in [-1, 1]. Returns the moments [B, 2 * latent_channels, h, w]
+  // (mean, then logvar) of the latent distribution.
+  Tensor encode_moments(const Tensor& image) const;
+  // The distribution's mode: the first latent_channels channels of the moments.
+  Tensor encode_mean(const Tensor& image) const;
+
+  const VaeConfig& config() const { return config_; }
+
+ private:
+  struct Decoder {
+    nn::Conv2d conv_in;
+    std::optional<vae::MidBlock2D> mid_block;
+    std::vector<vae::UpDecoderBlock2D> up_blocks;
+    nn::GroupNorm conv_norm_out;
+    nn::Conv2d conv_out;
+  };
+  struct Encoder {
+    nn::Conv2d conv_in;
+    std::vector<vae::DownEncoderBlock2D> down_blocks;
+    std::optional<vae::MidBlock2D> mid_block;
+    nn::GroupNorm conv_norm_out;
+    nn::Conv2d conv_out;
+  };
+
+  VaeConfig config_;
+  Decoder decoder_;
+  // Absent when the checkpoint has no encoder weights (a decoder-only export); encoding then
+  // fails with a clear error, while decoding works.
+  std::optional<Encoder> encoder_;
+  std::optional<nn::Conv2d> post_quant_conv_, quant_conv_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,13 @@
+// The JSON run report (--report FILE) of design.md §7: engine, inputs, timings, counters,
+// compiles, memory, io. Written atomically (temp file, then rename).
+#pragma once
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+namespace kiln::cli {
+
+void write_report(const std::filesystem::path& file, nlohmann::json inputs, nlohmann::json timings,
+                  nlohmann::json extra = nlohmann::json::object());
+
+}  // namespace kiln::cli
