@@ -1,0 +1,23 @@
+// Unicode text operations with Python's semantics, for the tokenizers' text cleanup: UTF-8
+// decoding/encoding, NFC (unicodedata.normalize("NFC")), str.lower() and str.isspace().
+#pragma once
+#include <string>
+#include <string_view>
+
+namespace kiln::tokenizers {
+
+// Decodes UTF-8; invalid input (bad bytes, overlongs, surrogates) is a kiln::Error naming `what`.
+std::u32string utf8_decode(std::string_view text, const std::string& what);
+std::string utf8_encode(std::u32string_view text);
+void utf8_append(std::string& out, char32_t cp);
+
+// unicodedata.normalize("NFC", text).
+std::u32string nfc(std::u32string_view text);
+// str.lower(): full lowercase mapping, including U+0130 -> "i\u0307" and the Final_Sigma rule.
+std::u32string python_lower(std::u32string_view text);
+// str.isspace() for one character.
+bool python_isspace(char32_t cp);
+// BERT's _is_chinese_char: the CJK Unified Ideograph blocks (not all of CJK).
+bool is_cjk_ideograph(char32_t cp);
+
+}  // namespace kiln::tokenizers
