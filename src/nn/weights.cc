@@ -4,25 +4,24 @@
 
 namespace kiln::nn {
 
-Weights::Weights(const std::filesystem::path& checkpoint)
-    : index_(std::make_shared<const io::SafetensorsIndex>(checkpoint)) {}
+Weights::Weights(const std::filesystem::path& checkpoint) : source_(open_checkpoint(checkpoint)) {}
 
-Weights::Weights(std::shared_ptr<const io::SafetensorsIndex> index, std::string prefix)
-    : index_(std::move(index)), prefix_(std::move(prefix)) {}
+Weights::Weights(std::shared_ptr<const WeightSource> source, std::string prefix)
+    : source_(std::move(source)), prefix_(std::move(prefix)) {}
 
-Weights Weights::sub(const std::string& name) const { return Weights(index_, prefix_ + name + "."); }
+Weights Weights::sub(const std::string& name) const { return Weights(source_, prefix_ + name + "."); }
 
-bool Weights::has(const std::string& name) const { return index_ && index_->contains(key(name)); }
+bool Weights::has(const std::string& name) const { return source_ && source_->contains(key(name)); }
 
 Tensor Weights::get(const std::string& name, const Shape& shape, DType dtype) const {
-  KILN_CHECK(index_ != nullptr, "weights", "no checkpoint loaded for '", key(name), "'");
+  KILN_CHECK(source_ != nullptr, "weights", "no checkpoint loaded for '", key(name), "'");
   const std::string k = key(name);
-  KILN_CHECK(index_->contains(k), "weights", index_->path().string(), ": tensor '", k,
+  KILN_CHECK(source_->contains(k), "weights", describe(), ": tensor '", k,
              "' is missing (the model's config expects it with shape ", to_string(shape), ")");
-  const io::TensorInfo info = index_->info(k);
-  KILN_CHECK(info.shape == shape, "weights", index_->path().string(), ": tensor '", k, "' has shape ",
-             to_string(info.shape), " but the config implies ", to_string(shape));
-  return index_->load(k, dtype);
+  const Shape stored = source_->shape(k);
+  KILN_CHECK(stored == shape, "weights", describe(), ": tensor '", k, "' has shape ", to_string(stored),
+             " but the config implies ", to_string(shape));
+  return source_->load(k, dtype);
 }
 
 }  // namespace kiln::nn

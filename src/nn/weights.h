@@ -1,5 +1,5 @@
-// Weights: a module's view of a checkpoint (a safetensors file, index or folder) under a
-// key prefix, so a model builds itself with the same names as the Diffusers/transformers
+// Weights: a module's view of a checkpoint (any WeightSource; normally a safetensors file,
+// index or folder) under a key prefix, so a model builds itself with the same names as the Diffusers/transformers
 // state dict ("transformer_blocks.0.attn.to_q.weight"). Every tensor is checked against
 // the shape the config implies; errors name the checkpoint, the full key and both shapes.
 #pragma once
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/tensor.h"
-#include "io/safetensors.h"
+#include "nn/weight_source.h"
 
 namespace kiln::nn {
 
@@ -16,7 +16,7 @@ class Weights {
  public:
   Weights() = default;
   explicit Weights(const std::filesystem::path& checkpoint);  // file, index or folder
-  explicit Weights(std::shared_ptr<const io::SafetensorsIndex> index, std::string prefix = "");
+  explicit Weights(std::shared_ptr<const WeightSource> source, std::string prefix = "");
 
   // The weights of a child module: prefix + name + ".".
   Weights sub(const std::string& name) const;
@@ -27,10 +27,10 @@ class Weights {
   // throws naming the key when missing or when its shape is not `shape`.
   Tensor get(const std::string& name, const Shape& shape, DType dtype = DType::f32) const;
   std::string key(const std::string& name) const { return prefix_ + name; }
-  const io::SafetensorsIndex& index() const { return *index_; }
+  std::string describe() const { return source_ ? source_->describe() : "(no checkpoint)"; }
 
  private:
-  std::shared_ptr<const io::SafetensorsIndex> index_;
+  std::shared_ptr<const WeightSource> source_;
   std::string prefix_;
 };
 

@@ -29,12 +29,6 @@ Tensor activation(const std::string& name, const Tensor& x) {
   fail(kWhere, "unsupported hidden_act '", name, "'");
 }
 
-// The checkpoint file of a transformers model folder: the shard index when there is one.
-std::filesystem::path checkpoint_in(const std::filesystem::path& dir) {
-  for (const char* name : {"model.safetensors.index.json", "model.safetensors"})
-    if (std::filesystem::exists(dir / name)) return dir / name;
-  return dir;  // SafetensorsIndex accepts a folder with exactly one *.safetensors, else names it
-}
 
 }  // namespace
 
@@ -65,7 +59,7 @@ ClipTextModel::Config ClipTextModel::Config::from_json(const io::JsonConfig& jso
 ClipTextModel ClipTextModel::from_pretrained(const std::filesystem::path& dir, ClipPooledRule pooled_rule) {
   Config config = Config::from_json(io::JsonConfig(dir / "config.json"));
   config.pooled_rule = pooled_rule;
-  return ClipTextModel(config, nn::Weights(checkpoint_in(dir)));
+  return ClipTextModel(config, nn::Weights(dir));
 }
 
 ClipTextModel::ClipTextModel(const Config& config, const nn::Weights& weights) : config_(config) {

@@ -108,7 +108,7 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, con
   // A checkpoint with more blocks or a guidance embedder than the config says would load
   // "fine" and compute the wrong model, so those disagreements are errors too.
   const auto extra = [&](const std::string& key, const std::string& what) {
-    KILN_CHECK(!w.has(key), kWhere, w.index().path().string(), ": the checkpoint has '", w.key(key), "' but ",
+    KILN_CHECK(!w.has(key), kWhere, w.describe(), ": the checkpoint has '", w.key(key), "' but ",
                what);
   };
   if (!c.guidance_embeds)

@@ -28,12 +28,6 @@ Tensor activation(const std::string& name, const Tensor& x) {
   fail(kWhere, "unsupported dense_act_fn '", name, "'");
 }
 
-// The checkpoint file of a transformers model folder: the shard index when there is one.
-std::filesystem::path checkpoint_in(const std::filesystem::path& dir) {
-  for (const char* name : {"model.safetensors.index.json", "model.safetensors"})
-    if (std::filesystem::exists(dir / name)) return dir / name;
-  return dir;  // SafetensorsIndex accepts a folder with exactly one *.safetensors, else names it
-}
 
 }  // namespace
 
@@ -80,7 +74,7 @@ T5EncoderModel::Config T5EncoderModel::Config::from_json(const io::JsonConfig& j
 }
 
 T5EncoderModel T5EncoderModel::from_pretrained(const std::filesystem::path& dir) {
-  return T5EncoderModel(Config::from_json(io::JsonConfig(dir / "config.json")), nn::Weights(checkpoint_in(dir)));
+  return T5EncoderModel(Config::from_json(io::JsonConfig(dir / "config.json")), nn::Weights(dir));
 }
 
 T5EncoderModel::T5EncoderModel(const Config& config, const nn::Weights& weights) : config_(config) {
