@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds kiln and runs the CLI. With no arguments it inspects the bundled tiny FLUX.1
-# checkpoint (every component's config and weights, loaded zero-copy).
+# Builds kiln and runs the CLI. With no arguments it runs the main job: kiln generate on the
+# bundled tiny FLUX.1 checkpoint, writing out.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh --target kiln_cli
-if [ "$#" -eq 0 ]; then set -- inspect; fi
+if [ "$#" -eq 0 ]; then set -- generate --out out.png; fi
 exec build/tools/kiln "$@"

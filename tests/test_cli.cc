@@ -1,0 +1,104 @@
+// The `kiln` command line as a user runs it: the bundled generate run writes a PNG with its
+// metadata and a JSON report; bad input gives one clear line, a non-zero exit and no file.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "io/png.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+CliRun kiln_cli(const std::string& args) {
+  CliRun r;
+  FILE* p = ::popen((std::string(KILN_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (p && std::fgets(buf.data(), int(buf.size()), p)) r.output += buf.data();
+  const int status = p ? ::pclose(p) : -1;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class Cli : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kiln_cli_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(Cli, GenerateWithNoModelRunsTheBundledCheckpoint) {
+  const fs::path png = dir_ / "out.png", report = dir_ / "run.json";
+  const CliRun r = kiln_cli("generate --out " + png.string() + " --report " + report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("bundled tiny FLUX.1 checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 4/4"), std::string::npos) << r.output;
+  const io::PngImage img = io::read_png(png);
+  EXPECT_EQ(img.height, 128);
+  EXPECT_EQ(img.width, 128);
+  std::map<std::string, std::string> meta;
+  for (const auto& [key, value] : img.text) meta[key] = value;
+  EXPECT_EQ(meta["prompt"], "A painting of a squirrel eating a burger");
+  EXPECT_EQ(meta["seed"], "0");
+  EXPECT_EQ(meta["steps"], "4");
+  EXPECT_EQ(meta["size"], "128x128");
+  std::ifstream in(report);
+  const auto j = nlohmann::json::parse(in);
+  for (const char* key : {"engine", "inputs", "timings", "counters", "compiles", "memory", "io"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["timings"]["steps"].size(), 4u);
+  for (const char* key : {"load", "encode", "decode", "total"}) EXPECT_TRUE(j["timings"].contains(key)) << key;
+  EXPECT_GT(j["counters"]["kernels_launched"].get<int64_t>(), 0);
+  EXPECT_GT(j["io"]["bytes_read"].get<int64_t>(), 0);
+}
+
+TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
+  const fs::path png = dir_ / "out.png";
+  struct Case {
+    std::string args, message;
+  };
+  const Case cases[] = {
+      {"generate --out " + (dir_ / "missing" / "x.png").string(), "cannot write"},
+      {"generate --steps 0 --out " + png.string(), "--steps must be at least 1, got 0"},
+      {"generate --steps many --out " + png.string(), "flag --steps expects an integer, got 'many'"},
+      {"generate --model " + (dir_ / "nowhere").string() + " --out " + png.string(), "does not exist"},
+      {"generate --bogus 1", "unknown flag '--bogus'"},
+      {"generate --device cuda:0 --out " + png.string(), "--device cuda:0 is not available"},
+  };
+  for (const Case& c : cases) {
+    const CliRun r = kiln_cli(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_FALSE(fs::exists(png)) << c.args;
+  }
+}
+
+TEST_F(Cli, SizesThatAreNotMultiplesOf16AreRoundedDownWithAWarning) {
+  const fs::path png = dir_ / "out.png";
+  const CliRun r = kiln_cli("generate --height 100 --width 120 --steps 1 --out " + png.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: height and width must be divisible by 16; 100x120 is rounded down to 96x112"),
+            std::string::npos)
+      << r.output;
+  const io::PngImage img = io::read_png(png);
+  EXPECT_EQ(img.height, 96);
+  EXPECT_EQ(img.width, 112);
+}
+
+}  // namespace
+}  // namespace kiln
