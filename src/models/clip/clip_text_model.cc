@@ -13,21 +13,6 @@ namespace {
 
 constexpr const char* kWhere = "clip_text_model";
 
-bool known_activation(const std::string& name) {
-  return name == "quick_gelu" || name == "gelu" || name == "gelu_new" || name == "gelu_pytorch_tanh" ||
-         name == "relu" || name == "silu" || name == "swish";
-}
-
-// transformers ACT2FN names: "gelu" is the exact erf form, "gelu_new" / "gelu_pytorch_tanh"
-// the tanh approximation.
-Tensor activation(const std::string& name, const Tensor& x) {
-  if (name == "quick_gelu") return quick_gelu(x);
-  if (name == "gelu") return gelu(x, "none");
-  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return gelu(x, "tanh");
-  if (name == "relu") return relu(x);
-  if (name == "silu" || name == "swish") return silu(x);
-  fail(kWhere, "unsupported hidden_act '", name, "'");
-}
 
 
 }  // namespace
@@ -51,7 +36,7 @@ ClipTextModel::Config ClipTextModel::Config::from_json(const io::JsonConfig& jso
              c.num_hidden_layers);
   KILN_CHECK(c.hidden_size % c.num_attention_heads == 0, kWhere, json.source(), ": hidden_size ", c.hidden_size,
              " is not divisible by num_attention_heads ", c.num_attention_heads);
-  KILN_CHECK(known_activation(c.hidden_act), kWhere, json.source(), ": field 'hidden_act' is '", c.hidden_act,
+  KILN_CHECK(nn::is_known_activation(c.hidden_act), kWhere, json.source(), ": field 'hidden_act' is '", c.hidden_act,
              "', expected quick_gelu, gelu, gelu_new, gelu_pytorch_tanh, relu or silu");
   return c;
 }
@@ -142,7 +127,7 @@ ClipTextModel::Output ClipTextModel::forward(const Tensor& input_ids, bool outpu
 
   for (const Layer& layer : layers_) {
     h = add(h, attention(layer, layer.layer_norm1(h), causal_mask));
-    h = add(h, layer.fc2(activation(config_.hidden_act, layer.fc1(layer.layer_norm2(h)))));
+    h = add(h, layer.fc2(nn::activation(config_.hidden_act, layer.fc1(layer.layer_norm2(h)))));
     if (output_hidden_states) out.hidden_states.push_back(h);
   }
   out.last_hidden_state = final_layer_norm_(h);

@@ -12,21 +12,6 @@ namespace {
 
 constexpr const char* kWhere = "t5_encoder";
 
-bool known_activation(const std::string& name) {
-  return name == "relu" || name == "gelu" || name == "gelu_new" || name == "gelu_pytorch_tanh" ||
-         name == "quick_gelu" || name == "silu" || name == "swish";
-}
-
-// transformers ACT2FN names: "gelu" is the exact erf form, "gelu_new" (T5 v1.1's gated-gelu)
-// and "gelu_pytorch_tanh" the tanh approximation.
-Tensor activation(const std::string& name, const Tensor& x) {
-  if (name == "relu") return relu(x);
-  if (name == "gelu") return gelu(x, "none");
-  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return gelu(x, "tanh");
-  if (name == "quick_gelu") return quick_gelu(x);
-  if (name == "silu" || name == "swish") return silu(x);
-  fail(kWhere, "unsupported dense_act_fn '", name, "'");
-}
 
 
 }  // namespace
@@ -68,7 +53,7 @@ T5EncoderModel::Config T5EncoderModel::Config::from_json(const io::JsonConfig& j
   KILN_CHECK(c.relative_attention_max_distance > c.relative_attention_num_buckets / 4, kWhere, json.source(),
              ": field 'relative_attention_max_distance' (", c.relative_attention_max_distance,
              ") must exceed relative_attention_num_buckets / 4");
-  KILN_CHECK(known_activation(c.dense_act_fn), kWhere, json.source(), ": activation '", c.dense_act_fn,
+  KILN_CHECK(nn::is_known_activation(c.dense_act_fn), kWhere, json.source(), ": activation '", c.dense_act_fn,
              "' (from feed_forward_proj '", ffp, "') is not supported");
   return c;
 }
@@ -136,8 +121,8 @@ Tensor T5EncoderModel::position_bias(int64_t length) const {
 }
 
 Tensor T5EncoderModel::feed_forward(const Block& b, const Tensor& x) const {
-  if (config_.is_gated_act) return b.wo(mul(activation(config_.dense_act_fn, b.wi_0(x)), b.wi_1(x)));
-  return b.wo(activation(config_.dense_act_fn, b.wi(x)));
+  if (config_.is_gated_act) return b.wo(mul(nn::activation(config_.dense_act_fn, b.wi_0(x)), b.wi_1(x)));
+  return b.wo(nn::activation(config_.dense_act_fn, b.wi(x)));
 }
 
 T5EncoderModel::Output T5EncoderModel::forward(const Tensor& input_ids, bool output_hidden_states) const {
