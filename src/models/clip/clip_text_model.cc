@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "exec/host.h"
 #include "exec/ops.h"
+#include "nn/activations.h"
 
 namespace kiln {
 
