@@ -1,9 +1,12 @@
 // The CPU device: pooled allocator, one asynchronous in-order queue, the kernel table.
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 
 #include "core/error.h"
 #include "devices/cpu/allocator.h"
+#include "devices/cpu/kernels/conv2d.h"
+#include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/kernel_table.h"
 #include "devices/cpu/queue.h"
 #include "devices/runtime.h"
@@ -61,7 +64,22 @@ DeviceRuntime& runtime(const Device& device) {
   KILN_CHECK(device.type == DeviceType::cpu, "device", device.str(), " is not available in this build");
   KILN_CHECK(device.index == 0, "device", device.str(), " does not exist (the CPU is cpu:0)");
   // Never destroyed: buffers released during static destruction still return to the pool.
-  static cpu::CpuRuntime* rt = new cpu::CpuRuntime();
+  // At exit, queued work is drained first (runtime.md §2.3.2 "process exit"): a program
+  // that returns or throws while kernels are still queued must not tear down the libraries
+  // those kernels use under them. Errors of dropped work are reported as a warning.
+  static cpu::CpuRuntime* rt = [] {
+    auto* r = new cpu::CpuRuntime();
+    cpu::gemm_warm_up();
+    cpu::conv2d_warm_up();
+    std::atexit([] {
+      try {
+        rt->wait_for(rt->last_enqueued());
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "kiln: warning: queued work failed at exit: %s\n", e.what());
+      }
+    });
+    return r;
+  }();
   return *rt;
 }
 

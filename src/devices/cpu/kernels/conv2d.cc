@@ -63,9 +63,11 @@ struct ConvPlan {
   std::optional<Reorder> src_in, wei_in, dst_out;
 };
 
+// The engine and the plan cache are never destroyed: at process exit the device queue may
+// still be running a convolution, and static destructors must not pull them from under it.
 dnnl::engine& cpu_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
+  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
 }
 
 dnnl::stream& thread_stream() {
@@ -118,15 +120,12 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvShape& s, ConvLayout layout
 }
 
 std::shared_ptr<const ConvPlan> get_plan(const ConvShape& s, ConvLayout layout) {
-  // Construct the engine before the cache so that, at exit, the cached primitives are
-  // destroyed while their engine still exists (statics die in reverse order).
-  cpu_engine();
-  static std::mutex mu;
-  static std::map<PlanKey, std::shared_ptr<const ConvPlan>> cache;
+  static std::mutex* mu = new std::mutex;
+  static auto* cache = new std::map<PlanKey, std::shared_ptr<const ConvPlan>>;
   const PlanKey key{s, layout};
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, build_plan(s, layout)).first;
+  std::lock_guard<std::mutex> lock(*mu);
+  auto it = cache->find(key);
+  if (it == cache->end()) it = cache->emplace(key, build_plan(s, layout)).first;
   return it->second;
 }
 
@@ -204,6 +203,11 @@ void conv2d_f32_layout(ConvLayout layout, const float* x, const float* w, const 
 }
 
 }  // namespace detail
+
+void conv2d_warm_up() {
+  float x[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, w[9] = {0, 0, 0, 0, 1, 0, 0, 0, 0}, y[9] = {};
+  conv2d_f32(x, w, nullptr, y, 1, 1, 3, 3, 1, 3, 3, 1, 1, 1, 1);
+}
 
 void conv2d_f32(const float* x, const float* w, const float* bias, float* y, int64_t N, int64_t C,
                 int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h,

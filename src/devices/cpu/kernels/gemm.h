@@ -13,6 +13,11 @@ enum class GemmBackend { openblas, onednn };
 // Backend used by kiln's matmul op: oneDNN unless env KILN_GEMM=openblas|onednn says
 // otherwise (read once, on first call). See gemm.cc for the measurements behind it.
 GemmBackend gemm_backend();
+
+// Runs one tiny product per backend so the libraries build their global state (JIT kernels)
+// now. The CPU runtime calls it before registering its exit drain, so at process exit the
+// drain runs before those libraries tear their state down.
+void gemm_warm_up();
 const char* gemm_backend_name(GemmBackend b);
 
 // Row-major: C[M,N] = alpha * op(A) * op(B) + beta * C, where op(X) = X^T when trans_x.
