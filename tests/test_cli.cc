@@ -32,6 +32,8 @@ CliRun kiln_cli(const std::string& args) {
   return r;
 }
 
+std::string test_model() { return (fs::path(KILN_FIXTURES_DIR) / "flux1_tiny" / "pipeline").string(); }
+
 class Cli : public testing::Test {
  protected:
   void SetUp() override {
@@ -76,9 +78,12 @@ TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
       {"generate --out " + (dir_ / "missing" / "x.png").string(), "cannot write"},
       {"generate --steps 0 --out " + png.string(), "--steps must be at least 1, got 0"},
       {"generate --steps many --out " + png.string(), "flag --steps expects an integer, got 'many'"},
-      {"generate --model " + (dir_ / "nowhere").string() + " --out " + png.string(), "does not exist"},
+      {"generate --prompt cat --model " + (dir_ / "nowhere").string() + " --out " + png.string(), "does not exist"},
       {"generate --bogus 1", "unknown flag '--bogus'"},
       {"generate --device cuda:0 --out " + png.string(), "--device cuda:0 is not available"},
+      {"generate --max-sequence-length 600 --out " + png.string(), "--max-sequence-length must be in [1, 512], got 600"},
+      {"generate --height 8 --out " + png.string(), "--height must be at least 16, got 8"},
+      {"generate --model " + test_model() + " --out " + png.string(), "--prompt is required with --model"},
   };
   for (const Case& c : cases) {
     const CliRun r = kiln_cli(c.args);

@@ -62,7 +62,7 @@ double parse_float(const std::string& flag, const std::string& v) {
 Options parse(const std::vector<std::string>& args) {
   Options o;
   o.call.prompt = kDefaultPrompt;
-  bool steps_given = false;
+  bool steps_given = false, prompt_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     auto value = [&]() -> std::string {
@@ -70,7 +70,7 @@ Options parse(const std::vector<std::string>& args) {
       return args[++i];
     };
     if (flag == "--model") o.model = value();
-    else if (flag == "--prompt") o.call.prompt = value();
+    else if (flag == "--prompt") o.call.prompt = value(), prompt_given = true;
     else if (flag == "--prompt-2") o.call.prompt_2 = value();
     else if (flag == "--height") o.call.height = parse_int(flag, value());
     else if (flag == "--width") o.call.width = parse_int(flag, value());
@@ -84,9 +84,15 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--device") o.device = value();
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
+  // Checked here, before minutes of model loading.
   KILN_CHECK(o.call.num_inference_steps >= 1, "cli", "--steps must be at least 1, got ", o.call.num_inference_steps);
+  KILN_CHECK(o.call.max_sequence_length >= 1 && o.call.max_sequence_length <= 512, "cli",
+             "--max-sequence-length must be in [1, 512], got ", o.call.max_sequence_length);
+  for (const auto& [flag, v] : {std::pair{"--height", o.call.height}, std::pair{"--width", o.call.width}})
+    KILN_CHECK(!v || *v >= 16, "cli", flag, " must be at least 16, got ", v.value_or(0));
   KILN_CHECK(Device::parse(o.device) == Device::cpu(), "cli", "--device ", o.device,
              " is not available in this build (only cpu)");
+  KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");
   if (o.model.empty()) {
     o.model = KILN_BUNDLED_MODEL;
     o.bundled = true;
@@ -144,8 +150,8 @@ int generate(const std::vector<std::string>& args) {
   const FluxPipeline pipe = FluxPipeline::from_pretrained(o.model);
   double step_total = 0;
   o.call.on_step = [&](int64_t i, int64_t n, double s) { progress(i, n, s, step_total); };
+  o.call.on_warning = [](const std::string& w) { std::fprintf(stderr, "kiln: warning: %s\n", w.c_str()); };
   const FluxOutput result = pipe(o.call);
-  for (const std::string& w : result.warnings) std::fprintf(stderr, "kiln: warning: %s\n", w.c_str());
 
   const std::vector<std::pair<std::string, std::string>> meta = {
       {"prompt", o.call.prompt},
@@ -164,8 +170,10 @@ int generate(const std::vector<std::string>& args) {
                           {"model", o.model.string()},
                           {"prompt", o.call.prompt},
                           {"prompt_2", o.call.prompt_2.value_or(o.call.prompt)},
-                          {"height", result.height},
-                          {"width", result.width},
+                          {"height", o.call.height ? nlohmann::json(*o.call.height) : nlohmann::json()},
+                          {"width", o.call.width ? nlohmann::json(*o.call.width) : nlohmann::json()},
+                          {"output_height", result.height},
+                          {"output_width", result.width},
                           {"steps", o.call.num_inference_steps},
                           {"guidance", o.call.guidance_scale},
                           {"max_sequence_length", o.call.max_sequence_length},

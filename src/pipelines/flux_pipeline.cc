@@ -126,14 +126,21 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
                            std::to_string(width / multiple * multiple));
     height = height / multiple * multiple;
     width = width / multiple * multiple;
+    if (args.on_warning) args.on_warning(out.warnings.back());
   }
   const int64_t h = 2 * (height / multiple), w = 2 * (width / multiple);
   const auto& tcfg = c_->transformer.config();
   const int64_t channels = tcfg.in_channels / 4;
 
+  const Shape packed{1, (h / 2) * (w / 2), channels * 4}, unpacked{1, channels, h, w};
+  if (args.latents.defined())  // checked before any work
+    KILN_CHECK(args.latents.shape() == packed || args.latents.shape() == unpacked, "pipeline",
+               "initial latents have shape ", to_string(args.latents.shape()), ", expected packed ", to_string(packed),
+               " or unpacked ", to_string(unpacked), " for ", height, "x", width);
+
   // 1. Text: CLIP pooled embedding, T5 sequence embedding, zero text ids.
   auto t0 = std::chrono::steady_clock::now();
-  const auto clip_ids = c_->tokenizer.encode_padded(args.prompt, 77);
+  const auto clip_ids = c_->tokenizer.encode_padded(args.prompt);  // to model_max_length (77)
   const auto t5_ids = c_->tokenizer_2.encode_padded(args.prompt_2.value_or(args.prompt), args.max_sequence_length);
   const Tensor pooled =
       c_->text_encoder.forward(from_ints(clip_ids, {1, int64_t(clip_ids.size())})).pooler_output;
@@ -146,15 +153,10 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   // 2. Initial latents (packed) and image ids.
   Tensor latents;
   if (args.latents.defined()) {
-    const Shape packed{1, (h / 2) * (w / 2), channels * 4}, unpacked{1, channels, h, w};
-    KILN_CHECK(args.latents.shape() == packed || args.latents.shape() == unpacked, "pipeline",
-               "initial latents have shape ", to_string(args.latents.shape()), ", expected packed ", to_string(packed),
-               " or unpacked ", to_string(unpacked), " for ", height, "x", width);
     latents = args.latents.rank() == 4 ? pack_latents(args.latents) : args.latents;
     latents = cast(latents, DType::f32);
   } else {
-    const Shape noise_shape{1, channels, h, w};
-    latents = pack_latents(from_vector(TorchGenerator(args.seed).randn(numel(noise_shape)), noise_shape));
+    latents = pack_latents(from_vector(TorchGenerator(args.seed).randn(numel(unpacked)), unpacked));
   }
   const Tensor img_ids = image_ids(h, w);
 

@@ -29,6 +29,8 @@ struct FluxCallArgs {
   Tensor latents;
   // Called after every denoising step with (step index from 0, total steps, seconds of that step).
   std::function<void(int64_t, int64_t, double)> on_step;
+  // Called at once with each warning (e.g. a size rounded down), before the work starts.
+  std::function<void(const std::string&)> on_warning;
 };
 
 struct FluxTimings {

@@ -19,7 +19,7 @@ FlowMatchEulerConfig FlowMatchEulerConfig::load(const std::filesystem::path& fil
   c.base_image_seq_len = j.get_int("base_image_seq_len", c.base_image_seq_len);
   c.max_image_seq_len = j.get_int("max_image_seq_len", c.max_image_seq_len);
   for (const char* flag : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
-                           "stochastic_sampling"})
+                           "stochastic_sampling", "use_flow_sigmas"})
     KILN_CHECK(!j.get_bool(flag, false), "scheduler", file.string(), ": '", flag,
                "' is not supported by kiln's FlowMatchEulerDiscreteScheduler");
   KILN_CHECK(!j.has("shift_terminal"), "scheduler", file.string(), ": 'shift_terminal' is not supported");
