@@ -8,6 +8,8 @@
 
 #include <fstream>
 
+#include "exec/counters.h"
+#include "exec/ops.h"
 #include "golden.h"
 #include "models/flux/flux_transformer.h"
 #include "test_util.h"
@@ -178,6 +180,35 @@ TEST(FluxTransformer, GuidanceOnASchnellModelIsAnError) {
                   g("transformer.in.img_ids"), g("transformer.in.txt_ids"), from_vector({3.5f}, {1}));
       },
       {"guidance_embeds=false"});
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The RoPE tables need the ids on the host; a pipeline passes the same id tensors at every
+// step, so only the first forward reads them: later steps run without a host sync.
+TEST(FluxTransformer, LaterStepsWithTheSameIdsDoNotSync) {
+  const auto m = FluxTransformer2DModel::from_pretrained(test::pipeline_dir("flux1_tiny") / "transformer");
+  const auto g = [](const std::string& k) { return test::golden("flux1_tiny", k); };
+  const Tensor img_ids = g("transformer.in.img_ids"), txt_ids = g("transformer.in.txt_ids");
+  auto step = [&](const std::string& s) {
+    return m.forward(g("transformer." + s + ".in.hidden_states"), g("transformer.in.encoder_hidden_states"),
+                     g("transformer.in.pooled_projections"), g("transformer." + s + ".in.timestep"), img_ids, txt_ids);
+  };
+  wait(step("step0"));
+  reset_counters();
+  const Tensor out = step("step1");
+  EXPECT_EQ(counters().sync_points, 0u);
+  test::expect_close(out, g("transformer.step1.out"), 1e-4, 0, "step 1 with cached RoPE tables");
+  // New id tensors (even with equal values) rebuild the tables, once.
+  reset_counters();
+  wait(m.forward(g("transformer.step1.in.hidden_states"), g("transformer.in.encoder_hidden_states"),
+                 g("transformer.in.pooled_projections"), g("transformer.step1.in.timestep"),
+                 contiguous(transpose(transpose(img_ids, 0, 1), 0, 1)) + 0.0, txt_ids));
+  EXPECT_GE(counters().sync_points, 2u);
 }
 
 }  // namespace

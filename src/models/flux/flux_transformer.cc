@@ -145,6 +145,21 @@ flux::RotaryTables FluxTransformer2DModel::pos_embed(const Tensor& img_ids, cons
                               config_.axes_dims_rope);
 }
 
+namespace {
+bool same_value(const Tensor& a, const Tensor& b) {
+  return a.buffer() == b.buffer() && a.offset() == b.offset() && a.shape() == b.shape() &&
+         a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+}  // namespace
+
+flux::RotaryTables FluxTransformer2DModel::cached_pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
+  std::lock_guard<std::mutex> lock(rope_cache_->mu);
+  const auto& e = rope_cache_->entry;
+  if (e && same_value(e->img_ids, img_ids) && same_value(e->txt_ids, txt_ids)) return e->tables;
+  rope_cache_->entry = std::make_shared<const RopeCache>(RopeCache{img_ids, txt_ids, pos_embed(img_ids, txt_ids)});
+  return rope_cache_->entry->tables;
+}
+
 Tensor FluxTransformer2DModel::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
                                        const Tensor& pooled_projections, const Tensor& timestep,
                                        const Tensor& img_ids, const Tensor& txt_ids,
@@ -174,7 +189,7 @@ Tensor FluxTransformer2DModel::forward(const Tensor& hidden_states, const Tensor
   Tensor x = x_embedder_(hidden_states);
   const Tensor temb = time_text_embed(timestep, pooled_projections, guidance);
   Tensor ctx = context_embedder_(encoder_hidden_states);
-  const flux::RotaryTables rope = pos_embed(img, txt);  // text rows first
+  const flux::RotaryTables rope = cached_pos_embed(img_ids, txt_ids);  // text rows first
   for (const auto& block : transformer_blocks_) std::tie(ctx, x) = block(x, ctx, temb, rope);
   for (const auto& block : single_transformer_blocks_) std::tie(ctx, x) = block(x, ctx, temb, rope);
   return proj_out_(norm_out_(x, temb));

@@ -3,6 +3,8 @@
 // with the Diffusers state-dict names; computes in f32.
 #pragma once
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,6 +90,20 @@ class FluxTransformer2DModel {
   std::vector<flux::FluxTransformerBlock> transformer_blocks_;
   std::vector<flux::FluxSingleTransformerBlock> single_transformer_blocks_;
   flux::AdaLayerNormContinuous norm_out_;
+
+  // The RoPE tables are built on the host from the ids (a sync), and a pipeline passes the
+  // same id tensors at every step: tensors are immutable values, so the tables of the last
+  // (img_ids, txt_ids) pair are kept and reused while the same tensors come back.
+  struct RopeCache {
+    Tensor img_ids, txt_ids;
+    flux::RotaryTables tables;
+  };
+  struct RopeCacheSlot {
+    std::mutex mu;
+    std::shared_ptr<const RopeCache> entry;
+  };
+  std::unique_ptr<RopeCacheSlot> rope_cache_ = std::make_unique<RopeCacheSlot>();
+  flux::RotaryTables cached_pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const;
 };
 
 }  // namespace kiln
