@@ -128,3 +128,15 @@ TEST_F(JsonConfigTest, FromString) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(JsonConfigStringList, ReadsListsAndNamesWrongElements) {
+  const JsonConfig cfg = JsonConfig::from_string(R"({"up": ["A", "B"], "mixed": ["A", 3], "one": "A"})", "vae config");
+  EXPECT_EQ(cfg.get_string_list("up"), (std::vector<std::string>{"A", "B"}));
+  EXPECT_EQ(cfg.get_string_list("absent", {"X"}), (std::vector<std::string>{"X"}));
+  expect_error([&] { cfg.get_string_list("mixed"); }, {"vae config", "'mixed' element 1", "expected a string"});
+  expect_error([&] { cfg.get_string_list("one"); }, {"vae config", "'one'", "expected a list of strings"});
+}
+
+}  // namespace

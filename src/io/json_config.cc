@@ -150,6 +150,18 @@ std::vector<int64_t> JsonConfig::get_int_list(const std::string& field) const {
   return out;
 }
 
+std::vector<std::string> JsonConfig::get_string_list(const std::string& field) const {
+  const nlohmann::json& v = require(field);
+  KILN_CHECK(v.is_array(), kWhere, source_, ": field '", field, "' is ", json_kind(v), ", expected a list of strings");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    KILN_CHECK(v[i].is_string(), kWhere, source_, ": field '", field, "' element ", i, " is ", json_kind(v[i]),
+               ", expected a string");
+    out.push_back(v[i].get<std::string>());
+  }
+  return out;
+}
+
 int64_t JsonConfig::get_int(const std::string& field, int64_t fallback) const {
   return has(field) ? get_int(field) : fallback;
 }
@@ -169,6 +181,11 @@ std::string JsonConfig::get_string(const std::string& field, const std::string& 
 std::vector<int64_t> JsonConfig::get_int_list(const std::string& field,
                                               const std::vector<int64_t>& fallback) const {
   return has(field) ? get_int_list(field) : fallback;
+}
+
+std::vector<std::string> JsonConfig::get_string_list(const std::string& field,
+                                                     const std::vector<std::string>& fallback) const {
+  return has(field) ? get_string_list(field) : fallback;
 }
 
 }  // namespace kiln::io

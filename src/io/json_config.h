@@ -28,6 +28,7 @@ class JsonConfig {
   bool get_bool(const std::string& field) const;
   std::string get_string(const std::string& field) const;
   std::vector<int64_t> get_int_list(const std::string& field) const;
+  std::vector<std::string> get_string_list(const std::string& field) const;
 
   int64_t get_int(const std::string& field, int64_t fallback) const;
   double get_float(const std::string& field, double fallback) const;
@@ -35,6 +36,8 @@ class JsonConfig {
   std::string get_string(const std::string& field, const std::string& fallback) const;
   std::vector<int64_t> get_int_list(const std::string& field,
                                     const std::vector<int64_t>& fallback) const;
+  std::vector<std::string> get_string_list(const std::string& field,
+                                           const std::vector<std::string>& fallback) const;
 
   const nlohmann::json& json() const { return json_; }
 

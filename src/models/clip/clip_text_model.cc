@@ -14,8 +14,6 @@ namespace {
 
 constexpr const char* kWhere = "clip_text_model";
 
-
-
 }  // namespace
 
 ClipTextModel::Config ClipTextModel::Config::from_json(const io::JsonConfig& json) {

@@ -13,8 +13,6 @@ namespace {
 
 constexpr const char* kWhere = "t5_encoder";
 
-
-
 }  // namespace
 
 T5EncoderModel::Config T5EncoderModel::Config::from_json(const io::JsonConfig& json) {

@@ -8,19 +8,6 @@ namespace {
 
 constexpr const char* kWhere = "vae";
 
-std::vector<std::string> string_list(const io::JsonConfig& json, const std::string& field,
-                                     const std::vector<std::string>& fallback) {
-  if (!json.has(field)) return fallback;
-  const auto& v = json.json().at(field);
-  KILN_CHECK(v.is_array(), kWhere, json.source(), ": field '", field, "' is ", io::json_kind(v), ", expected an array");
-  std::vector<std::string> out;
-  for (const auto& e : v) {
-    KILN_CHECK(e.is_string(), kWhere, json.source(), ": field '", field, "' has ", io::json_kind(e),
-               " elements, expected strings");
-    out.push_back(e.get<std::string>());
-  }
-  return out;
-}
 
 // The VAE computes in f32 (flux1.md §3.2: no upcast inside; kiln's parity target is fp32).
 Tensor as_f32(const Tensor& x) { return x.dtype() == DType::f32 ? x : cast(x, DType::f32); }
@@ -35,8 +22,8 @@ VaeConfig VaeConfig::from_json(const io::JsonConfig& json) {
   c.layers_per_block = json.get_int("layers_per_block", c.layers_per_block);
   c.norm_num_groups = json.get_int("norm_num_groups", c.norm_num_groups);
   c.block_out_channels = json.get_int_list("block_out_channels", c.block_out_channels);
-  c.down_block_types = string_list(json, "down_block_types", c.down_block_types);
-  c.up_block_types = string_list(json, "up_block_types", c.up_block_types);
+  c.down_block_types = json.get_string_list("down_block_types", c.down_block_types);
+  c.up_block_types = json.get_string_list("up_block_types", c.up_block_types);
   c.act_fn = json.get_string("act_fn", c.act_fn);
   c.scaling_factor = json.get_float("scaling_factor", c.scaling_factor);
   c.shift_factor = json.get_float("shift_factor", c.shift_factor);
