@@ -1,5 +1,5 @@
 // Elementwise kernels: read strided, broadcast operands of any dtype into f32 tiles, apply
-// the op's f32 formula (elementwise_math.h), and round into the output dtype.
+// the op's f32 formula (elementwise_math.h), and round into the output dtype (tiles.h).
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -9,74 +9,11 @@
 #include "devices/cpu/kernels/elementwise_math.h"
 #include "devices/cpu/kernels/kernel_table.h"
 #include "devices/cpu/kernels/strided.h"
+#include "devices/cpu/kernels/tiles.h"
 
 namespace kiln::cpu {
 
 namespace {
-
-constexpr int64_t kTile = 2048;            // floats per operand per tile (fits L1 for 3 operands)
-constexpr int64_t kParallelMin = 1 << 15;  // elements below which threads cost more than they save
-
-struct Operand {
-  const char* base;
-  DType dtype;
-};
-
-// Loads `n` elements of an operand starting at element offset `off` with stride `stride`
-// into f32; returns a pointer to them (the operand itself when it is dense f32).
-const float* load_tile(const Operand& op, int64_t off, int64_t stride, int64_t n, float* buf) {
-  const size_t es = dtype_size(op.dtype);
-  if (op.dtype == DType::f32 && stride == 1) return reinterpret_cast<const float*>(op.base) + off;
-  if (stride == 1) {
-    convert_to_f32(op.base + off * int64_t(es), op.dtype, buf, n);
-  } else if (stride == 0) {
-    float v;
-    convert_to_f32(op.base + off * int64_t(es), op.dtype, &v, 1);
-    std::fill(buf, buf + n, v);
-  } else {
-    for (int64_t i = 0; i < n; ++i) convert_to_f32(op.base + (off + i * stride) * int64_t(es), op.dtype, buf + i, 1);
-  }
-  return buf;
-}
-
-// Runs `compute(const float* const* ins, float* out, int64_t n)` over the output in tiles.
-template <typename Compute>
-void run_tiles(const KernelArgs& args, Compute compute) {
-  const TensorView& out = args.out;
-  const size_t n_in = args.in.size();
-  std::vector<Strides> strides;
-  std::vector<Operand> ops;
-  for (const TensorView& v : args.in) {
-    strides.push_back(broadcast_strides(v.shape, v.strides, out.shape));
-    ops.push_back({static_cast<const char*>(v.data), v.dtype});
-  }
-  strides.push_back(contiguous_strides(out.shape));
-  const StridedLoop loop = make_strided_loop(out.shape, strides);
-  const int64_t tiles_per_row = (loop.inner + kTile - 1) / kTile;
-  const int64_t tasks = loop.outer_count() * tiles_per_row;
-  const size_t out_es = dtype_size(out.dtype);
-  char* out_base = static_cast<char*>(out.data);
-
-#pragma omp parallel if (out.numel() >= kParallelMin)
-  {
-    std::vector<float> bufs((n_in + 1) * size_t(kTile));
-    std::vector<const float*> ins(n_in);
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t row = t / tiles_per_row, start = (t % tiles_per_row) * kTile;
-      const int64_t n = std::min(kTile, loop.inner - start);
-      for (size_t k = 0; k < n_in; ++k) {
-        const int64_t off = loop.offset(k, row) + start * loop.inner_stride[k];
-        ins[k] = load_tile(ops[k], off, loop.inner_stride[k], n, bufs.data() + k * size_t(kTile));
-      }
-      const int64_t out_off = loop.offset(n_in, row) + start;
-      float* y = out.dtype == DType::f32 ? reinterpret_cast<float*>(out_base) + out_off
-                                         : bufs.data() + n_in * size_t(kTile);
-      compute(ins.data(), y, n);
-      if (out.dtype != DType::f32) convert_from_f32(y, out_base + out_off * int64_t(out_es), out.dtype, n);
-    }
-  }
-}
 
 void unary_kernel(const KernelArgs& args, UnaryOp op) {
   const float lo = float(args.attrs->get_float("min", -std::numeric_limits<double>::infinity()));

@@ -1,0 +1,244 @@
+#include "devices/cpu/kernels/fused_elementwise.h"
+
+#include <array>
+#include <cstring>
+#include <sstream>
+
+#include "core/error.h"
+#include "devices/cpu/kernels/elementwise_math.h"
+#include "devices/cpu/kernels/tiles.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+using Kind = FusedInstr::Kind;
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::load: return "load";
+    case Kind::unary: return "unary";
+    case Kind::binary: return "binary";
+    case Kind::where: return "where";
+    case Kind::round: return "round";
+  }
+  return "?";
+}
+
+// The registers an instruction reads (-1 = none), in the order the kernel passes them.
+std::array<int, 3> operands(const FusedInstr& in) {
+  switch (in.kind) {
+    case Kind::load: return {-1, -1, -1};
+    case Kind::unary:
+    case Kind::round: return {in.a, -1, -1};
+    case Kind::binary: return {in.a, in.b, -1};
+    case Kind::where: return {in.a, in.b, in.c};
+  }
+  return {-1, -1, -1};
+}
+
+int arity(Kind k) {
+  return k == Kind::load ? 0 : k == Kind::binary ? 2 : k == Kind::where ? 3 : 1;
+}
+
+std::string describe_instr(const FusedInstr& in) {
+  std::ostringstream os;
+  switch (in.kind) {
+    case Kind::load: os << "load in" << in.input; break;
+    case Kind::unary:
+      os << (int(in.unary) >= 0 && in.unary <= UnaryOp::clamp ? unary_name(in.unary) : "unary?") << " %" << in.a;
+      if (in.unary == UnaryOp::clamp) os << " [" << in.lo << ", " << in.hi << "]";
+      break;
+    case Kind::binary:
+      os << (int(in.binary) >= 0 && in.binary <= BinaryOp::ge ? binary_name(in.binary) : "binary?") << " %" << in.a
+         << ", %" << in.b;
+      break;
+    case Kind::where: os << "where %" << in.a << " ? %" << in.b << " : %" << in.c; break;
+    case Kind::round:
+      os << "round."
+         << (in.dtype <= DType::boolean ? dtype_name(in.dtype) : "?") << " %" << in.a;
+      break;
+    default: os << "kind?" << int(in.kind); break;
+  }
+  return os.str();
+}
+
+// How the registers of a program map onto per-thread tile buffers. Computed once per call,
+// before the tile loop, so every tile runs the same straight-line schedule.
+struct Plan {
+  std::vector<int> order;  // the instructions the result depends on, ascending
+  std::vector<int> slot;   // per instruction: its tile buffer, or -1 (input view / output memory)
+  int num_slots = 0;
+  bool direct_out = false;   // the result is computed straight into the (f32) output's memory
+  bool needs_bytes = false;  // some `round` goes through a non-f32 dtype and needs byte scratch
+};
+
+Plan make_plan(const FusedProgram& p, const TileGrid& grid, DType out_dtype) {
+  const int n = int(p.instrs.size());
+  Plan plan;
+  // Dead-code elimination: only what the result reads (transitively) is evaluated.
+  std::vector<char> needed(size_t(n), 0);
+  needed[size_t(p.result)] = 1;
+  for (int i = p.result; i >= 0; --i)
+    if (needed[size_t(i)])
+      for (int r : operands(p.instrs[size_t(i)]))
+        if (r >= 0) needed[size_t(r)] = 1;
+  for (int i = 0; i <= p.result; ++i)
+    if (needed[size_t(i)]) plan.order.push_back(i);
+
+  // Liveness: a register's buffer returns to the pool after its last reader has run. The
+  // result stays live to the end, as it is stored after the schedule.
+  std::vector<int> last_use(size_t(n), -1);
+  for (int i : plan.order)
+    for (int r : operands(p.instrs[size_t(i)]))
+      if (r >= 0) last_use[size_t(r)] = i;
+  last_use[size_t(p.result)] = n;
+
+  const Kind result_kind = p.instrs[size_t(p.result)].kind;
+  plan.direct_out = out_dtype == DType::f32 && result_kind != Kind::load;
+  plan.slot.assign(size_t(n), -1);
+  std::vector<int> free_slots;
+  for (int i : plan.order) {
+    const FusedInstr& in = p.instrs[size_t(i)];
+    if (in.kind == Kind::round && in.dtype != DType::f32) plan.needs_bytes = true;
+    const bool view = in.kind == Kind::load && grid.load_is_view(size_t(in.input));
+    if (!view && !(i == p.result && plan.direct_out)) {
+      if (free_slots.empty()) {
+        plan.slot[size_t(i)] = plan.num_slots++;
+      } else {
+        plan.slot[size_t(i)] = free_slots.back();
+        free_slots.pop_back();
+      }
+    }
+    // Operands are released only after the destination was taken, so an instruction never
+    // writes into a buffer it reads: no formula has to be safe in place.
+    const std::array<int, 3> ops = operands(in);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const int r = ops[k];
+      const bool repeated = (k >= 1 && ops[0] == r) || (k == 2 && ops[1] == r);
+      if (r >= 0 && !repeated && last_use[size_t(r)] == i && plan.slot[size_t(r)] >= 0)
+        free_slots.push_back(plan.slot[size_t(r)]);
+    }
+  }
+  return plan;
+}
+
+// Store-then-load through `t`: the value an eager op's output of dtype `t` has when the next op
+// reads it. It uses the very conversions eager stores and loads with (for an integer `t`,
+// C++'s float -> int conversion truncates toward zero, which is what the cast kernel's
+// trunc-then-store yields too).
+void round_through(DType t, const float* x, float* y, int64_t n, void* bytes) {
+  if (t == DType::f32) {
+    std::memcpy(y, x, size_t(n) * sizeof(float));
+    return;
+  }
+  convert_from_f32(x, bytes, t, n);
+  convert_to_f32(bytes, t, y, n);
+}
+
+void check_shapes(const std::vector<TensorView>& inputs, const TensorView& out) {
+  KILN_CHECK(out.strides.size() == out.shape.size(), "fused", "output has ", out.strides.size(),
+             " strides for shape ", to_string(out.shape));
+  // The tile driver writes the output as dense; size-1 dims may carry any stride.
+  const Strides dense = contiguous_strides(out.shape);
+  for (size_t d = 0; d < out.shape.size(); ++d)
+    KILN_CHECK(out.shape[d] == 1 || out.strides[d] == dense[d], "fused", "output of shape ", to_string(out.shape),
+               " is not dense (strides ", to_string(out.strides), ")");
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const TensorView& v = inputs[k];
+    KILN_CHECK(v.strides.size() == v.shape.size(), "fused", "input ", k, " has ", v.strides.size(),
+               " strides for shape ", to_string(v.shape));
+    bool ok = v.shape.size() <= out.shape.size();
+    for (size_t d = 0; ok && d < v.shape.size(); ++d) {
+      const int64_t o = out.shape[out.shape.size() - v.shape.size() + d];
+      ok = v.shape[d] == o || v.shape[d] == 1;
+    }
+    KILN_CHECK(ok, "fused", "input ", k, " of shape ", to_string(v.shape), " does not broadcast to the output shape ",
+               to_string(out.shape));
+  }
+}
+
+}  // namespace
+
+std::string FusedProgram::describe() const {
+  std::ostringstream os;
+  os << "fused program (" << instrs.size() << " instrs, result %" << result << ")";
+  for (size_t i = 0; i < instrs.size(); ++i) os << "\n  %" << i << " = " << describe_instr(instrs[i]);
+  return os.str();
+}
+
+void validate(const FusedProgram& program, size_t num_inputs) {
+  const auto& ins = program.instrs;
+  KILN_CHECK(!ins.empty(), "fused", "empty program");
+  for (size_t i = 0; i < ins.size(); ++i) {
+    const FusedInstr& in = ins[i];
+    const int kind = int(in.kind);
+    KILN_CHECK(kind >= int(Kind::load) && kind <= int(Kind::round), "fused", "instr %", i, " has unknown kind ", kind,
+               "\n", program.describe());
+    if (in.kind == Kind::load)
+      KILN_CHECK(in.input >= 0 && size_t(in.input) < num_inputs, "fused", "instr %", i, " loads input ", in.input,
+                 " but the kernel has ", num_inputs, " inputs\n", program.describe());
+    if (in.kind == Kind::unary)
+      KILN_CHECK(int(in.unary) >= 0 && in.unary <= UnaryOp::clamp, "fused", "instr %", i, " has unknown unary op ",
+                 int(in.unary), "\n", program.describe());
+    if (in.kind == Kind::binary)
+      KILN_CHECK(int(in.binary) >= 0 && in.binary <= BinaryOp::ge, "fused", "instr %", i, " has unknown binary op ",
+                 int(in.binary), "\n", program.describe());
+    if (in.kind == Kind::round)
+      KILN_CHECK(in.dtype <= DType::boolean, "fused", "instr %", i, " rounds to unknown dtype ",
+                 int(in.dtype), "\n", program.describe());
+    const std::array<int, 3> ops = operands(in);
+    for (int k = 0; k < arity(in.kind); ++k) {
+      const int r = ops[size_t(k)];
+      // Registers must be written before they are read: a program is a straight-line schedule.
+      KILN_CHECK(r >= 0 && size_t(r) < i, "fused", "instr %", i, " (", kind_name(in.kind), ") reads register ", r,
+                 ", which is not an earlier instruction\n", program.describe());
+    }
+  }
+  KILN_CHECK(program.result >= 0 && size_t(program.result) < ins.size(), "fused", "result register ", program.result,
+             " is not an instruction of the program (", ins.size(), " instrs)\n", program.describe());
+}
+
+void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs, const TensorView& out) {
+  validate(program, inputs.size());
+  check_shapes(inputs, out);
+  const TileGrid grid(inputs, out);
+  const Plan plan = make_plan(program, grid, out.dtype);
+  const size_t n_regs = program.instrs.size();
+  const int result = program.result;
+
+  struct Scratch {
+    std::vector<float> bufs;         // plan.num_slots tiles
+    std::vector<const float*> regs;  // per instruction: where its tile of values is
+    std::vector<int64_t> bytes;      // one tile in the widest storage dtype, for `round`
+  };
+  for_each_tile(
+      grid,
+      [&] {
+        return Scratch{std::vector<float>(size_t(plan.num_slots) * size_t(kTile)), std::vector<const float*>(n_regs),
+                       std::vector<int64_t>(plan.needs_bytes ? size_t(kTile) : 0)};
+      },
+      [&](Scratch& s, const Tile& tile) {
+        const int64_t n = tile.n;
+        for (const int i : plan.order) {
+          const FusedInstr& in = program.instrs[size_t(i)];
+          const int slot = plan.slot[size_t(i)];
+          float* dst = i == result && plan.direct_out ? grid.out_f32(tile)
+                       : slot >= 0                    ? s.bufs.data() + size_t(slot) * size_t(kTile)
+                                                      : nullptr;  // a view load: load_tile leaves buf alone
+          switch (in.kind) {
+            case Kind::load: s.regs[size_t(i)] = grid.load(size_t(in.input), tile, dst); continue;
+            case Kind::unary: unary_f32(in.unary, s.regs[size_t(in.a)], dst, n, in.lo, in.hi); break;
+            case Kind::binary: binary_f32(in.binary, s.regs[size_t(in.a)], s.regs[size_t(in.b)], dst, n); break;
+            case Kind::where:
+              where_f32(s.regs[size_t(in.a)], s.regs[size_t(in.b)], s.regs[size_t(in.c)], dst, n);
+              break;
+            case Kind::round: round_through(in.dtype, s.regs[size_t(in.a)], dst, n, s.bytes.data()); break;
+          }
+          s.regs[size_t(i)] = dst;
+        }
+        if (!plan.direct_out) grid.store(tile, s.regs[size_t(result)]);
+      });
+}
+
+}  // namespace kiln::cpu
