@@ -1,0 +1,198 @@
+#include "graph/fusion.h"
+
+#include <algorithm>
+#include <limits>
+#include <queue>
+
+#include "core/error.h"
+
+namespace kiln {
+
+namespace {
+
+using cpu::FusedInstr;
+
+// NumPy broadcasting of `s` to exactly `to` (right-aligned dims equal or 1).
+bool broadcasts_to(const Shape& s, const Shape& to) {
+  if (s.size() > to.size()) return false;
+  const size_t lead = to.size() - s.size();
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i] != 1 && s[i] != to[lead + i]) return false;
+  return true;
+}
+
+// Distinct values read by `members` that are not themselves members, in order of first use.
+std::vector<int> reads_of(const Graph& g, const std::vector<int>& members, const std::vector<char>& in_group) {
+  std::vector<int> reads;
+  for (int n : members)
+    for (int a : g.nodes[size_t(n)].args) {
+      const int an = g.node_of(a);
+      if (an >= 0 && in_group[size_t(an)]) continue;
+      if (std::find(reads.begin(), reads.end(), a) == reads.end()) reads.push_back(a);
+    }
+  return reads;
+}
+
+cpu::FusedProgram build_program(const Graph& g, const LaunchGroup& grp) {
+  cpu::FusedProgram p;
+  std::vector<int> reg(size_t(g.num_values()), -1);
+  auto emit = [&](FusedInstr in) {
+    p.instrs.push_back(in);
+    return int(p.instrs.size()) - 1;
+  };
+  for (size_t i = 0; i < grp.group_inputs.size(); ++i) {
+    FusedInstr in;
+    in.kind = FusedInstr::Kind::load;
+    in.input = int(i);
+    reg[size_t(grp.group_inputs[i])] = emit(in);
+  }
+  for (int n : grp.nodes) {
+    const GraphNode& node = g.nodes[size_t(n)];
+    std::vector<int> a;
+    for (int v : node.args) a.push_back(reg[size_t(v)]);
+    int r = -1;
+    FusedInstr in;
+    if (auto u = unary_from_name(node.op)) {
+      in.kind = FusedInstr::Kind::unary;
+      in.unary = *u;
+      in.a = a.at(0);
+      // Eager's clamp kernel uses float(attr), so the fused one must too.
+      in.lo = float(node.attrs.get_float("min", -std::numeric_limits<double>::infinity()));
+      in.hi = float(node.attrs.get_float("max", std::numeric_limits<double>::infinity()));
+      r = emit(in);
+    } else if (auto b = binary_from_name(node.op)) {
+      in.kind = FusedInstr::Kind::binary;
+      in.binary = *b;
+      in.a = a.at(0);
+      in.b = a.at(1);
+      r = emit(in);
+    } else if (node.op == "where") {
+      in.kind = FusedInstr::Kind::where;
+      in.a = a.at(0);
+      in.b = a.at(1);
+      in.c = a.at(2);
+      r = emit(in);
+    } else {
+      // cast / copy: no arithmetic; a cast's effect is entirely the round below (loads already
+      // widen any storage dtype to f32 exactly as eager's kernels do).
+      r = a.at(0);
+    }
+    if (node.dtype != DType::f32) {
+      FusedInstr rd;
+      rd.kind = FusedInstr::Kind::round;
+      rd.dtype = node.dtype;
+      rd.a = r;
+      r = emit(rd);
+    }
+    reg[size_t(g.value_of_node(n))] = r;
+  }
+  p.result = reg[size_t(grp.result)];
+  cpu::validate(p, grp.group_inputs.size());  // a fuser bug should fail here, not in a kernel
+  return p;
+}
+
+}  // namespace
+
+bool is_fusable_op(const std::string& op) {
+  return unary_from_name(op).has_value() || binary_from_name(op).has_value() || op == "where" || op == "cast" ||
+         op == "copy";
+}
+
+std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits) {
+  validate(g);
+  const size_t nn = g.nodes.size();
+  std::vector<char> fusable(nn), is_out(size_t(g.num_values()), 0);
+  std::vector<std::vector<int>> consumers(size_t(g.num_values()));  // distinct consumer nodes
+  std::vector<char> branches(nn, 0);  // node joins two or more distinct fusable nodes
+  for (int o : g.outputs) is_out[size_t(o)] = 1;
+  for (size_t n = 0; n < nn; ++n) fusable[n] = is_fusable_op(g.nodes[n].op);
+  for (size_t n = 0; n < nn; ++n) {
+    std::vector<int> fused_args;
+    for (int a : g.nodes[n].args) {
+      KILN_CHECK(a < g.value_of_node(int(n)), "fusion", "graph is not in topological order (node ", n,
+                 " reads value ", a, "); canonicalize it first");
+      auto& c = consumers[size_t(a)];
+      if (c.empty() || c.back() != int(n)) c.push_back(int(n));
+      const int an = g.node_of(a);
+      if (an >= 0 && fusable[size_t(an)] && std::find(fused_args.begin(), fused_args.end(), an) == fused_args.end())
+        fused_args.push_back(an);
+    }
+    branches[n] = fused_args.size() >= 2;
+  }
+
+  std::vector<int> group_of(nn, -1);
+  std::vector<LaunchGroup> groups;
+  // Roots are taken from the last node down: when a node is reached unclaimed, every consumer
+  // of it is already placed, so it must be materialised and roots a group.
+  for (int r = int(nn) - 1; r >= 0; --r) {
+    if (group_of[size_t(r)] >= 0) continue;
+    const int gid = int(groups.size());
+    LaunchGroup grp;
+    grp.result = g.value_of_node(r);
+    group_of[size_t(r)] = gid;
+    if (!fusable[size_t(r)]) {
+      grp.kind = LaunchGroup::Kind::single_op;
+      grp.nodes = {r};
+      grp.group_inputs = g.nodes[size_t(r)].args;
+      groups.push_back(std::move(grp));
+      continue;
+    }
+    grp.kind = LaunchGroup::Kind::fused_elementwise;
+    const Shape& out_shape = g.nodes[size_t(r)].shape;
+    std::vector<int> members = {r};
+    std::vector<char> in_group(nn, 0);
+    in_group[size_t(r)] = 1;
+    std::vector<int> level(nn, 0);
+    level[size_t(r)] = 1;
+    std::vector<char> queued(nn, 0);
+    // Candidates in descending order: when p is popped, every node that will ever join with a
+    // higher index (so every possible in-group consumer of p) has already joined, so "all
+    // consumers inside" is decided exactly, once.
+    std::priority_queue<int> cand;
+    auto offer_args = [&](int n) {
+      for (int a : g.nodes[size_t(n)].args) {
+        const int an = g.node_of(a);
+        if (an >= 0 && fusable[size_t(an)] && !queued[size_t(an)]) {
+          queued[size_t(an)] = 1;
+          cand.push(an);
+        }
+      }
+    };
+    offer_args(r);
+    while (!cand.empty()) {
+      const int p = cand.top();
+      cand.pop();
+      if (group_of[size_t(p)] >= 0 || is_out[size_t(g.value_of_node(p))]) continue;
+      if (int(members.size()) >= limits.max_nodes) continue;
+      if (!broadcasts_to(g.nodes[size_t(p)].shape, out_shape)) continue;
+      bool inside = true;
+      int lvl = 0;
+      for (int c : consumers[size_t(g.value_of_node(p))]) {
+        inside = inside && in_group[size_t(c)];
+        if (inside) lvl = std::max(lvl, level[size_t(c)] + branches[size_t(c)]);
+      }
+      if (!inside || lvl > limits.max_depth) continue;
+      in_group[size_t(p)] = 1;
+      members.push_back(p);
+      if (int(reads_of(g, members, in_group).size()) > limits.max_inputs) {
+        in_group[size_t(p)] = 0;  // too many kernel arguments: p stays a materialised input
+        members.pop_back();
+        continue;
+      }
+      level[size_t(p)] = lvl;
+      group_of[size_t(p)] = gid;
+      offer_args(p);
+    }
+    std::sort(members.begin(), members.end());
+    grp.group_inputs = reads_of(g, members, in_group);
+    grp.nodes = std::move(members);
+    grp.program = build_program(g, grp);
+    groups.push_back(std::move(grp));
+  }
+  // A group reads only results of nodes below its own result, so ascending results is a valid
+  // execution order.
+  std::sort(groups.begin(), groups.end(), [](const LaunchGroup& a, const LaunchGroup& b) { return a.result < b.result; });
+  return groups;
+}
+
+}  // namespace kiln

@@ -1,0 +1,59 @@
+// Partitioning of a canonical graph into launches (runtime.md §2.3.5): maximal groups of
+// elementwise nodes become one fused kernel each (devices/cpu/kernels/fused_elementwise.h),
+// every other node is a launch of its own.
+//
+// Rules:
+//  - Fusable nodes: unary ops (clamp with its min/max attrs), binary ops, "where", "cast", and
+//    "copy" (a movement op, but elementwise in effect: its fused form is a load).
+//  - A group has exactly one result, which is materialised: a node that is a graph output, or
+//    that has a consumer outside the group, ends (roots) its group. Another fusable node joins a
+//    group only if every consumer it has is in the group and it is not an output, so nothing
+//    but the result ever reaches memory and groups can never depend on each other cyclically.
+//  - Every member's shape broadcasts to the result's shape (members computed on a smaller shape,
+//    such as `1 + scale` on [B,1,C], are simply evaluated per output element: duplicated
+//    broadcasts, identical values).
+//  - Limits stop growth (the node stays outside and becomes its own group's result):
+//    max_inputs bounds kernel arguments; max_depth bounds nesting, counted in levels of nodes
+//    that join two or more fusable operands (a straight chain like x*a+b-c... is one level
+//    however long, since it is evaluated as a pipeline over one running value; nesting is
+//    what grows the number of live intermediates); max_nodes bounds the program size.
+//  - Each op whose output dtype is not f32 is followed by a `round` to that dtype, reproducing
+//    eager's store-then-load through the intermediate's storage, so results are bit-identical
+//    to strict eager. A cast is just that round; a copy is nothing.
+//  - Elementwise nodes are fused even alone (a one-op group is still one launch).
+//
+// Assumes a canonical graph (passes.h): nodes in topological order and no view nodes (views
+// are input strides, see graph.h). Graph outputs that are graph inputs need no launch and get
+// no group.
+#pragma once
+#include <vector>
+
+#include "devices/cpu/kernels/fused_elementwise.h"
+#include "graph/graph.h"
+
+namespace kiln {
+
+struct FusionLimits {
+  int max_inputs = 24;  // §2.3.5: ~24 kernel inputs
+  int max_depth = 11;   // §2.3.5: ~11 levels (nesting levels, see above)
+  int max_nodes = 64;   // ops per group, keeps the per-thread register tiles bounded
+};
+
+struct LaunchGroup {
+  enum class Kind { fused_elementwise, single_op } kind = Kind::single_op;
+  std::vector<int> nodes;         // canonical node indices in the group, ascending (topological)
+  int result = -1;                // value id the group produces (materialised)
+  // Value ids read by the group (graph inputs or other groups' results). fused_elementwise:
+  // distinct, in order of first use, load i reads group_inputs[i]. single_op: the node's args
+  // as they are (positional, repeats kept).
+  std::vector<int> group_inputs;
+  cpu::FusedProgram program;      // fused_elementwise only
+};
+
+// Whether `op` can be a member of a fused elementwise group.
+bool is_fusable_op(const std::string& op);
+
+// Groups in an executable order (every group after the groups whose results it reads).
+std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits = {});
+
+}  // namespace kiln
