@@ -66,7 +66,11 @@ DeviceRuntime& runtime(const Device& device) {
   // Never destroyed: buffers released during static destruction still return to the pool.
   // At exit, queued work is drained first (runtime.md §2.3.2 "process exit"): a program
   // that returns or throws while kernels are still queued must not tear down the libraries
-  // those kernels use under them. Errors of dropped work are reported as a warning.
+  // those kernels use under them. Exit handlers run in reverse order of registration, so the
+  // libraries' lazily built state is built first (warm-up) and the drain registered after it.
+  // (Registering a drain after each kind of work first runs is not enough: the crash this
+  // prevents happened while the very first matmul was still building oneDNN's JIT kernels.)
+  // Errors of dropped work are reported as a warning.
   static cpu::CpuRuntime* rt = [] {
     auto* r = new cpu::CpuRuntime();
     cpu::gemm_warm_up();

@@ -117,8 +117,9 @@ const char* gemm_backend_name(GemmBackend b) {
 
 void gemm_warm_up() {
   float a[4] = {1, 2, 3, 4}, b[4] = {1, 0, 0, 1}, c[4] = {};
-  for (const GemmBackend backend : {GemmBackend::onednn, GemmBackend::openblas})
-    sgemm_with(backend, false, false, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+  // Only the backend in use: OpenBLAS sets itself up (and registers its teardown) when the
+  // library loads, so calling it here would only start its thread pool for nothing.
+  sgemm(false, false, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

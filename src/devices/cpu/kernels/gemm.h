@@ -14,7 +14,7 @@ enum class GemmBackend { openblas, onednn };
 // otherwise (read once, on first call). See gemm.cc for the measurements behind it.
 GemmBackend gemm_backend();
 
-// Runs one tiny product per backend so the libraries build their global state (JIT kernels)
+// Runs one tiny product on the backend in use so its library builds their global state (JIT kernels)
 // now. The CPU runtime calls it before registering its exit drain, so at process exit the
 // drain runs before those libraries tear their state down.
 void gemm_warm_up();
