@@ -182,16 +182,25 @@ TEST(GraphFingerprint, StructureAndMetadataOnly) {
 TEST(GraphFusion, FluxModulation) {
   std::vector<int> inputs;
   const Graph g = canonicalize(modulation_recording(false, &inputs));
+  // LayerNorm and its modulation are one launch: the norm is the producer of an in-place
+  // elementwise epilogue (norm(x) * (1 + scale) + shift).
   const auto groups = partition(g);
-  ASSERT_EQ(groups.size(), 2u);
-  EXPECT_EQ(groups[0].kind, Kind::single_op);
-  EXPECT_EQ(g.nodes[size_t(groups[0].nodes.at(0))].op, "layer_norm");
-  EXPECT_EQ(groups[0].group_inputs, (std::vector<int>{0}));
-  EXPECT_EQ(groups[1].kind, Kind::fused_elementwise);
-  EXPECT_EQ(groups[1].nodes.size(), 3u);  // 1 + scale, * ln, + shift
-  EXPECT_EQ(groups[1].result, g.outputs[0]);
-  EXPECT_EQ(groups[1].group_inputs.size(), 4u);  // ln, 1, scale, shift
-  EXPECT_NO_THROW(cpu::validate(groups[1].program, groups[1].group_inputs.size()));
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0].kind, Kind::epilogue);
+  EXPECT_EQ(g.nodes[size_t(groups[0].producer)].op, "layer_norm");
+  EXPECT_EQ(g.nodes[size_t(groups[0].producer)].args, (std::vector<int>{0}));
+  EXPECT_EQ(groups[0].nodes.size(), 3u);  // 1 + scale, * ln, + shift
+  EXPECT_EQ(groups[0].result, g.outputs[0]);
+  EXPECT_EQ(groups[0].group_inputs.size(), 4u);  // ln (read in place), 1, scale, shift
+  EXPECT_NO_THROW(cpu::validate(groups[0].program, groups[0].group_inputs.size()));
+  // Without the epilogue rule the norm would be its own launch: a norm result that is also a
+  // live output stays separate.
+  Graph g2 = g;
+  g2.outputs.push_back(g2.value_of_node(groups[0].producer));
+  const auto groups2 = partition(canonicalize(g2));
+  ASSERT_EQ(groups2.size(), 2u);
+  EXPECT_EQ(groups2[0].kind, Kind::single_op);
+  EXPECT_EQ(groups2[1].kind, Kind::fused_elementwise);
 }
 
 TEST(GraphFusion, LongChainIsOneGroup) {

@@ -35,6 +35,37 @@ Tensor Tensor::view_of(BufferPtr buffer, Shape shape, DType dtype, Strides strid
   return Tensor(std::move(impl));
 }
 
+namespace {
+MaterializeHook g_materialize = nullptr;
+}
+
+void set_materialize_hook(MaterializeHook hook) { g_materialize = hook; }
+
+Tensor Tensor::deferred(std::shared_ptr<PendingValue> value, Shape shape, DType dtype, Device device,
+                        Strides strides, int64_t offset) {
+  KILN_CHECK(value != nullptr, "tensor", "deferred tensor without a pending value");
+  if (strides.empty()) strides = contiguous_strides(shape);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = dtype;
+  impl->device = std::move(device);
+  impl->pending = std::move(value);
+  return Tensor(std::move(impl));
+}
+
+const BufferPtr& Tensor::buffer() const {
+  if (impl_->pending == nullptr) return impl_->buffer;
+  PendingValue& v = *impl_->pending;
+  if (v.buffer == nullptr) {
+    KILN_CHECK(g_materialize != nullptr, "tensor", "deferred tensor but no deferred-mode recorder");
+    g_materialize(v);
+    KILN_CHECK(v.buffer != nullptr, "tensor", "deferred tensor was not materialised by its flush");
+  }
+  return v.buffer;
+}
+
 int64_t Tensor::dim(int64_t axis) const {
   return impl_->shape[size_t(normalize_axis(axis, rank(), "tensor"))];
 }
@@ -50,7 +81,7 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::data_ptr() const {
-  return static_cast<char*>(impl_->buffer->data()) + impl_->offset * int64_t(dtype_size(impl_->dtype));
+  return static_cast<char*>(buffer()->data()) + impl_->offset * int64_t(dtype_size(impl_->dtype));
 }
 
 std::string Tensor::describe() const {

@@ -11,13 +11,29 @@
 
 namespace kiln {
 
+// The value of a deferred tensor (deferred-and-fused mode, exec/deferred.h): recorded in a
+// thread's pending graph as node `node` of `recorder`, computed at the next flush into a dense
+// buffer. Every view of the value shares one PendingValue; their strides/offset are relative to
+// that (future) dense buffer.
+struct PendingValue {
+  BufferPtr buffer;                // set when the value has been computed (materialised)
+  const void* recorder = nullptr;  // the recording thread's pending graph
+  int node = -1;                   // node index in that graph while pending
+};
+
+// Called to materialise a pending value on first access to its buffer (installed by the
+// deferred-mode recorder; core knows nothing about graphs).
+using MaterializeHook = void (*)(PendingValue&);
+void set_materialize_hook(MaterializeHook hook);
+
 struct TensorImpl {
   Shape shape;
   Strides strides;     // elements
   int64_t offset = 0;  // elements from the buffer start
   DType dtype = DType::f32;
   Device device;
-  BufferPtr buffer;
+  BufferPtr buffer;                      // null while the value is deferred
+  std::shared_ptr<PendingValue> pending; // set for deferred values (and kept after materialising)
 };
 
 class Tensor {
@@ -28,6 +44,9 @@ class Tensor {
   // A tensor over an existing buffer (views, zero-copy weights). Checks the view fits the buffer.
   static Tensor view_of(BufferPtr buffer, Shape shape, DType dtype, Strides strides = {},
                         int64_t offset = 0);
+  // A deferred tensor: a view (shape/strides/offset) of a value not computed yet.
+  static Tensor deferred(std::shared_ptr<PendingValue> value, Shape shape, DType dtype, Device device,
+                         Strides strides = {}, int64_t offset = 0);
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const { return impl_->shape; }
@@ -38,7 +57,12 @@ class Tensor {
   const Device& device() const { return impl_->device; }
   const Strides& strides() const { return impl_->strides; }
   int64_t offset() const { return impl_->offset; }
-  const BufferPtr& buffer() const { return impl_->buffer; }
+  // The device buffer. For a deferred tensor that is not computed yet, this materialises it
+  // (flushes the pending graph it belongs to): a sync point of deferred mode, not a host wait.
+  const BufferPtr& buffer() const;
+  // Recorded in deferred mode and not computed yet (metadata queries never materialise).
+  bool is_pending() const { return impl_->pending != nullptr && impl_->pending->buffer == nullptr; }
+  const std::shared_ptr<PendingValue>& pending_value() const { return impl_->pending; }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype()); }
   bool is_contiguous() const;
   // Address of element 0 (device memory; only valid to dereference once the producer ran).

@@ -2,6 +2,8 @@
 // device's allocator: kiln::runtime(device).memory().
 #pragma once
 #include <cstdint>
+#include <map>
+#include <string>
 
 namespace kiln {
 
@@ -13,11 +15,14 @@ struct Counters {
 };
 
 Counters counters();
+// Kernels launched per kernel name since the last reset (eager: the op name; deferred mode:
+// "fused_elementwise", or "<op>+epilogue" for a producer with a fused elementwise epilogue).
+std::map<std::string, uint64_t> kernels_by_name();
 void reset_counters();
 
 namespace detail {
 void count_op();
-void count_kernel();
+void count_kernel(const std::string& name);
 void count_sync(bool waited);
 }  // namespace detail
 

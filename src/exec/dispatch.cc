@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "devices/runtime.h"
 #include "exec/counters.h"
+#include "exec/deferred.h"
 #include "exec/mode.h"
 #include "graph/op.h"
 
@@ -46,7 +47,7 @@ Tensor launch(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, const O
   };
   const uint64_t seq = rt.enqueue(def.name, std::move(work));
   out_buf->set_ready_seq(seq);
-  detail::count_kernel();
+  detail::count_kernel(def.name);
   if (eager_mode() == EagerMode::DeferNeverAndLaunchBlocking) {
     rt.wait_for(seq);
     detail::count_sync(true);
@@ -59,13 +60,29 @@ Tensor launch(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, const O
 Tensor dispatch(const std::string& op, std::vector<Tensor> inputs, Attrs attrs, std::optional<Device> device) {
   const OpDef& def = op_def(op);
   check_inputs(def, inputs);
-  const OutputMeta meta = def.infer(inputs, attrs);
+  const OutputMeta meta = def.infer(inputs, attrs);  // shape/dtype errors raise here, in every mode
   detail::count_op();
+  const bool defer = eager_mode() == EagerMode::DeferAndFuse;
+  if (!defer) {
+    detail::flush_before_eager_op();
+    for (const Tensor& t : inputs) t.buffer();  // materialised now (or a clear error), not on the worker
+  }
   if (def.view) {
     const ViewMeta v = def.view(inputs[0], attrs);
+    // A view of a deferred value is a deferred view of the same pending value.
+    if (inputs[0].is_pending())
+      return Tensor::deferred(inputs[0].pending_value(), v.shape, meta.dtype, inputs[0].device(), v.strides, v.offset);
     return Tensor::view_of(inputs[0].buffer(), v.shape, meta.dtype, v.strides, v.offset);
   }
   const Device dev = inputs.empty() ? device.value_or(Device::cpu()) : inputs[0].device();
+  if (defer) {
+    KILN_CHECK(runtime(dev).kernel(def.name) != nullptr, def.name, "has no kernel on ", dev.str());
+    // Same densifying rule as strict eager, recorded as copy nodes (which fuse).
+    if (!def.strided_inputs)
+      for (Tensor& t : inputs)
+        if (!t.is_contiguous()) t = dispatch("copy", {t});
+    return detail::record(def, std::move(inputs), std::move(attrs), meta, dev);
+  }
   return launch(def, std::move(inputs), std::move(attrs), meta, dev);
 }
 

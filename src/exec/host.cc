@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "devices/runtime.h"
 #include "exec/counters.h"
+#include "exec/deferred.h"
 
 namespace kiln {
 
@@ -41,6 +42,7 @@ void wait(const Tensor& t) {
 }
 
 void synchronize(const Device& device) {
+  detail::flush_pending(FlushCause::sync);  // deferred mode: pending work is part of "all work"
   DeviceRuntime& rt = runtime(device);
   const uint64_t seq = rt.last_enqueued();
   detail::count_sync(rt.completed() < seq);

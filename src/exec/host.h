@@ -17,7 +17,8 @@ Tensor from_ints(const std::vector<int64_t>& values, const Shape& shape, DType d
 
 // Waits until `t`'s value has been computed.
 void wait(const Tensor& t);
-// Waits for all work queued on `device`.
+// Waits for all work queued on `device` (in deferred mode, after flushing this thread's
+// pending graph).
 void synchronize(const Device& device = Device::cpu());
 
 std::vector<float> to_vector(const Tensor& t);        // any dtype, converted to f32

@@ -8,9 +8,14 @@ namespace kiln {
 
 namespace {
 
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
 EagerMode mode_from_env() {
-  const char* v = std::getenv("KILN_LAUNCH_BLOCKING");
-  return v && std::strcmp(v, "0") != 0 && *v ? EagerMode::DeferNeverAndLaunchBlocking : EagerMode::DeferNever;
+  if (env_flag("KILN_LAUNCH_BLOCKING")) return EagerMode::DeferNeverAndLaunchBlocking;
+  return env_flag("KILN_DEFER_AND_FUSE") ? EagerMode::DeferAndFuse : EagerMode::DeferNever;
 }
 
 std::atomic<EagerMode>& default_mode() {
@@ -28,7 +33,12 @@ EagerMode eager_mode() { return t_has_override ? t_override : default_mode().loa
 void set_default_eager_mode(EagerMode mode) { default_mode().store(mode); }
 
 const char* eager_mode_name(EagerMode mode) {
-  return mode == EagerMode::DeferNever ? "eager" : "eager-launch-blocking";
+  switch (mode) {
+    case EagerMode::DeferNever: return "eager";
+    case EagerMode::DeferNeverAndLaunchBlocking: return "eager-launch-blocking";
+    case EagerMode::DeferAndFuse: return "defer";
+  }
+  return "?";
 }
 
 EagerModeGuard::EagerModeGuard(EagerMode mode) : had_override_(t_has_override), previous_(t_override) {

@@ -22,9 +22,17 @@
 //    to strict eager. A cast is just that round; a copy is nothing.
 //  - Elementwise nodes are fused even alone (a one-op group is still one launch).
 //
-// Assumes a canonical graph (passes.h): nodes in topological order and no view nodes (views
-// are input strides, see graph.h). Graph outputs that are graph inputs need no launch and get
-// no group.
+//  - View nodes (op "view", graph.h) launch nothing: their group just names a strided view of
+//    their (materialised) argument.
+//  - Epilogues (§2.3.5 "bias, activation, residual, gate fold into the matmul"; "a reduction
+//    with its elementwise epilogue"): a non-elementwise node (linear, matmul, layer_norm,
+//    rms_norm, softmax, ...) whose result is read only by one fused group, with that group's
+//    result shape and dtype, joins the group as its producer: one launch runs the producer's
+//    kernel into the group's output buffer and then the group's program over it in place, tile
+//    by tile. The producer's result is never a separate buffer.
+//
+// Assumes a canonical graph (passes.h): nodes in topological order. Graph outputs that are
+// graph inputs need no launch and get no group.
 #pragma once
 #include <vector>
 
@@ -40,18 +48,25 @@ struct FusionLimits {
 };
 
 struct LaunchGroup {
-  enum class Kind { fused_elementwise, single_op } kind = Kind::single_op;
-  std::vector<int> nodes;         // canonical node indices in the group, ascending (topological)
+  enum class Kind { fused_elementwise, single_op, view, epilogue } kind = Kind::single_op;
+  // Canonical node indices in the group, ascending (topological); for an epilogue group the
+  // elementwise members only (the producer is `producer`).
+  std::vector<int> nodes;
   int result = -1;                // value id the group produces (materialised)
-  // Value ids read by the group (graph inputs or other groups' results). fused_elementwise:
-  // distinct, in order of first use, load i reads group_inputs[i]. single_op: the node's args
-  // as they are (positional, repeats kept).
+  // Value ids read by the group (graph inputs or other groups' results). fused_elementwise and
+  // epilogue: distinct, in order of first use, load i reads group_inputs[i] (for an epilogue,
+  // the producer's value is one of them and is read in place from the output). single_op and
+  // view: the node's args as they are (positional, repeats kept).
   std::vector<int> group_inputs;
-  cpu::FusedProgram program;      // fused_elementwise only
+  cpu::FusedProgram program;  // fused_elementwise and epilogue
+  int producer = -1;          // epilogue: the producer node
 };
 
 // Whether `op` can be a member of a fused elementwise group.
 bool is_fusable_op(const std::string& op);
+
+// Whether a non-elementwise op may produce into a fused group's output (epilogue fusion).
+bool can_take_epilogue(const std::string& op);
 
 // Groups in an executable order (every group after the groups whose results it reads).
 std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits = {});

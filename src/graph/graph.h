@@ -6,10 +6,11 @@
 // the result of node (v - inputs.size()). Host scalars are 0-d inputs like any tensor, so
 // their values are never part of a graph (the scalar rule of §2.3.3).
 //
-// Assumption: view ops (reshape, permute, slice, expand, ...) never appear as nodes. The
-// recorder folds them into the strides of the graph input they view (which is why inputs
-// carry strides: a fused kernel reads views in place). A view of a *deferred* value has to be
-// materialised first, i.e. it becomes an input of a later graph.
+// View ops (reshape, permute, slice, expand, ...) of a graph input are folded into that
+// input's strides (which is why inputs carry strides: a fused kernel reads views in place). A
+// view of a node's value is a node with op "view" and attrs shape/strides/offset (elements,
+// relative to the value's dense layout); it launches nothing, so the value it views is
+// materialised (graph/fusion.h).
 #pragma once
 #include <string>
 #include <vector>

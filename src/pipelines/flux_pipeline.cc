@@ -13,6 +13,7 @@
 #include "pipelines/image_processor.h"
 #include "pipelines/torch_generator.h"
 #include "schedulers/flow_match_euler.h"
+#include "exec/deferred.h"
 #include "tokenizers/clip_tokenizer.h"
 #include "tokenizers/t5_tokenizer.h"
 
@@ -165,16 +166,19 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   const int64_t image_seq_len = (h / 2) * (w / 2);
   scheduler.set_timesteps(args.num_inference_steps, scheduler.calculate_shift(image_seq_len));
   std::optional<Tensor> guidance;
-  if (tcfg.guidance_embeds) guidance = full({1}, float(args.guidance_scale));
+  // Per-call and per-step scalars are uploaded host data (graph inputs), never op attributes,
+  // so deferred/compiled graphs do not depend on their values (runtime.md §2.3.3).
+  if (tcfg.guidance_embeds) guidance = from_vector({float(args.guidance_scale)}, {1});
 
   // 4. Denoising loop: the step count is a host loop; every step runs the same graph.
   for (int64_t i = 0; i < args.num_inference_steps; ++i) {
     t0 = std::chrono::steady_clock::now();
     const float t = scheduler.timesteps()[size_t(i)];
-    const Tensor timestep = full({1}, t / 1000.0f);
+    const Tensor timestep = from_vector({t / 1000.0f}, {1});
     const Tensor v = c_->transformer.forward(latents, prompt_embeds, pooled, timestep, img_ids, txt_ids, guidance);
     latents = scheduler.step(v, latents);
-    wait(latents);
+    mark_step();     // deferred mode: this step's graph is complete; same fingerprint every step
+    wait(latents);   // per-step timing and progress (the next step needs these latents anyway)
     out.timings.steps.push_back(seconds_since(t0));
     if (args.on_step) args.on_step(i, args.num_inference_steps, out.timings.steps.back());
   }

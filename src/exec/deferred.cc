@@ -1,0 +1,463 @@
+#include "exec/deferred.h"
+
+#include <cstdlib>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "devices/runtime.h"
+#include "exec/graph_executor.h"
+#include "exec/host.h"
+#include "graph/op.h"
+#include "graph/passes.h"
+
+namespace kiln {
+
+namespace {
+
+size_t env_size(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return fallback;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  KILN_CHECK(end != v && *end == 0 && x > 0, "defer", name, "='", v, "' is not a positive integer");
+  return size_t(x);
+}
+
+std::mutex g_mu;  // limits, stats and the cache
+
+DeferLimits& limits_locked() {
+  static DeferLimits l = [] {
+    DeferLimits d;
+    d.max_nodes = env_size("KILN_DEFER_MAX_NODES", d.max_nodes);
+    d.max_live_bytes = env_size("KILN_DEFER_MAX_LIVE_BYTES", d.max_live_bytes);
+    d.cache_capacity = env_size("KILN_GRAPH_CACHE_SIZE", d.cache_capacity);
+    return d;
+  }();
+  return l;
+}
+
+struct Stats {
+  uint64_t flushes[kNumFlushCauses] = {};
+  uint64_t nodes = 0, graphs = 0, hits = 0, misses = 0;
+  double compile_seconds = 0;
+};
+Stats& stats_locked() {
+  static Stats s;
+  return s;
+}
+
+// fingerprint -> compiled graph, least recently used evicted past the capacity.
+class GraphCache {
+ public:
+  struct Entry {
+    uint64_t key;
+    std::shared_ptr<const CompiledGraph> compiled;
+    uint64_t runs = 0;
+  };
+  Entry* find(uint64_t key) {
+    auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return &*lru_.begin();
+  }
+  Entry* insert(uint64_t key, std::shared_ptr<const CompiledGraph> c, size_t capacity) {
+    lru_.push_front(Entry{key, std::move(c)});
+    index_[key] = lru_.begin();
+    while (lru_.size() > capacity) {
+      index_.erase(lru_.back().key);
+      lru_.pop_back();
+    }
+    return &*lru_.begin();
+  }
+  void clear() {
+    lru_.clear();
+    index_.clear();
+  }
+  const std::list<Entry>& entries() const { return lru_; }
+
+ private:
+  std::list<Entry> lru_;
+  std::unordered_map<uint64_t, std::list<Entry>::iterator> index_;
+};
+GraphCache& cache_locked() {
+  static auto* c = new GraphCache;  // leaked: queued work may still hold entries at exit
+  return *c;
+}
+
+// Canonical graph -> compiled graph, through the cache.
+std::shared_ptr<const CompiledGraph> lookup_or_compile(Graph canonical) {
+  const uint64_t key = fingerprint(canonical);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (GraphCache::Entry* e = cache_locked().find(key)) {
+      const Graph& c = e->compiled->graph;
+      // A 64-bit structural hash; a cheap shape check guards against the unlikely collision.
+      if (c.num_inputs() == canonical.num_inputs() && c.nodes.size() == canonical.nodes.size() &&
+          c.outputs == canonical.outputs) {
+        ++e->runs;
+        ++stats_locked().hits;
+        return e->compiled;
+      }
+    }
+  }
+  std::shared_ptr<const CompiledGraph> compiled = compile_graph(std::move(canonical));  // outside the lock
+  std::lock_guard<std::mutex> lock(g_mu);
+  Stats& s = stats_locked();
+  ++s.misses;
+  s.compile_seconds += compiled->compile_seconds;
+  cache_locked().insert(key, compiled, limits_locked().cache_capacity)->runs = 1;
+  return compiled;
+}
+
+void count_flush(FlushCause cause) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  ++stats_locked().flushes[int(cause)];
+}
+
+// ---- the per-thread pending graph ----
+
+// How a recorded node reads one argument: a materialised tensor (an input of the pending
+// graph) or another pending node's value, possibly through a view of it.
+struct Ref {
+  bool is_node = false;
+  int id = -1;            // input index or node index
+  bool has_view = false;  // node refs only: shape/strides/offset relative to the node's dense value
+  Shape shape;
+  Strides strides;
+  int64_t offset = 0;
+};
+
+struct Node {
+  std::string op;
+  Attrs attrs;
+  std::vector<Ref> args;
+  Shape shape;
+  DType dtype = DType::f32;
+  std::weak_ptr<PendingValue> value;  // live while user code holds a tensor of it
+  size_t bytes = 0;
+};
+
+class Recorder {
+ public:
+  ~Recorder() {
+    // Thread exit: drop pending work; any tensor still holding a value of it reports the loss.
+    for (Node& n : nodes_)
+      if (auto v = n.value.lock()) v->node = -1;
+  }
+
+  bool empty() const { return nodes_.empty(); }
+  size_t size() const { return nodes_.size(); }
+
+  Tensor record(const OpDef& def, const std::vector<Tensor>& inputs, Attrs attrs, const OutputMeta& meta,
+                const Device& device) {
+    if (!nodes_.empty() && device != device_) flush_all(FlushCause::sync);
+    device_ = device;
+    Node n;
+    n.op = def.name;
+    n.attrs = std::move(attrs);
+    for (const Tensor& t : inputs) n.args.push_back(ref(t));
+    n.shape = meta.shape;
+    n.dtype = meta.dtype;
+    n.bytes = size_t(numel(meta.shape)) * dtype_size(meta.dtype);
+    auto value = std::make_shared<PendingValue>();
+    value->recorder = this;
+    value->node = int(nodes_.size());
+    n.value = value;
+    nodes_.push_back(std::move(n));
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      ++stats_locked().nodes;
+    }
+    Tensor out = Tensor::deferred(std::move(value), meta.shape, meta.dtype, device);
+    check_limits();  // `out` is held, so it is a live output of a limit flush
+    return out;
+  }
+
+  // Materialises `v` (one of this thread's pending values): flushes the nodes it depends on.
+  void materialize(PendingValue& v) {
+    KILN_CHECK(v.node >= 0 && v.node < int(nodes_.size()), "defer",
+               "a deferred tensor's pending graph was dropped (its thread exited or an earlier flush failed)");
+    flush(ancestors_of(v.node), FlushCause::host_read);
+  }
+
+  void flush_all(FlushCause cause) {
+    if (nodes_.empty()) return;
+    std::vector<char> all(nodes_.size(), 1);
+    flush(all, cause);
+  }
+
+ private:
+  Ref ref(const Tensor& t) {
+    Ref r;
+    if (t.is_pending()) {
+      const PendingValue& v = *t.pending_value();
+      KILN_CHECK(v.recorder == this, "defer", "a deferred tensor (", t.describe(),
+                 ") recorded on another thread is used here; flush it there first (kiln::sync or mark_step)");
+      KILN_CHECK(v.node >= 0 && v.node < int(nodes_.size()), "defer",
+                 "a deferred tensor's pending graph was dropped (its thread exited or an earlier flush failed)");
+      const Node& base = nodes_[size_t(v.node)];
+      r.is_node = true;
+      r.id = v.node;
+      r.has_view = !(t.shape() == base.shape && t.dtype() == base.dtype && t.offset() == 0 && t.is_contiguous());
+      if (r.has_view) {
+        r.shape = t.shape();
+        r.strides = t.strides();
+        r.offset = t.offset();
+      }
+      return r;
+    }
+    r.id = intern(t);
+    return r;
+  }
+
+  // Index of a materialised tensor among the pending graph's inputs (one per distinct view).
+  int intern(const Tensor& t) {
+    auto& candidates = input_index_[t.buffer().get()];
+    for (int i : candidates) {
+      const Tensor& u = inputs_[size_t(i)];
+      if (u.offset() == t.offset() && u.shape() == t.shape() && u.strides() == t.strides() && u.dtype() == t.dtype())
+        return i;
+    }
+    inputs_.push_back(t);
+    candidates.push_back(int(inputs_.size()) - 1);
+    return int(inputs_.size()) - 1;
+  }
+
+  std::vector<char> ancestors_of(int node) const {
+    std::vector<char> need(nodes_.size(), 0);
+    need[size_t(node)] = 1;
+    for (int n = node; n >= 0; --n) {  // args always point to earlier nodes
+      if (!need[size_t(n)]) continue;
+      for (const Ref& a : nodes_[size_t(n)].args)
+        if (a.is_node) need[size_t(a.id)] = 1;
+    }
+    return need;
+  }
+
+  void check_limits() {
+    const DeferLimits lim = defer_limits();
+    if (nodes_.size() >= lim.max_nodes) return flush_all(FlushCause::size_limit);
+    if (nodes_.size() % 64 != 0) return;  // live bytes are summed now and then, not per op
+    size_t live = 0;
+    for (const Node& n : nodes_)
+      if (!n.value.expired()) live += n.bytes;
+    if (live > lim.max_live_bytes) flush_all(FlushCause::memory_limit);
+  }
+
+  // Runs the selected nodes (closed under dependencies) as one graph and keeps the rest pending.
+  void flush(const std::vector<char>& selected, FlushCause cause) {
+    count_flush(cause);
+    try {
+      run(selected);
+    } catch (...) {
+      // The graph could not run: every pending value is lost. Tensors still holding one report it.
+      for (Node& n : nodes_)
+        if (auto v = n.value.lock()) v->node = -1;
+      nodes_.clear();
+      inputs_.clear();
+      input_index_.clear();
+      throw;
+    }
+  }
+
+  void run(const std::vector<char>& selected) {
+    const size_t nn = nodes_.size();
+    std::vector<char> consumed_outside(nn, 0);
+    for (size_t i = 0; i < nn; ++i)
+      if (!selected[i])
+        for (const Ref& a : nodes_[i].args)
+          if (a.is_node && selected[size_t(a.id)]) consumed_outside[size_t(a.id)] = 1;
+
+    // 1. The graph: all inputs (canonicalize drops unread ones), selected nodes, view nodes.
+    Graph g;
+    for (const Tensor& t : inputs_) g.inputs.push_back(GraphInput{t.shape(), t.dtype(), t.strides()});
+    const int nin = int(inputs_.size());
+    std::vector<int> value_of(nn, -1);
+    std::vector<GraphNode> gnodes;
+    auto value_id = [&](const Ref& a) {
+      if (!a.is_node) return a.id;
+      const int base = value_of[size_t(a.id)];
+      if (!a.has_view) return base;
+      GraphNode v;
+      v.op = "view";
+      v.attrs = Attrs{{"shape", a.shape}, {"strides", a.strides}, {"offset", a.offset}};
+      v.args = {base};
+      v.shape = a.shape;
+      v.dtype = nodes_[size_t(a.id)].dtype;
+      g.nodes.push_back(std::move(v));
+      return nin + int(g.nodes.size()) - 1;
+    };
+    std::vector<int> out_nodes;  // recorder node per graph output
+    for (size_t i = 0; i < nn; ++i) {
+      if (!selected[i]) continue;
+      const Node& n = nodes_[i];
+      GraphNode gn;
+      gn.op = n.op;
+      gn.attrs = n.attrs;
+      for (const Ref& a : n.args) gn.args.push_back(value_id(a));
+      gn.shape = n.shape;
+      gn.dtype = n.dtype;
+      g.nodes.push_back(std::move(gn));
+      value_of[i] = nin + int(g.nodes.size()) - 1;
+      if (!n.value.expired() || consumed_outside[i]) {
+        g.outputs.push_back(value_of[i]);
+        out_nodes.push_back(int(i));
+      }
+    }
+
+    // 2. Canonical form, cache, launch.
+    std::vector<Tensor> results;
+    CanonicalMap map;
+    if (!g.outputs.empty()) {
+      Graph canonical = canonicalize(g, &map);
+      std::shared_ptr<const CompiledGraph> compiled = lookup_or_compile(std::move(canonical));
+      std::vector<Tensor> bound;
+      for (int i : map.input_order) bound.push_back(inputs_[size_t(i)]);
+      results = run_graph(compiled, bound);
+      std::lock_guard<std::mutex> lock(g_mu);
+      ++stats_locked().graphs;
+    }
+
+    // 3. Hand results to the values user code holds; remember them for the nodes still pending.
+    std::vector<Tensor> done(nn);
+    for (size_t k = 0; k < out_nodes.size(); ++k) {
+      const Tensor& t = results[size_t(map.output_index[k])];
+      const size_t i = size_t(out_nodes[k]);
+      done[i] = t;
+      if (auto v = nodes_[i].value.lock()) {
+        v->buffer = t.buffer();
+        v->node = -1;
+      }
+    }
+
+    // 4. Keep the unselected nodes; their reads of flushed values become graph inputs.
+    std::vector<Tensor> old_inputs = std::move(inputs_);
+    inputs_.clear();
+    input_index_.clear();
+    std::vector<Node> old_nodes = std::move(nodes_);
+    nodes_.clear();
+    std::vector<int> new_index(nn, -1);
+    for (size_t i = 0; i < nn; ++i) {
+      if (selected[i]) continue;
+      Node n = std::move(old_nodes[i]);
+      for (Ref& a : n.args) {
+        if (!a.is_node) {
+          a.id = intern(old_inputs[size_t(a.id)]);
+        } else if (selected[size_t(a.id)]) {
+          const Tensor& t = done[size_t(a.id)];
+          const Tensor in = a.has_view ? Tensor::view_of(t.buffer(), a.shape, t.dtype(), a.strides, a.offset) : t;
+          a = Ref{};
+          a.id = intern(in);
+        } else {
+          a.id = new_index[size_t(a.id)];
+        }
+      }
+      new_index[i] = int(nodes_.size());
+      if (auto v = n.value.lock()) v->node = new_index[i];
+      nodes_.push_back(std::move(n));
+    }
+  }
+
+  Device device_ = Device::cpu();
+  std::vector<Tensor> inputs_;
+  std::unordered_map<const void*, std::vector<int>> input_index_;
+  std::vector<Node> nodes_;
+};
+
+Recorder& recorder() {
+  thread_local Recorder r;
+  return r;
+}
+
+void materialize_hook(PendingValue& v) {
+  Recorder& r = recorder();
+  KILN_CHECK(v.recorder == &r, "defer",
+             "a deferred tensor recorded on another thread is read here; flush it there first (kiln::sync or "
+             "mark_step)");
+  r.materialize(v);
+}
+
+}  // namespace
+
+const char* flush_cause_name(FlushCause cause) {
+  switch (cause) {
+    case FlushCause::host_read: return "host_read";
+    case FlushCause::sync: return "sync";
+    case FlushCause::step: return "step";
+    case FlushCause::mode_switch: return "mode_switch";
+    case FlushCause::size_limit: return "size_limit";
+    case FlushCause::memory_limit: return "memory_limit";
+  }
+  return "?";
+}
+
+DeferLimits defer_limits() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return limits_locked();
+}
+
+void set_defer_limits(const DeferLimits& limits) {
+  KILN_CHECK(limits.max_nodes > 0 && limits.cache_capacity > 0, "defer", "limits must be positive");
+  std::lock_guard<std::mutex> lock(g_mu);
+  limits_locked() = limits;
+}
+
+uint64_t DeferredStats::flushes_total() const {
+  uint64_t n = 0;
+  for (uint64_t f : flushes) n += f;
+  return n;
+}
+
+DeferredStats deferred_stats() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const Stats& s = stats_locked();
+  DeferredStats out;
+  for (int i = 0; i < kNumFlushCauses; ++i) out.flushes[i] = s.flushes[i];
+  out.nodes_recorded = s.nodes;
+  out.graphs_run = s.graphs;
+  out.cache_hits = s.hits;
+  out.cache_misses = s.misses;
+  out.compile_seconds = s.compile_seconds;
+  for (const GraphCache::Entry& e : cache_locked().entries())
+    out.entries.push_back(GraphCacheEntryStats{e.key, e.compiled->compile_seconds, e.runs,
+                                               int(e.compiled->graph.nodes.size()), e.compiled->launches()});
+  return out;
+}
+
+void reset_deferred_stats() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  stats_locked() = Stats{};
+}
+
+void clear_graph_cache() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  cache_locked().clear();
+}
+
+void mark_step() { recorder().flush_all(FlushCause::step); }
+
+void sync() { synchronize(Device::cpu()); }
+
+size_t pending_nodes() { return recorder().size(); }
+
+namespace detail {
+
+Tensor record(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, const OutputMeta& meta,
+              const Device& device) {
+  set_materialize_hook(&materialize_hook);
+  return recorder().record(def, inputs, std::move(attrs), meta, device);
+}
+
+void flush_pending(FlushCause cause) { recorder().flush_all(cause); }
+
+void flush_before_eager_op() {
+  Recorder& r = recorder();
+  if (!r.empty()) r.flush_all(FlushCause::mode_switch);
+}
+
+}  // namespace detail
+
+}  // namespace kiln

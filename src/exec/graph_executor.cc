@@ -1,0 +1,163 @@
+#include "exec/graph_executor.h"
+
+#include <chrono>
+
+#include "core/error.h"
+#include "core/tensor_view.h"
+#include "devices/cpu/kernels/fused_elementwise.h"
+#include "devices/runtime.h"
+#include "exec/counters.h"
+#include "graph/op.h"
+
+namespace kiln {
+
+int CompiledGraph::launches() const {
+  int n = 0;
+  for (const LaunchGroup& grp : groups) n += grp.kind != LaunchGroup::Kind::view;
+  return n;
+}
+
+std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const FusionLimits& limits) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out = std::make_shared<CompiledGraph>();
+  out->groups = partition(canonical, limits);
+  out->graph = std::move(canonical);
+  // Every kernel must exist before anything runs, so a missing one fails at the flush.
+  for (const LaunchGroup& grp : out->groups) {
+    const int n = grp.kind == LaunchGroup::Kind::epilogue ? grp.producer : out->graph.node_of(grp.result);
+    const std::string& op = out->graph.nodes[size_t(n)].op;
+    if (grp.kind == LaunchGroup::Kind::single_op || grp.kind == LaunchGroup::Kind::epilogue)
+      KILN_CHECK(runtime(Device::cpu()).kernel(op) != nullptr, op, "has no kernel on cpu");
+  }
+  out->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+namespace {
+
+Tensor allocate(DeviceRuntime& rt, const GraphNode& node) {
+  return Tensor::view_of(rt.allocate(size_t(numel(node.shape)) * dtype_size(node.dtype)), node.shape, node.dtype);
+}
+
+std::vector<TensorView> views_of(const std::vector<Tensor>& ts) {
+  std::vector<TensorView> v;
+  v.reserve(ts.size());
+  for (const Tensor& t : ts) v.push_back(TensorView::of(t));
+  return v;
+}
+
+// Enqueues `work` (which holds every tensor it touches) and marks `out` ready at its completion.
+void launch(DeviceRuntime& rt, const std::string& name, const Tensor& out, std::function<void()> work) {
+  const uint64_t seq = rt.enqueue(name, std::move(work));
+  out.buffer()->set_ready_seq(seq);
+  detail::count_kernel(name);
+}
+
+Tensor dense_copy(DeviceRuntime& rt, const Tensor& t) {
+  GraphNode meta;
+  meta.shape = t.shape();
+  meta.dtype = t.dtype();
+  const Tensor out = allocate(rt, meta);
+  const KernelFn copy = rt.kernel("copy");
+  launch(rt, "copy", out, [copy, t, out] {
+    KernelArgs args;
+    args.in = {TensorView::of(t)};
+    args.out = TensorView::of(out);
+    Attrs none;
+    args.attrs = &none;
+    copy(args);
+  });
+  return out;
+}
+
+}  // namespace
+
+std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compiled, const std::vector<Tensor>& inputs) {
+  const Graph& g = compiled->graph;
+  KILN_CHECK(int(inputs.size()) == g.num_inputs(), "graph", "run with ", inputs.size(), " inputs, the graph has ",
+             g.num_inputs());
+  for (int i = 0; i < g.num_inputs(); ++i) {
+    const GraphInput& in = g.inputs[size_t(i)];
+    const Tensor& t = inputs[size_t(i)];
+    KILN_CHECK(t.shape() == in.shape && t.dtype() == in.dtype && t.strides() == in.strides, "graph", "input ", i,
+               " is ", t.describe(), " strides ", to_string(t.strides()), ", the graph expects ", dtype_name(in.dtype),
+               to_string(in.shape), " strides ", to_string(in.strides));
+  }
+  const Device device = inputs.empty() ? Device::cpu() : inputs[0].device();
+  DeviceRuntime& rt = runtime(device);
+  std::vector<Tensor> val(size_t(g.num_values()));
+  for (int i = 0; i < g.num_inputs(); ++i) val[size_t(i)] = inputs[size_t(i)];
+  auto gather = [&](const std::vector<int>& ids) {
+    std::vector<Tensor> ts;
+    ts.reserve(ids.size());
+    for (int v : ids) ts.push_back(val[size_t(v)]);
+    return ts;
+  };
+
+  for (const LaunchGroup& grp : compiled->groups) {
+    const GraphNode& node = g.nodes[size_t(g.node_of(grp.result))];
+    switch (grp.kind) {
+      case LaunchGroup::Kind::view: {
+        const Tensor& base = val[size_t(grp.group_inputs.at(0))];
+        KILN_CHECK(base.is_contiguous(), "graph", "view of a non-dense value ", base.describe());
+        val[size_t(grp.result)] = Tensor::view_of(base.buffer(), node.shape, node.dtype,
+                                                  node.attrs.get_ints("strides"),
+                                                  base.offset() + node.attrs.get_int("offset"));
+        break;
+      }
+      case LaunchGroup::Kind::single_op: {
+        const Tensor out = allocate(rt, node);
+        const KernelFn kernel = rt.kernel(node.op);
+        launch(rt, node.op, out, [compiled, kernel, ins = gather(grp.group_inputs), out, &attrs = node.attrs] {
+          KernelArgs args;
+          args.in = views_of(ins);
+          args.out = TensorView::of(out);
+          args.attrs = &attrs;
+          kernel(args);
+        });
+        val[size_t(grp.result)] = out;
+        break;
+      }
+      case LaunchGroup::Kind::fused_elementwise: {
+        const Tensor out = allocate(rt, node);
+        launch(rt, "fused_elementwise", out, [compiled, &program = grp.program, ins = gather(grp.group_inputs), out] {
+          cpu::fused_elementwise(program, views_of(ins), TensorView::of(out));
+        });
+        val[size_t(grp.result)] = out;
+        break;
+      }
+      case LaunchGroup::Kind::epilogue: {
+        const GraphNode& prod = g.nodes[size_t(grp.producer)];
+        const Tensor out = allocate(rt, node);
+        const int prod_value = g.value_of_node(grp.producer);
+        // The producer's value is read in place: load i of the program sees the output itself.
+        std::vector<Tensor> ins;
+        for (int v : grp.group_inputs) ins.push_back(v == prod_value ? out : val[size_t(v)]);
+        const KernelFn kernel = rt.kernel(prod.op);
+        launch(rt, prod.op + "+epilogue", out,
+               [compiled, kernel, pins = gather(prod.args), &attrs = prod.attrs, &program = grp.program,
+                ins = std::move(ins), out] {
+                 KernelArgs args;
+                 args.in = views_of(pins);
+                 args.out = TensorView::of(out);
+                 args.attrs = &attrs;
+                 kernel(args);
+                 cpu::fused_elementwise(program, views_of(ins), args.out);
+               });
+        val[size_t(grp.result)] = out;
+        break;
+      }
+    }
+  }
+
+  std::vector<Tensor> outs;
+  outs.reserve(g.outputs.size());
+  for (int o : g.outputs) {
+    const Tensor& t = val[size_t(o)];
+    const bool owned = !g.is_input(o) && t.is_contiguous() && t.offset() == 0;
+    outs.push_back(owned ? t : dense_copy(rt, t));
+  }
+  return outs;
+}
+
+}  // namespace kiln

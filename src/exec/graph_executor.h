@@ -1,0 +1,31 @@
+// Turning a graph into launches and running it: the part deferred-and-fused mode (and, later,
+// compiled mode) share. compile_graph() partitions a canonical graph into launch groups
+// (graph/fusion.h) once; run_graph() binds input tensors, allocates one buffer per group
+// result (never one for a fused intermediate) and enqueues one kernel per group on the
+// device queue. It does not wait.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "graph/fusion.h"
+#include "graph/graph.h"
+
+namespace kiln {
+
+struct CompiledGraph {
+  Graph graph;  // canonical
+  std::vector<LaunchGroup> groups;
+  double compile_seconds = 0;
+  int launches() const;  // kernels one run enqueues (view groups launch nothing)
+};
+
+std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const FusionLimits& limits = {});
+
+// `inputs[i]` binds graph input i (shape/dtype/strides must match). Returns one tensor per
+// graph output: dense, offset 0, freshly computed (an output that is a graph input, or a view,
+// is copied so the caller can treat every result as a value it owns).
+// Queued work keeps `compiled` alive, so a cache may drop it at any time.
+std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compiled, const std::vector<Tensor>& inputs);
+
+}  // namespace kiln
