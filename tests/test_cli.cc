@@ -69,6 +69,33 @@ TEST_F(Cli, GenerateWithNoModelRunsTheBundledCheckpoint) {
   EXPECT_GT(j["io"]["bytes_read"].get<int64_t>(), 0);
 }
 
+// --mode defer and KILN_DEFER_AND_FUSE=1 give the strict-eager PNG byte for byte, and the report
+// shows the mode, the graph cache (one compile per distinct graph, the steps after the first
+// hitting it) and the flushes by cause.
+TEST_F(Cli, DeferredModeWritesTheSameImageAndReportsTheGraphCache) {
+  const fs::path eager = dir_ / "eager.png", defer = dir_ / "defer.png", env = dir_ / "env.png";
+  const fs::path report = dir_ / "defer.json", env_report = dir_ / "env.json";
+  ASSERT_EQ(kiln_cli("generate --out " + eager.string()).exit_code, 0);
+  const CliRun r = kiln_cli("generate --mode defer --out " + defer.string() + " --report " + report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string env_cmd = "KILN_DEFER_AND_FUSE=1 " + std::string(KILN_CLI_PATH) + " generate --out " +
+                              env.string() + " --report " + env_report.string() + " 2>/dev/null";
+  ASSERT_EQ(std::system(env_cmd.c_str()), 0);
+  const auto pixels = [](const fs::path& p) { return io::read_png(p).rgb; };
+  EXPECT_EQ(pixels(defer), pixels(eager));
+  EXPECT_EQ(pixels(env), pixels(eager));
+  for (const fs::path& file : {report, env_report}) {
+    std::ifstream in(file);
+    const auto j = nlohmann::json::parse(in);
+    EXPECT_EQ(j["engine"]["mode"], "defer") << file;
+    const auto& c = j["counters"];
+    EXPECT_GT(c["graphs_compiled"].get<int64_t>(), 0) << file;
+    EXPECT_GE(c["cache_hits"].get<int64_t>(), 3) << file;  // steps 2..4 of the bundled 4-step run
+    EXPECT_EQ(c["flushes"]["step"].get<int64_t>(), 5) << file;  // preparation + 4 steps
+    EXPECT_EQ(j["compiles"].size(), c["graphs_compiled"].get<size_t>()) << file;
+  }
+}
+
 TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
   const fs::path png = dir_ / "out.png";
   struct Case {
@@ -84,6 +111,7 @@ TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
       {"generate --max-sequence-length 600 --out " + png.string(), "--max-sequence-length must be in [1, 512], got 600"},
       {"generate --height 8 --out " + png.string(), "--height must be at least 16, got 8"},
       {"generate --model " + test_model() + " --out " + png.string(), "--prompt is required with --model"},
+      {"generate --mode fast --out " + png.string(), "--mode fast: expected eager"},
   };
   for (const Case& c : cases) {
     const CliRun r = kiln_cli(c.args);

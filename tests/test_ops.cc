@@ -4,7 +4,11 @@
 // Adding an op means adding a row to kCases; a test fails if an op has no row.
 #include <set>
 
+#include <cstring>
+
+#include "exec/deferred.h"
 #include "exec/dispatch.h"
+#include "exec/mode.h"
 #include "exec/ops.h"
 #include "graph/op.h"
 #include "test_util.h"
@@ -44,14 +48,22 @@ InputSpec positive(Shape s, Layout l = Layout::dense) { return {std::move(s), l,
 InputSpec booleans(Shape s) { return {std::move(s), Layout::dense, 0, 2, DType::boolean}; }
 InputSpec indices(Shape s, int64_t vocab) { return {std::move(s), Layout::dense, 0, double(vocab), DType::i64}; }
 
-Tensor make_input(const InputSpec& spec, DType dtype, uint32_t seed) {
+// `computed`: the stored tensor is the result of a copy op rather than uploaded data, so in
+// deferred mode the input is a pending value (seen through the layout's view) instead of a
+// materialised graph input.
+Tensor make_input(const InputSpec& spec, DType dtype, uint32_t seed, bool computed = false) {
   const DType t = spec.fixed_dtype.value_or(dtype);
-  auto values = [&](const Shape& s) {
+  auto values_of = [&](const Shape& s) {
     auto v = test::random_values(numel(s), seed, spec.lo, spec.hi);
     if (!is_floating(t))
       for (float& x : v) x = std::floor(x);
     return v;
   };
+  auto from_vector = [&](const std::vector<float>& v, const Shape& s, DType d) {
+    const Tensor x = kiln::from_vector(v, s, d);
+    return computed ? dispatch("copy", {x}) : x;
+  };
+  auto values = values_of;
   const Shape& s = spec.shape;
   switch (spec.layout) {
     case Layout::dense: return from_vector(values(s), s, t);
@@ -222,6 +234,45 @@ TEST_P(OpConformance, MatchesReference) {
   const double rtol = low ? (dtype == DType::bf16 ? 1.6e-2 : 2e-3) : c.rtol;
   const double atol = low ? (dtype == DType::bf16 ? 1.6e-2 : 2e-3) : c.atol;
   EXPECT_LE(test::closeness(got.data, expected.data, rtol, atol), 1.0) << c.label << " in " << dtype_name(dtype);
+}
+
+// Deferred-and-fused mode must give exactly strict eager's bits (design.md §1: a fused kernel
+// computes each element with the same operations in the same order), for the op alone and as
+// the producer of an elementwise epilogue (which deferred mode fuses into the op's own launch,
+// or into one fused elementwise kernel), with inputs that are uploaded tensors or pending
+// values seen through views.
+TEST_P(OpConformance, DeferredEqualsStrictEager) {
+  const OpCase& c = GetParam().c;
+  const DType dtype = GetParam().dtype;
+  Attrs attrs = c.attrs;
+  if (c.inputs.empty() && attrs.has("dtype") && is_floating(DType(attrs.get_int("dtype"))))
+    attrs.set("dtype", int64_t(dtype));
+  // With an epilogue, only the epilogue's result is held when it is read: the op's own output is
+  // then a fused intermediate, as in a model.
+  auto run_one = [&](bool computed_inputs, bool with_epilogue) {
+    std::vector<Tensor> inputs;
+    uint32_t seed = 1234;
+    for (const InputSpec& spec : c.inputs) inputs.push_back(make_input(spec, dtype, seed++, computed_inputs));
+    Tensor result = dispatch(c.op, inputs, attrs);
+    if (with_epilogue) result = cast(result, DType::f32) * 1.5 + 0.25;  // drops the op's own handle
+    return to_host(result);
+  };
+  auto run = [&](bool computed_inputs) {
+    return std::make_pair(run_one(computed_inputs, false), run_one(computed_inputs, true));
+  };
+  auto same_bits = [](const HostTensor& a, const HostTensor& b) {
+    return a.shape == b.shape && a.dtype == b.dtype && a.data.size() == b.data.size() &&
+           std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(double)) == 0;
+  };
+  const auto eager = run(false);
+  for (bool computed : {false, true}) {
+    reset_deferred_stats();
+    EagerModeGuard defer(EagerMode::DeferAndFuse);
+    const auto deferred = run(computed);
+    EXPECT_TRUE(same_bits(deferred.first, eager.first)) << c.label << " alone, computed inputs " << computed;
+    EXPECT_TRUE(same_bits(deferred.second, eager.second)) << c.label << " with an epilogue, computed inputs " << computed;
+    EXPECT_GT(deferred_stats().graphs_run, 0u) << "the op did not run as a deferred graph";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, OpConformance, testing::ValuesIn(variants()), variant_name);

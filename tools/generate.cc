@@ -12,6 +12,8 @@
 #include "core/error.h"
 #include "devices/runtime.h"
 #include "exec/counters.h"
+#include "exec/deferred.h"
+#include "exec/mode.h"
 #include "io/png.h"
 #include "io/safetensors.h"
 #include "pipelines/flux_pipeline.h"
@@ -33,6 +35,8 @@ struct Options {
   fs::path out = "out.png";
   fs::path report;
   std::string device = "cpu";
+  std::string mode = "eager";
+  bool mode_given = false;
 };
 
 int64_t parse_int(const std::string& flag, const std::string& v) {
@@ -82,6 +86,7 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--out") o.out = value();
     else if (flag == "--report") o.report = value();
     else if (flag == "--device") o.device = value();
+    else if (flag == "--mode") o.mode = value(), o.mode_given = true;
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
   // Checked here, before minutes of model loading.
@@ -92,6 +97,8 @@ Options parse(const std::vector<std::string>& args) {
     KILN_CHECK(!v || *v >= 16, "cli", flag, " must be at least 16, got ", v.value_or(0));
   KILN_CHECK(Device::parse(o.device) == Device::cpu(), "cli", "--device ", o.device,
              " is not available in this build (only cpu)");
+  KILN_CHECK(o.mode == "eager" || o.mode == "defer", "cli", "--mode ", o.mode,
+             ": expected eager (strict, one kernel per op) or defer (deferred-and-fused)");
   KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");
   if (o.model.empty()) {
     o.model = KILN_BUNDLED_MODEL;
@@ -144,7 +151,10 @@ int generate(const std::vector<std::string>& args) {
   check_writable(o.out);
   if (!o.report.empty()) check_writable(o.report);
   if (!o.latents_file.empty()) o.call.latents = load_latents(o.latents_file);
+  // --mode overrides KILN_DEFER_AND_FUSE; without it the environment's default stands.
+  if (o.mode_given) set_default_eager_mode(o.mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
   reset_counters();
+  reset_deferred_stats();
   io::reset_bytes_read();
 
   const FluxPipeline pipe = FluxPipeline::from_pretrained(o.model);

@@ -17,14 +17,20 @@ void usage(std::FILE* out) {
                "  generate [--model DIR] [--prompt TEXT] [--prompt-2 TEXT] [--height H] [--width W]\n"
                "           [--steps N] [--guidance G] [--max-sequence-length N] [--seed S]\n"
                "           [--latents FILE] [--out out.png] [--report run.json] [--device cpu]\n"
+               "           [--mode eager|defer]\n"
                "      Text to image with a FLUX.1 checkpoint in Diffusers layout (FluxPipeline). Without\n"
                "      --model it runs the small FLUX.1 checkpoint bundled with kiln (128x128, 4 steps).\n"
+               "      --mode eager runs each op as its own kernel (the default); --mode defer records ops\n"
+               "      and runs them as fused, cached graphs (same image, fewer kernels).\n"
                "  inspect [--model DIR] [--report FILE]\n"
                "      Load a Diffusers model folder (model_index.json, each component's config and\n"
                "      safetensors weights, zero-copy) and print what it holds. Without --model it\n"
                "      uses the small FLUX.1 checkpoint bundled with kiln.\n"
                "  --version   print the engine version\n"
-               "  --help      this text\n",
+               "  --help      this text\n\n"
+               "environment (read once at start):\n"
+               "  KILN_DEFER_AND_FUSE=1   deferred-and-fused mode by default (--mode overrides it)\n"
+               "  KILN_LAUNCH_BLOCKING=1  debug eager: wait for every kernel, so errors name the op\n",
                KILN_VERSION);
 }
 

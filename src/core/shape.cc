@@ -30,6 +30,12 @@ Strides contiguous_strides(const Shape& s) {
   return st;
 }
 
+Strides canonical_unit_strides(const Shape& s, Strides strides) {
+  for (size_t i = s.size(); i-- > 0;)
+    if (s[i] == 1) strides[i] = i + 1 < s.size() ? strides[i + 1] * s[i + 1] : 1;
+  return strides;
+}
+
 int64_t normalize_axis(int64_t axis, int64_t rank, const char* where) {
   const int64_t a = axis < 0 ? axis + rank : axis;
   KILN_CHECK(a >= 0 && a < rank, where, "axis ", axis, " out of range for rank ", rank);

@@ -24,6 +24,7 @@ struct MemoryStats {
   size_t peak_bytes = 0;
   size_t pooled_bytes = 0;
   size_t capacity_bytes = 0;  // 0 = unlimited
+  uint64_t allocations = 0;   // buffers handed out since the process started (monotonic)
 };
 
 class DeviceRuntime {

@@ -1,5 +1,6 @@
 #include "exec/deferred.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <list>
 #include <memory>
@@ -87,9 +88,24 @@ GraphCache& cache_locked() {
   return *c;
 }
 
+bool log_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_DEFER_LOG");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
 // Canonical graph -> compiled graph, through the cache.
-std::shared_ptr<const CompiledGraph> lookup_or_compile(Graph canonical) {
+std::shared_ptr<const CompiledGraph> lookup_or_compile(Graph canonical, FlushCause cause) {
   const uint64_t key = fingerprint(canonical);
+  auto log = [&](const CompiledGraph& c, bool hit) {
+    if (!log_enabled()) return;
+    std::fprintf(stderr, "kiln: defer flush (%s): %zu nodes, %d launches, graph %016llx %s", flush_cause_name(cause),
+                 c.graph.nodes.size(), c.launches(), static_cast<unsigned long long>(key),
+                 hit ? "cached\n" : "compiled in ");
+    if (!hit) std::fprintf(stderr, "%.2f ms\n", c.compile_seconds * 1e3);
+  };
   {
     std::lock_guard<std::mutex> lock(g_mu);
     if (GraphCache::Entry* e = cache_locked().find(key)) {
@@ -99,6 +115,7 @@ std::shared_ptr<const CompiledGraph> lookup_or_compile(Graph canonical) {
           c.outputs == canonical.outputs) {
         ++e->runs;
         ++stats_locked().hits;
+        log(*e->compiled, true);
         return e->compiled;
       }
     }
@@ -109,6 +126,7 @@ std::shared_ptr<const CompiledGraph> lookup_or_compile(Graph canonical) {
   ++s.misses;
   s.compile_seconds += compiled->compile_seconds;
   cache_locked().insert(key, compiled, limits_locked().cache_capacity)->runs = 1;
+  log(*compiled, false);
   return compiled;
 }
 
@@ -204,7 +222,7 @@ class Recorder {
       r.has_view = !(t.shape() == base.shape && t.dtype() == base.dtype && t.offset() == 0 && t.is_contiguous());
       if (r.has_view) {
         r.shape = t.shape();
-        r.strides = t.strides();
+        r.strides = canonical_unit_strides(t.shape(), t.strides());
         r.offset = t.offset();
       }
       return r;
@@ -214,7 +232,11 @@ class Recorder {
   }
 
   // Index of a materialised tensor among the pending graph's inputs (one per distinct view).
-  int intern(const Tensor& t) {
+  int intern(const Tensor& given) {
+    const Strides unit = canonical_unit_strides(given.shape(), given.strides());
+    const Tensor t = unit == given.strides() ? given
+                                             : Tensor::view_of(given.buffer(), given.shape(), given.dtype(), unit,
+                                                               given.offset());
     auto& candidates = input_index_[t.buffer().get()];
     for (int i : candidates) {
       const Tensor& u = inputs_[size_t(i)];
@@ -251,7 +273,7 @@ class Recorder {
   void flush(const std::vector<char>& selected, FlushCause cause) {
     count_flush(cause);
     try {
-      run(selected);
+      run(selected, cause);
     } catch (...) {
       // The graph could not run: every pending value is lost. Tensors still holding one report it.
       for (Node& n : nodes_)
@@ -263,7 +285,7 @@ class Recorder {
     }
   }
 
-  void run(const std::vector<char>& selected) {
+  void run(const std::vector<char>& selected, FlushCause cause) {
     const size_t nn = nodes_.size();
     std::vector<char> consumed_outside(nn, 0);
     for (size_t i = 0; i < nn; ++i)
@@ -313,7 +335,7 @@ class Recorder {
     CanonicalMap map;
     if (!g.outputs.empty()) {
       Graph canonical = canonicalize(g, &map);
-      std::shared_ptr<const CompiledGraph> compiled = lookup_or_compile(std::move(canonical));
+      std::shared_ptr<const CompiledGraph> compiled = lookup_or_compile(std::move(canonical), cause);
       std::vector<Tensor> bound;
       for (int i : map.input_order) bound.push_back(inputs_[size_t(i)]);
       results = run_graph(compiled, bound);

@@ -170,7 +170,10 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   // so deferred/compiled graphs do not depend on their values (runtime.md §2.3.3).
   if (tcfg.guidance_embeds) guidance = from_vector({float(args.guidance_scale)}, {1});
 
-  // 4. Denoising loop: the step count is a host loop; every step runs the same graph.
+  // 4. Denoising loop: the step count is a host loop; every step runs the same graph. In
+  // deferred mode the preparation above is flushed as its own graph first, so the first step's
+  // graph is the same as every later one's (one compile serves any num_inference_steps).
+  mark_step();
   for (int64_t i = 0; i < args.num_inference_steps; ++i) {
     t0 = std::chrono::steady_clock::now();
     const float t = scheduler.timesteps()[size_t(i)];

@@ -1,0 +1,257 @@
+// Deferred-and-fused mode (exec/deferred.h): the same results as strict eager, fewer kernels,
+// no buffers for fused intermediates, one compile per distinct step graph, errors at the call,
+// and flushes counted by cause. (The per-op bit-equality harness is in test_ops.cc.)
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "devices/runtime.h"
+#include "exec/counters.h"
+#include "exec/deferred.h"
+#include "exec/host.h"
+#include "exec/mode.h"
+#include "exec/ops.h"
+#include "golden.h"
+#include "models/flux/flux_transformer.h"
+#include "pipelines/flux_pipeline.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+FluxCallArgs golden_args(const std::string& set) {
+  std::ifstream in(test::fixture(set) / "manifest.json");
+  const nlohmann::json m = nlohmann::json::parse(in)["inputs"];
+  FluxCallArgs a;
+  a.prompt = m["prompt"].get<std::string>();
+  a.height = m["height"].get<int64_t>();
+  a.width = m["width"].get<int64_t>();
+  a.num_inference_steps = m["num_inference_steps"].get<int64_t>();
+  a.guidance_scale = m["guidance_scale"].get<double>();
+  a.max_sequence_length = m["max_sequence_length"].get<int64_t>();
+  return a;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = to_vector(a), y = to_vector(b);
+  return a.shape() == b.shape() && x.size() == y.size() &&
+         std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+uint64_t flushes(FlushCause c) { return deferred_stats().flushes[int(c)]; }
+
+// ---- FLUX.1 pipeline: identical output ----
+
+class DeferredFluxPipeline : public testing::TestWithParam<std::string> {};
+
+// Image exactly equal, latents bitwise equal (not merely within a tolerance): every fused kernel
+// computes each element with eager's operations in eager's order.
+TEST_P(DeferredFluxPipeline, ImageAndLatentsEqualStrictEagerBitwise) {
+  const std::string set = GetParam();
+  const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
+  FluxCallArgs args = golden_args(set);
+  args.seed = 0;
+  const FluxOutput eager = pipe(args);
+  reset_deferred_stats();
+  FluxOutput deferred;
+  {
+    EagerModeGuard mode(EagerMode::DeferAndFuse);
+    deferred = pipe(args);
+  }
+  EXPECT_GT(deferred_stats().graphs_run, 0u);
+  EXPECT_EQ(deferred.image, eager.image) << set;
+  EXPECT_TRUE(same_bits(deferred.latents, eager.latents)) << set;
+  // And both are Diffusers' image (within the 1-level rounding of test_flux_pipeline.cc).
+  EXPECT_LE(test::byte_diff(deferred.image, test::golden_u8(set, "image.uint8")).second, 1) << set;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DeferredFluxPipeline, testing::Values("flux1_tiny", "flux1_tiny_arch"));
+
+// ---- the graph cache across denoising steps ----
+
+// Per-step values (timestep, dt) are graph inputs, and the pipeline marks each step's end, so
+// every step after the first builds the same graph: steps 2..N compile nothing, for any N, and
+// a second image with another step count compiles nothing in its loop either.
+TEST(DeferredMode, StepsAfterTheFirstCompileNothing) {
+  const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
+  EagerModeGuard mode(EagerMode::DeferAndFuse);
+  clear_graph_cache();
+  for (int64_t steps : {4, 2, 7}) {
+    FluxCallArgs args = golden_args("flux1_tiny_arch");
+    args.num_inference_steps = steps;
+    std::vector<uint64_t> misses, hits;  // cumulative, after each step
+    args.on_step = [&](int64_t, int64_t, double) {
+      misses.push_back(deferred_stats().cache_misses);
+      hits.push_back(deferred_stats().cache_hits);
+    };
+    reset_deferred_stats();
+    pipe(args);
+    ASSERT_EQ(misses.size(), size_t(steps));
+    for (int64_t i = 1; i < steps; ++i) {
+      EXPECT_EQ(misses[size_t(i)], misses[0]) << steps << " steps: step " << i + 1 << " compiled a graph";
+      EXPECT_GT(hits[size_t(i)], hits[size_t(i) - 1]) << steps << " steps: step " << i + 1 << " hit no cached graph";
+    }
+    EXPECT_EQ(flushes(FlushCause::step), uint64_t(steps) + 1);  // + the preparation before the loop
+  }
+}
+
+// ---- fusion: fewer kernels, no buffer for any fused intermediate ----
+
+struct StepCounts {
+  uint64_t kernels = 0, allocations = 0;
+  std::map<std::string, uint64_t> by_name;
+  std::vector<float> out;
+};
+
+TEST(DeferredMode, TransformerStepFusesIntoFewerKernelsWithoutIntermediateBuffers) {
+  const auto m = FluxTransformer2DModel::from_pretrained(test::pipeline_dir("flux1_tiny") / "transformer");
+  const auto g = [](const std::string& k) { return test::golden("flux1_tiny", k); };
+  auto measure = [&](EagerMode mode) {
+    EagerModeGuard guard(mode);
+    auto step = [&] {
+      return m.forward(g("transformer.step1.in.hidden_states"), g("transformer.in.encoder_hidden_states"),
+                       g("transformer.in.pooled_projections"), g("transformer.step1.in.timestep"),
+                       g("transformer.in.img_ids"), g("transformer.in.txt_ids"));
+    };
+    wait(step());  // first step: RoPE tables, graph compile
+    StepCounts c;
+    reset_counters();
+    const uint64_t alloc0 = runtime(Device::cpu()).memory().allocations;
+    c.out = to_vector(step());
+    c.kernels = counters().kernels_launched;
+    c.allocations = runtime(Device::cpu()).memory().allocations - alloc0;
+    c.by_name = kernels_by_name();
+    return c;
+  };
+  const StepCounts eager = measure(EagerMode::DeferNever);
+  const StepCounts deferred = measure(EagerMode::DeferAndFuse);
+  EXPECT_EQ(deferred.out, eager.out);
+  const double ratio = double(deferred.kernels) / double(eager.kernels);
+  std::printf("flux1_tiny transformer step: %llu kernels strict eager, %llu deferred (ratio %.3f)\n",
+              static_cast<unsigned long long>(eager.kernels), static_cast<unsigned long long>(deferred.kernels), ratio);
+  for (const auto& [name, n] : deferred.by_name) std::printf("  deferred %-24s %llu\n", name.c_str(), static_cast<unsigned long long>(n));
+  // Measured: see README (the target is 1/3; what this engine reaches is asserted).
+  EXPECT_LE(ratio, 0.65);
+  // Elementwise ops never launch alone, and norms/linears absorb their epilogues.
+  for (const char* op : {"add", "mul", "neg", "silu", "gelu_tanh", "copy", "cos", "sin", "exp", "div"})
+    EXPECT_EQ(deferred.by_name.count(op), 0u) << op << " launched as its own kernel";
+  EXPECT_GT(deferred.by_name.at("linear+epilogue"), 0u);
+  EXPECT_GT(deferred.by_name.at("layer_norm+epilogue"), 0u);
+  // Both modes upload the same host scalars; beyond those, strict eager allocates one buffer per
+  // kernel. Deferred mode does too -- so every fused member's result (and every producer that
+  // took an epilogue) lived in registers or in its group's output, never in a buffer of its own.
+  const uint64_t uploads = eager.allocations - eager.kernels;
+  EXPECT_EQ(deferred.allocations, deferred.kernels + uploads);
+  EXPECT_LT(deferred.allocations, eager.allocations);
+}
+
+// ---- errors at the call, flush causes ----
+
+TEST(DeferredMode, ShapeErrorsRaiseAtTheRecordingCall) {
+  EagerModeGuard mode(EagerMode::DeferAndFuse);
+  const Tensor a = test::random_tensor({2, 3}, 1) * 2.0;  // pending
+  const Tensor b = test::random_tensor({4, 5}, 2) + 1.0;  // pending
+  ASSERT_TRUE(a.is_pending());
+  reset_deferred_stats();
+  const size_t pending = pending_nodes();
+  test::expect_error([&] { add(a, b); }, {"[add]", "[2,3]", "[4,5]"});
+  test::expect_error([&] { matmul(a, b); }, {"[matmul]"});
+  EXPECT_EQ(deferred_stats().flushes_total(), 0u);  // raised while recording: nothing ran
+  EXPECT_EQ(pending_nodes(), pending);
+  EXPECT_EQ(a.shape(), (Shape{2, 3}));  // metadata never needs a flush
+  EXPECT_TRUE(a.is_pending());
+}
+
+TEST(DeferredMode, EachFlushIsCountedByCause) {
+  EagerModeGuard mode(EagerMode::DeferAndFuse);
+  kiln::sync();  // nothing left over from other tests on this thread
+  reset_deferred_stats();
+  const Tensor x = test::random_tensor({8, 8}, 3);
+  // A host read flushes only what the read value needs.
+  const Tensor a = exp(x) * 2.0, unrelated = x + 5.0;
+  EXPECT_EQ(to_vector(a).size(), 64u);
+  EXPECT_EQ(flushes(FlushCause::host_read), 1u);
+  EXPECT_TRUE(unrelated.is_pending());
+  EXPECT_EQ(pending_nodes(), 1u);
+  mark_step();
+  EXPECT_EQ(flushes(FlushCause::step), 1u);
+  EXPECT_FALSE(unrelated.is_pending());
+  const Tensor y = unrelated * 3.0;
+  kiln::sync();
+  EXPECT_EQ(flushes(FlushCause::sync), 1u);
+  EXPECT_FALSE(y.is_pending());
+  Tensor z = y - 1.0;
+  {
+    EagerModeGuard eager(EagerMode::DeferNever);
+    const Tensor w = z + 1.0;  // strict eager: pending work runs first
+    EXPECT_EQ(flushes(FlushCause::mode_switch), 1u);
+    EXPECT_FALSE(z.is_pending());
+    EXPECT_FALSE(w.is_pending());
+  }
+  // Limits: graph size, and bytes of pending values user code still holds.
+  const DeferLimits saved = defer_limits();
+  DeferLimits small = saved;
+  small.max_nodes = 10;
+  set_defer_limits(small);
+  for (int i = 0; i < 25; ++i) z = z + 1.0;
+  EXPECT_EQ(flushes(FlushCause::size_limit), 2u);
+  small = saved;
+  small.max_live_bytes = 64 * 4 * 10;
+  set_defer_limits(small);
+  std::vector<Tensor> held;
+  for (int i = 0; i < 128; ++i) held.push_back(x * double(i));
+  set_defer_limits(saved);
+  EXPECT_GE(flushes(FlushCause::memory_limit), 1u);
+  const std::vector<float> want = to_vector(x * 127.0);
+  EXPECT_EQ(to_vector(held.back()), want);
+}
+
+TEST(DeferredMode, ModeIsScopedPerThreadAndRestoredOnExceptions) {
+  const EagerMode before = eager_mode();
+  try {
+    EagerModeGuard mode(EagerMode::DeferAndFuse);
+    EXPECT_EQ(eager_mode(), EagerMode::DeferAndFuse);
+    std::thread([] { EXPECT_NE(eager_mode(), EagerMode::DeferAndFuse); }).join();
+    throw Error("boom");
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(eager_mode(), before);
+  EXPECT_STREQ(eager_mode_name(EagerMode::DeferAndFuse), "defer");
+}
+
+TEST(DeferredMode, PendingValuesBelongToTheirThread) {
+  EagerModeGuard mode(EagerMode::DeferAndFuse);
+  const Tensor a = test::random_tensor({4}, 5) * 2.0;
+  ASSERT_TRUE(a.is_pending());
+  std::string error;
+  std::thread([&] {
+    try {
+      to_vector(a);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }).join();
+  EXPECT_NE(error.find("another thread"), std::string::npos) << error;
+  kiln::sync();
+  std::thread([&] { EXPECT_EQ(to_vector(a).size(), 4u); }).join();  // fine once flushed
+}
+
+// The graph cache key ignores host scalar values: y = x * s + t for different s, t is one graph.
+TEST(DeferredMode, HostScalarsAreRuntimeParameters) {
+  EagerModeGuard mode(EagerMode::DeferAndFuse);
+  clear_graph_cache();
+  reset_deferred_stats();
+  const Tensor x = test::random_tensor({16}, 6);
+  for (int i = 0; i < 5; ++i) {
+    const Tensor y = x * (0.5 + i) + (1.0 - i);
+    const std::vector<float> got = to_vector(y), xs = to_vector(x);
+    EXPECT_FLOAT_EQ(got[3], float(xs[3] * float(0.5 + i) + float(1.0 - i)));
+  }
+  EXPECT_EQ(deferred_stats().cache_misses, 1u);
+  EXPECT_EQ(deferred_stats().cache_hits, 4u);
+}
+
+}  // namespace
+}  // namespace kiln
