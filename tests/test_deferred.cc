@@ -101,6 +101,7 @@ TEST(DeferredMode, StepsAfterTheFirstCompileNothing) {
 
 struct StepCounts {
   uint64_t kernels = 0, allocations = 0;
+  GraphCacheEntryStats graph;  // deferred: the step's graph
   std::map<std::string, uint64_t> by_name;
   std::vector<float> out;
 };
@@ -108,13 +109,13 @@ struct StepCounts {
 TEST(DeferredMode, TransformerStepFusesIntoFewerKernelsWithoutIntermediateBuffers) {
   const auto m = FluxTransformer2DModel::from_pretrained(test::pipeline_dir("flux1_tiny") / "transformer");
   const auto g = [](const std::string& k) { return test::golden("flux1_tiny", k); };
+  // Inputs as a pipeline holds them: materialised once, the same tensors at every step.
+  const Tensor x = g("transformer.step1.in.hidden_states"), ctx = g("transformer.in.encoder_hidden_states"),
+               pooled = g("transformer.in.pooled_projections"), t = g("transformer.step1.in.timestep"),
+               img_ids = g("transformer.in.img_ids"), txt_ids = g("transformer.in.txt_ids");
   auto measure = [&](EagerMode mode) {
     EagerModeGuard guard(mode);
-    auto step = [&] {
-      return m.forward(g("transformer.step1.in.hidden_states"), g("transformer.in.encoder_hidden_states"),
-                       g("transformer.in.pooled_projections"), g("transformer.step1.in.timestep"),
-                       g("transformer.in.img_ids"), g("transformer.in.txt_ids"));
-    };
+    auto step = [&] { return m.forward(x, ctx, pooled, t, img_ids, txt_ids); };
     wait(step());  // first step: RoPE tables, graph compile
     StepCounts c;
     reset_counters();
@@ -123,6 +124,7 @@ TEST(DeferredMode, TransformerStepFusesIntoFewerKernelsWithoutIntermediateBuffer
     c.kernels = counters().kernels_launched;
     c.allocations = runtime(Device::cpu()).memory().allocations - alloc0;
     c.by_name = kernels_by_name();
+    if (mode == EagerMode::DeferAndFuse) c.graph = deferred_stats().entries.at(0);  // most recently used
     return c;
   };
   const StepCounts eager = measure(EagerMode::DeferNever);
@@ -139,12 +141,51 @@ TEST(DeferredMode, TransformerStepFusesIntoFewerKernelsWithoutIntermediateBuffer
     EXPECT_EQ(deferred.by_name.count(op), 0u) << op << " launched as its own kernel";
   EXPECT_GT(deferred.by_name.at("linear+epilogue"), 0u);
   EXPECT_GT(deferred.by_name.at("layer_norm+epilogue"), 0u);
-  // Both modes upload the same host scalars; beyond those, strict eager allocates one buffer per
-  // kernel. Deferred mode does too -- so every fused member's result (and every producer that
-  // took an epilogue) lived in registers or in its group's output, never in a buffer of its own.
+  // The step ran as one cached graph of N nodes and K launches. Both modes upload the same host
+  // scalars; beyond those, strict eager allocates one buffer per kernel, and deferred mode
+  // exactly the graph's launch outputs (fewer still: launches feeding a concat write into its
+  // buffer). So no fused member and no producer that took an epilogue ever got a buffer.
+  EXPECT_EQ(deferred.kernels, uint64_t(deferred.graph.launches));
+  EXPECT_GT(deferred.graph.nodes, deferred.graph.launches);
   const uint64_t uploads = eager.allocations - eager.kernels;
-  EXPECT_EQ(deferred.allocations, deferred.kernels + uploads);
+  EXPECT_EQ(deferred.allocations, uint64_t(deferred.graph.buffers) + uploads);
+  EXPECT_LE(deferred.graph.buffers, deferred.graph.launches);
   EXPECT_LT(deferred.allocations, eager.allocations);
+}
+
+// Runs `f` in strict eager and in deferred mode; returns the deferred launch names.
+template <typename F>
+std::map<std::string, uint64_t> deferred_launches_equal_eager(F&& f) {
+  const std::vector<float> eager = to_vector(f());
+  EagerModeGuard defer(EagerMode::DeferAndFuse);
+  reset_counters();
+  const Tensor out = f();
+  EXPECT_EQ(to_vector(out), eager);
+  return kernels_by_name();
+}
+
+TEST(DeferredMode, ProducersWriteStraightIntoAConcat) {
+  const Tensor x = test::random_tensor({1, 6, 8}, 11), y = test::random_tensor({1, 5, 8}, 12);
+  const Tensor w = test::random_tensor({16, 8}, 13), nw = test::random_tensor({4}, 14);
+  // concat along the sequence (B = 1): a linear + per-head RMSNorm chain, and a fused chain.
+  const auto launches = deferred_launches_equal_eager([&] {
+    const Tensor a = rms_norm(reshape(linear(x, w), {1, 6, 4, 4}), nw, 1e-6);
+    const Tensor b = reshape(exp(linear(y, w)) * 2.0, {1, 5, 4, 4});
+    return concat({a, b}, 1) + 1.0;
+  });
+  EXPECT_EQ(launches.count("concat"), 0u);
+  EXPECT_EQ(launches.at("linear+rms_norm"), 1u);
+  EXPECT_EQ(launches.count("rms_norm"), 0u);
+}
+
+TEST(DeferredMode, ConcatOfAdjacentSlicesOfOneValueLaunchesNothing) {
+  const Tensor x = test::random_tensor({1, 7, 8}, 15), w = test::random_tensor({8, 8}, 16);
+  const auto launches = deferred_launches_equal_eager([&] {
+    const Tensor h = linear(x, w);
+    return linear(concat({slice(h, 1, 0, 3), slice(h, 1, 3, 7)}, 1), w);
+  });
+  EXPECT_EQ(launches.count("concat"), 0u);
+  EXPECT_EQ(launches.at("linear"), 2u);
 }
 
 // ---- errors at the call, flush causes ----

@@ -187,8 +187,8 @@ TEST(GraphFusion, FluxModulation) {
   const auto groups = partition(g);
   ASSERT_EQ(groups.size(), 1u);
   EXPECT_EQ(groups[0].kind, Kind::epilogue);
-  EXPECT_EQ(g.nodes[size_t(groups[0].producer)].op, "layer_norm");
-  EXPECT_EQ(g.nodes[size_t(groups[0].producer)].args, (std::vector<int>{0}));
+  EXPECT_EQ(g.nodes[size_t(groups[0].chain.at(0))].op, "layer_norm");
+  EXPECT_EQ(g.nodes[size_t(groups[0].chain.at(0))].args, (std::vector<int>{0}));
   EXPECT_EQ(groups[0].nodes.size(), 3u);  // 1 + scale, * ln, + shift
   EXPECT_EQ(groups[0].result, g.outputs[0]);
   EXPECT_EQ(groups[0].group_inputs.size(), 4u);  // ln (read in place), 1, scale, shift
@@ -196,7 +196,7 @@ TEST(GraphFusion, FluxModulation) {
   // Without the epilogue rule the norm would be its own launch: a norm result that is also a
   // live output stays separate.
   Graph g2 = g;
-  g2.outputs.push_back(g2.value_of_node(groups[0].producer));
+  g2.outputs.push_back(g2.value_of_node(groups[0].chain.at(0)));
   const auto groups2 = partition(canonicalize(g2));
   ASSERT_EQ(groups2.size(), 2u);
   EXPECT_EQ(groups2[0].kind, Kind::single_op);

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,11 @@ class DeviceRuntime {
   virtual void wait_for(uint64_t seq) = 0;
   virtual uint64_t last_enqueued() const = 0;
   virtual uint64_t completed() const = 0;
+
+  // Wall seconds and count of the queued work run so far, by launch name (the op name in strict
+  // eager, "fused_elementwise" or "<op>+epilogue" in deferred mode): where a step's time goes.
+  virtual std::map<std::string, std::pair<double, uint64_t>> kernel_times() const = 0;
+  virtual void reset_kernel_times() = 0;
 
   // The kernel implementing `op` on this device, or nullptr.
   virtual KernelFn kernel(const std::string& op) const = 0;

@@ -445,7 +445,8 @@ DeferredStats deferred_stats() {
   out.compile_seconds = s.compile_seconds;
   for (const GraphCache::Entry& e : cache_locked().entries())
     out.entries.push_back(GraphCacheEntryStats{e.key, e.compiled->compile_seconds, e.runs,
-                                               int(e.compiled->graph.nodes.size()), e.compiled->launches()});
+                                               int(e.compiled->graph.nodes.size()), e.compiled->launches(),
+                                               e.compiled->buffers()});
   return out;
 }
 

@@ -54,6 +54,7 @@ struct GraphCacheEntryStats {
   uint64_t runs = 0;       // times the executable was run (1 + hits)
   int nodes = 0;           // canonical graph size
   int launches = 0;        // kernels per run
+  int buffers = 0;         // device buffers per run (CompiledGraph::buffers)
 };
 
 struct DeferredStats {

@@ -1,6 +1,8 @@
 #include "exec/graph_executor.h"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "core/error.h"
 #include "core/tensor_view.h"
@@ -13,7 +15,14 @@ namespace kiln {
 
 int CompiledGraph::launches() const {
   int n = 0;
-  for (const LaunchGroup& grp : groups) n += grp.kind != LaunchGroup::Kind::view;
+  for (const LaunchGroup& grp : groups) n += grp.launches();
+  return n;
+}
+
+int CompiledGraph::buffers() const {
+  int n = 0;
+  for (const LaunchGroup& grp : groups)
+    n += (grp.launches() && grp.into < 0) || grp.kind == LaunchGroup::Kind::assembled;
   return n;
 }
 
@@ -24,10 +33,12 @@ std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const Fusion
   out->graph = std::move(canonical);
   // Every kernel must exist before anything runs, so a missing one fails at the flush.
   for (const LaunchGroup& grp : out->groups) {
-    const int n = grp.kind == LaunchGroup::Kind::epilogue ? grp.producer : out->graph.node_of(grp.result);
-    const std::string& op = out->graph.nodes[size_t(n)].op;
-    if (grp.kind == LaunchGroup::Kind::single_op || grp.kind == LaunchGroup::Kind::epilogue)
+    std::vector<int> ops = grp.chain;
+    if (grp.kind == LaunchGroup::Kind::single_op) ops.push_back(out->graph.node_of(grp.result));
+    for (int n : ops) {
+      const std::string& op = out->graph.nodes[size_t(n)].op;
       KILN_CHECK(runtime(Device::cpu()).kernel(op) != nullptr, op, "has no kernel on cpu");
+    }
   }
   out->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
@@ -94,6 +105,20 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
     return ts;
   };
 
+  // Output buffers of concats whose inputs write into them (LaunchGroup::into), by value id.
+  std::map<int, Tensor> assembled;
+  auto target = [&](int v) -> const Tensor& {
+    auto it = assembled.find(v);
+    if (it == assembled.end()) it = assembled.emplace(v, allocate(rt, g.nodes[size_t(g.node_of(v))])).first;
+    return it->second;
+  };
+  // The group's output: a fresh buffer, or its dense slice of a concat's buffer.
+  auto output_of = [&](const LaunchGroup& grp, const GraphNode& node) {
+    if (grp.into < 0) return allocate(rt, node);
+    const Tensor& whole = target(grp.into);
+    return Tensor::view_of(whole.buffer(), node.shape, node.dtype, {}, whole.offset() + grp.into_offset);
+  };
+
   for (const LaunchGroup& grp : compiled->groups) {
     const GraphNode& node = g.nodes[size_t(g.node_of(grp.result))];
     switch (grp.kind) {
@@ -105,8 +130,17 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
                                                   base.offset() + node.attrs.get_int("offset"));
         break;
       }
+      case LaunchGroup::Kind::alias: {
+        const Tensor& base = val[size_t(grp.alias_base)];
+        KILN_CHECK(base.is_contiguous(), "graph", "alias of a non-dense value ", base.describe());
+        val[size_t(grp.result)] = Tensor::view_of(base.buffer(), node.shape, node.dtype, {}, base.offset());
+        break;
+      }
+      case LaunchGroup::Kind::assembled:
+        val[size_t(grp.result)] = target(grp.result);  // its inputs already wrote their slices
+        break;
       case LaunchGroup::Kind::single_op: {
-        const Tensor out = allocate(rt, node);
+        const Tensor out = output_of(grp, node);
         const KernelFn kernel = rt.kernel(node.op);
         launch(rt, node.op, out, [compiled, kernel, ins = gather(grp.group_inputs), out, &attrs = node.attrs] {
           KernelArgs args;
@@ -119,7 +153,7 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
         break;
       }
       case LaunchGroup::Kind::fused_elementwise: {
-        const Tensor out = allocate(rt, node);
+        const Tensor out = output_of(grp, node);
         launch(rt, "fused_elementwise", out, [compiled, &program = grp.program, ins = gather(grp.group_inputs), out] {
           cpu::fused_elementwise(program, views_of(ins), TensorView::of(out));
         });
@@ -127,22 +161,38 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
         break;
       }
       case LaunchGroup::Kind::epilogue: {
-        const GraphNode& prod = g.nodes[size_t(grp.producer)];
-        const Tensor out = allocate(rt, node);
-        const int prod_value = g.value_of_node(grp.producer);
-        // The producer's value is read in place: load i of the program sees the output itself.
+        const Tensor out = output_of(grp, node);
+        // Values living in the output buffer are read as that buffer, in their own shape.
+        auto bind = [&](int v) {
+          const bool inside = std::find(grp.internal.begin(), grp.internal.end(), v) != grp.internal.end();
+          return inside ? Tensor::view_of(out.buffer(), g.shape_of(v), g.dtype_of(v), {}, out.offset())
+                        : val[size_t(v)];
+        };
+        struct Step {
+          KernelFn kernel;
+          const Attrs* attrs;
+          std::vector<Tensor> in;
+          Tensor out;
+        };
+        std::vector<Step> steps;
+        for (int n : grp.chain) {
+          const GraphNode& op = g.nodes[size_t(n)];
+          Step st{rt.kernel(op.op), &op.attrs, {}, bind(g.value_of_node(n))};
+          for (int a : op.args) st.in.push_back(bind(a));
+          steps.push_back(std::move(st));
+        }
         std::vector<Tensor> ins;
-        for (int v : grp.group_inputs) ins.push_back(v == prod_value ? out : val[size_t(v)]);
-        const KernelFn kernel = rt.kernel(prod.op);
-        launch(rt, prod.op + "+epilogue", out,
-               [compiled, kernel, pins = gather(prod.args), &attrs = prod.attrs, &program = grp.program,
-                ins = std::move(ins), out] {
-                 KernelArgs args;
-                 args.in = views_of(pins);
-                 args.out = TensorView::of(out);
-                 args.attrs = &attrs;
-                 kernel(args);
-                 cpu::fused_elementwise(program, views_of(ins), args.out);
+        for (int v : grp.group_inputs) ins.push_back(bind(v));
+        launch(rt, grp.launch_name(g), out,
+               [compiled, steps = std::move(steps), &program = grp.program, ins = std::move(ins), out] {
+                 for (const Step& st : steps) {
+                   KernelArgs args;
+                   args.in = views_of(st.in);
+                   args.out = TensorView::of(st.out);
+                   args.attrs = st.attrs;
+                   st.kernel(args);
+                 }
+                 if (!program.instrs.empty()) cpu::fused_elementwise(program, views_of(ins), TensorView::of(out));
                });
         val[size_t(grp.result)] = out;
         break;

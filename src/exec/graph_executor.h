@@ -17,7 +17,9 @@ struct CompiledGraph {
   Graph graph;  // canonical
   std::vector<LaunchGroup> groups;
   double compile_seconds = 0;
-  int launches() const;  // kernels one run enqueues (view groups launch nothing)
+  int launches() const;  // kernels one run enqueues (views, aliases and assembled concats launch nothing)
+  int buffers() const;   // device buffers one run allocates: one per launch, except launches that
+                         // write into a concat's buffer, plus those concat buffers
 };
 
 std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const FusionLimits& limits = {});

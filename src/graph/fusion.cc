@@ -5,6 +5,7 @@
 #include <queue>
 
 #include "core/error.h"
+#include "graph/fusion_merge.h"
 
 namespace kiln {
 
@@ -98,6 +99,14 @@ bool is_fusable_op(const std::string& op) {
          op == "copy";
 }
 
+std::string LaunchGroup::launch_name(const Graph& g) const {
+  if (kind == Kind::fused_elementwise) return "fused_elementwise";
+  if (kind != Kind::epilogue) return g.nodes[size_t(g.node_of(result))].op;
+  std::string name;
+  for (int n : chain) name += (name.empty() ? "" : "+") + g.nodes[size_t(n)].op;
+  return program.instrs.empty() ? name : name + "+epilogue";
+}
+
 bool can_take_epilogue(const std::string& op) {
   // Ops whose kernels write every output element exactly once and never read the output, so a
   // program may then run over the output in place. (Factories, views and copies are excluded:
@@ -108,45 +117,6 @@ bool can_take_epilogue(const std::string& op) {
     if (op == o) return true;
   return false;
 }
-
-namespace {
-
-// Merges single-op producers into the fused group that alone reads them (see fusion.h).
-void fuse_epilogues(const Graph& g, std::vector<LaunchGroup>& groups,
-                    const std::vector<std::vector<int>>& consumers, const std::vector<char>& is_out) {
-  std::vector<int> group_of_node(g.nodes.size(), -1);
-  for (size_t i = 0; i < groups.size(); ++i) {
-    for (int n : groups[i].nodes) group_of_node[size_t(n)] = int(i);
-  }
-  std::vector<char> absorbed(groups.size(), 0);
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    LaunchGroup& grp = groups[gi];
-    if (grp.kind != LaunchGroup::Kind::fused_elementwise) continue;
-    const GraphNode& res = g.nodes[size_t(g.node_of(grp.result))];
-    // The latest eligible producer: in a residual `x + gate * linear(...)` that is the linear.
-    for (auto it = grp.group_inputs.rbegin(); it != grp.group_inputs.rend(); ++it) {
-      const int v = *it, pn = g.node_of(v);
-      if (pn < 0 || is_out[size_t(v)]) continue;
-      const GraphNode& p = g.nodes[size_t(pn)];
-      const int pg = group_of_node[size_t(pn)];
-      if (pg < 0 || absorbed[size_t(pg)] || groups[size_t(pg)].kind != LaunchGroup::Kind::single_op) continue;
-      if (!can_take_epilogue(p.op) || p.shape != res.shape || p.dtype != res.dtype) continue;
-      bool only_here = true;
-      for (int c : consumers[size_t(v)]) only_here = only_here && group_of_node[size_t(c)] == int(gi);
-      if (!only_here) continue;
-      grp.kind = LaunchGroup::Kind::epilogue;
-      grp.producer = pn;
-      absorbed[size_t(pg)] = 1;
-      break;
-    }
-  }
-  std::vector<LaunchGroup> kept;
-  for (size_t i = 0; i < groups.size(); ++i)
-    if (!absorbed[i]) kept.push_back(std::move(groups[i]));
-  groups = std::move(kept);
-}
-
-}  // namespace
 
 std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits) {
   validate(g);
@@ -239,7 +209,7 @@ std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits) {
     grp.program = build_program(g, grp);
     groups.push_back(std::move(grp));
   }
-  fuse_epilogues(g, groups, consumers, is_out);
+  merge_launches(g, groups, consumers, is_out);
   // A group reads only results of nodes below its own result, so ascending results is a valid
   // execution order (an epilogue's producer is below its group's result too).
   std::sort(groups.begin(), groups.end(), [](const LaunchGroup& a, const LaunchGroup& b) { return a.result < b.result; });

@@ -24,16 +24,25 @@
 //
 //  - View nodes (op "view", graph.h) launch nothing: their group just names a strided view of
 //    their (materialised) argument.
-//  - Epilogues (§2.3.5 "bias, activation, residual, gate fold into the matmul"; "a reduction
-//    with its elementwise epilogue"): a non-elementwise node (linear, matmul, layer_norm,
-//    rms_norm, softmax, ...) whose result is read only by one fused group, with that group's
-//    result shape and dtype, joins the group as its producer: one launch runs the producer's
-//    kernel into the group's output buffer and then the group's program over it in place, tile
-//    by tile. The producer's result is never a separate buffer.
+//
+// Then launches are merged where one kernel can write another's output directly
+// (graph/fusion_merge.cc; §2.3.5 "bias, activation, residual, gate fold into the matmul", "a
+// reduction with its elementwise epilogue"):
+//  - chains: a producer (linear, matmul, norms, softmax, sdpa, concat, ...) whose value only
+//    feeds a row op (rms_norm, layer_norm, softmax over the last dim), directly or through a
+//    plain reshape, runs with it as one launch: the row op rewrites the producer's rows in
+//    place. Such a chain, or a lone producer, whose value only feeds one fused elementwise
+//    group of the same shape and dtype takes that group as its epilogue, run in place over
+//    the output tile by tile. The producer's value never gets a buffer of its own.
+//  - concat elimination: when a concat's slices are dense blocks of its output (every dim
+//    before the axis is 1, as for B=1 sequences) and each input is a launch result read only
+//    by the concat, those launches write straight into the concat's buffer and the concat
+//    launches nothing. A concat of adjacent dense views of one value is that value.
 //
 // Assumes a canonical graph (passes.h): nodes in topological order. Graph outputs that are
 // graph inputs need no launch and get no group.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "devices/cpu/kernels/fused_elementwise.h"
@@ -48,18 +57,30 @@ struct FusionLimits {
 };
 
 struct LaunchGroup {
-  enum class Kind { fused_elementwise, single_op, view, epilogue } kind = Kind::single_op;
-  // Canonical node indices in the group, ascending (topological); for an epilogue group the
-  // elementwise members only (the producer is `producer`).
+  // assembled: a concat whose inputs wrote into its buffer; alias: the same bytes as alias_base.
+  enum class Kind { fused_elementwise, single_op, view, epilogue, assembled, alias } kind = Kind::single_op;
+  // Canonical node indices of the elementwise members, ascending (topological).
   std::vector<int> nodes;
   int result = -1;                // value id the group produces (materialised)
   // Value ids read by the group (graph inputs or other groups' results). fused_elementwise and
-  // epilogue: distinct, in order of first use, load i reads group_inputs[i] (for an epilogue,
-  // the producer's value is one of them and is read in place from the output). single_op and
-  // view: the node's args as they are (positional, repeats kept).
+  // epilogue: the program's loads, distinct, in order of first use: load i reads group_inputs[i]
+  // (an `internal` value is read in place from the output). single_op and view: the node's
+  // args as they are (positional, repeats kept).
   std::vector<int> group_inputs;
-  cpu::FusedProgram program;  // fused_elementwise and epilogue
-  int producer = -1;          // epilogue: the producer node
+  cpu::FusedProgram program;  // fused_elementwise; epilogue: empty when there is no elementwise part
+  // epilogue: non-elementwise nodes run in order on the output buffer: chain[0] writes it, the
+  // rest (row ops) rewrite it in place; then the program, if any, runs over it in place.
+  std::vector<int> chain;
+  // epilogue: values whose bytes are the output buffer (chain results and plain reshapes of them).
+  std::vector<int> internal;
+  int into = -1;             // the output is a dense slice of this value's buffer (concat elimination)
+  int64_t into_offset = 0;   // element offset of that slice
+  int alias_base = -1;       // alias: the value whose buffer this group's result reinterprets
+
+  bool launches() const { return kind != Kind::view && kind != Kind::assembled && kind != Kind::alias; }
+  // "fused_elementwise", the op name, or the chain's ops joined by '+' ("+epilogue" when it has a
+  // program): the name counters and kernel timings use.
+  std::string launch_name(const Graph& g) const;
 };
 
 // Whether `op` can be a member of a fused elementwise group.

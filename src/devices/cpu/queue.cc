@@ -1,5 +1,7 @@
 #include "devices/cpu/queue.h"
 
+#include <chrono>
+
 #include "core/error.h"
 
 namespace kiln::cpu {
@@ -66,6 +68,7 @@ void Queue::run() {
       std::lock_guard<std::mutex> lock(mu_);
       skip = !error_.empty();
     }
+    const auto t0 = std::chrono::steady_clock::now();
     if (!skip) {
       try {
         item.work();
@@ -74,14 +77,30 @@ void Queue::run() {
                   " (later queued work was skipped)";
       }
     }
+    const auto t1 = std::chrono::steady_clock::now();
     item.work = nullptr;  // drop buffer references before reporting completion
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (!skip) {
+        auto& [seconds, count] = time_by_name_[item.what];
+        seconds += std::chrono::duration<double>(t1 - t0).count();
+        ++count;
+      }
       if (!failure.empty() && error_.empty()) error_ = std::move(failure);
       completed_ = item.seq;
     }
     cv_done_.notify_all();
   }
+}
+
+std::map<std::string, std::pair<double, uint64_t>> Queue::time_by_name() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return time_by_name_;
+}
+
+void Queue::reset_time_by_name() {
+  std::lock_guard<std::mutex> lock(mu_);
+  time_by_name_.clear();
 }
 
 }  // namespace kiln::cpu

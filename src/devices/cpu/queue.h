@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -29,6 +30,9 @@ class Queue {
   uint64_t last_enqueued() const;
   uint64_t completed() const;
   bool on_worker_thread() const { return std::this_thread::get_id() == worker_.get_id(); }
+  // Wall seconds and count of the work run so far, by the `what` it was enqueued with.
+  std::map<std::string, std::pair<double, uint64_t>> time_by_name() const;
+  void reset_time_by_name();
 
  private:
   struct Item {
@@ -42,6 +46,7 @@ class Queue {
   mutable std::mutex mu_;
   std::condition_variable cv_work_, cv_done_, cv_space_;
   std::deque<Item> items_;
+  std::map<std::string, std::pair<double, uint64_t>> time_by_name_;
   uint64_t next_seq_ = 1;
   uint64_t completed_ = 0;
   std::string error_;  // first asynchronous failure, cleared when reported

@@ -1,0 +1,235 @@
+#include "graph/fusion_merge.h"
+
+#include <algorithm>
+
+namespace kiln {
+
+namespace {
+
+using Kind = LaunchGroup::Kind;
+
+bool is_row_op(const GraphNode& n) {
+  // Ops that transform each row of the last dim independently, reading the whole row before
+  // writing it, so they can rewrite a buffer in place.
+  if (n.op == "rms_norm" || n.op == "layer_norm") return true;
+  if (n.op == "softmax") {
+    const int64_t axis = n.attrs.get_int("axis", -1);
+    return axis == -1 || axis == int64_t(n.shape.size()) - 1;
+  }
+  return false;
+}
+
+// A view node that only reinterprets a dense value with another shape (same element count).
+bool is_plain_reshape(const Graph& g, const GraphNode& v) {
+  if (v.op != "view" || v.attrs.get_int("offset") != 0) return false;
+  if (v.attrs.get_ints("strides") != canonical_unit_strides(v.shape, contiguous_strides(v.shape))) return false;
+  return numel(g.shape_of(v.args.at(0))) == numel(v.shape);
+}
+
+class Merger {
+ public:
+  Merger(const Graph& g, std::vector<LaunchGroup>& groups, const std::vector<std::vector<int>>& consumers,
+         const std::vector<char>& is_out)
+      : g_(g), groups_(groups), consumers_(consumers), is_out_(is_out) {}
+
+  void run() {
+    alias_adjacent_views();
+    absorb_row_ops();
+    absorb_elementwise_epilogues();
+    eliminate_concats();
+  }
+
+ private:
+  // Group index producing each value (as its result), -1 otherwise. Rebuilt after each pass.
+  std::vector<int> by_result() const {
+    std::vector<int> r(size_t(g_.num_values()), -1);
+    for (size_t i = 0; i < groups_.size(); ++i) r[size_t(groups_[i].result)] = int(i);
+    return r;
+  }
+  void drop(const std::vector<char>& dead) {
+    std::vector<LaunchGroup> kept;
+    for (size_t i = 0; i < groups_.size(); ++i)
+      if (!dead[i]) kept.push_back(std::move(groups_[i]));
+    groups_ = std::move(kept);
+  }
+  const std::vector<int>& consumers(int v) const { return consumers_[size_t(v)]; }
+  bool only_consumer(int v, int node) const { return consumers(v).size() == 1 && consumers(v)[0] == node; }
+  // A single-op producer that can take more work in its launch, or a chain without a program.
+  bool extendable(const LaunchGroup& p) const {
+    if (p.into >= 0) return false;
+    if (p.kind == Kind::single_op) return can_take_epilogue(g_.nodes[size_t(g_.node_of(p.result))].op);
+    return p.kind == Kind::epilogue && p.program.instrs.empty();
+  }
+  // Turns p (single op or chain) into the chain of `into` and returns it.
+  LaunchGroup as_chain(const LaunchGroup& p) const {
+    LaunchGroup c;
+    c.kind = Kind::epilogue;
+    if (p.kind == Kind::single_op) {
+      c.chain = {g_.node_of(p.result)};
+      c.internal = {p.result};
+    } else {
+      c.chain = p.chain;
+      c.internal = p.internal;
+    }
+    return c;
+  }
+
+  // concat(view(b), view(b), ...) of consecutive dense blocks covering b, whose dims before the
+  // axis are 1: the concat is b's bytes (a single-stream block re-joining the two slices of the
+  // previous block's output).
+  void alias_adjacent_views() {
+    for (LaunchGroup& grp : groups_) {
+      if (grp.kind != Kind::single_op) continue;
+      const GraphNode& c = g_.nodes[size_t(g_.node_of(grp.result))];
+      if (c.op != "concat" || !dense_slices(c)) continue;
+      int base = -1;
+      int64_t next = 0;
+      bool ok = true;
+      for (int a : c.args) {
+        const int an = g_.node_of(a);
+        if (an < 0 || g_.nodes[size_t(an)].op != "view") {
+          ok = false;
+          break;
+        }
+        const GraphNode& v = g_.nodes[size_t(an)];
+        const int b = v.args.at(0);
+        ok = (base < 0 || base == b) && v.attrs.get_int("offset") == next &&
+             v.attrs.get_ints("strides") == canonical_unit_strides(v.shape, contiguous_strides(v.shape)) &&
+             g_.dtype_of(b) == c.dtype;
+        if (!ok) break;
+        base = b;
+        next += numel(v.shape);
+      }
+      if (!ok || base < 0 || next != numel(g_.shape_of(base)) || g_.is_input(base)) continue;
+      grp.kind = Kind::alias;
+      grp.alias_base = base;
+      grp.group_inputs = {base};
+    }
+  }
+
+  // producer [-> plain reshape] -> row op: one chain launch.
+  void absorb_row_ops() {
+    for (bool changed = true; changed;) {
+      changed = false;
+      const std::vector<int> owner = by_result();
+      std::vector<char> dead(groups_.size(), 0);
+      for (size_t gi = 0; gi < groups_.size(); ++gi) {
+        LaunchGroup& grp = groups_[gi];
+        if (grp.kind != Kind::single_op || dead[gi]) continue;
+        const int rn = g_.node_of(grp.result);
+        const GraphNode& row = g_.nodes[size_t(rn)];
+        if (!is_row_op(row)) continue;
+        int src = row.args.at(0), reshape = -1;
+        if (std::count(row.args.begin(), row.args.end(), src) != 1 || !only_consumer(src, rn)) continue;
+        const int sn = g_.node_of(src);
+        if (sn < 0 || is_out_[size_t(src)]) continue;
+        if (is_plain_reshape(g_, g_.nodes[size_t(sn)])) {
+          reshape = src;
+          src = g_.nodes[size_t(sn)].args.at(0);
+          if (!only_consumer(src, sn) || g_.is_input(src) || is_out_[size_t(src)]) continue;
+        }
+        const int pg = owner[size_t(src)];
+        if (pg < 0 || dead[size_t(pg)] || !extendable(groups_[size_t(pg)])) continue;
+        if (g_.dtype_of(src) != row.dtype) continue;
+        LaunchGroup merged = as_chain(groups_[size_t(pg)]);
+        merged.chain.push_back(rn);
+        if (reshape >= 0) {
+          merged.internal.push_back(reshape);
+          dead[size_t(owner[size_t(reshape)])] = 1;  // the reshape's view group: its bytes are internal now
+        }
+        merged.internal.push_back(grp.result);
+        merged.result = grp.result;
+        grp = std::move(merged);
+        dead[size_t(pg)] = 1;
+        changed = true;
+      }
+      drop(dead);
+    }
+  }
+
+  // A producer (or chain) read only by one fused group of its shape/dtype: the group's program
+  // runs in place after it (the residual `x + gate * linear(...)`, `norm(x) * (1 + s) + t`).
+  void absorb_elementwise_epilogues() {
+    const std::vector<int> owner = by_result();
+    std::vector<char> dead(groups_.size(), 0);
+    std::vector<int> group_of_node(g_.nodes.size(), -1);
+    for (size_t i = 0; i < groups_.size(); ++i)
+      for (int n : groups_[i].nodes) group_of_node[size_t(n)] = int(i);
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      LaunchGroup& grp = groups_[gi];
+      if (grp.kind != Kind::fused_elementwise) continue;
+      const GraphNode& res = g_.nodes[size_t(g_.node_of(grp.result))];
+      // The latest eligible producer: in `x + gate * linear(...)` that is the linear.
+      for (auto it = grp.group_inputs.rbegin(); it != grp.group_inputs.rend(); ++it) {
+        const int v = *it, pn = g_.node_of(v);
+        if (pn < 0 || is_out_[size_t(v)]) continue;
+        const int pg = owner[size_t(v)];
+        if (pg < 0 || dead[size_t(pg)] || !extendable(groups_[size_t(pg)])) continue;
+        if (g_.shape_of(v) != res.shape || g_.dtype_of(v) != res.dtype) continue;
+        bool only_here = true;
+        for (int c : consumers(v)) only_here = only_here && group_of_node[size_t(c)] == int(gi);
+        if (!only_here) continue;
+        LaunchGroup merged = as_chain(groups_[size_t(pg)]);
+        merged.nodes = std::move(grp.nodes);
+        merged.result = grp.result;
+        merged.group_inputs = std::move(grp.group_inputs);
+        merged.program = std::move(grp.program);
+        grp = std::move(merged);
+        dead[size_t(pg)] = 1;
+        break;
+      }
+    }
+    drop(dead);
+  }
+
+  // Every dim before the concat axis is 1: each input is one dense block of the output.
+  static bool dense_slices(const GraphNode& c) {
+    int64_t axis = c.attrs.get_int("axis");
+    if (axis < 0) axis += int64_t(c.shape.size());
+    for (int64_t d = 0; d < axis; ++d)
+      if (c.shape[size_t(d)] != 1) return false;
+    return true;
+  }
+
+  void eliminate_concats() {
+    const std::vector<int> owner = by_result();
+    for (LaunchGroup& grp : groups_) {
+      if (grp.kind != Kind::single_op) continue;
+      const int cn = g_.node_of(grp.result);
+      const GraphNode& c = g_.nodes[size_t(cn)];
+      if (c.op != "concat" || !dense_slices(c)) continue;
+      bool ok = true;
+      for (int a : c.args) {
+        const int pg = g_.is_input(a) ? -1 : owner[size_t(a)];
+        ok = ok && pg >= 0 && !is_out_[size_t(a)] && only_consumer(a, cn) &&
+             std::count(c.args.begin(), c.args.end(), a) == 1 && g_.dtype_of(a) == c.dtype;
+        if (!ok) break;
+        const LaunchGroup& p = groups_[size_t(pg)];
+        ok = p.launches() && p.into < 0;
+      }
+      if (!ok) continue;
+      int64_t offset = 0;
+      for (int a : c.args) {
+        LaunchGroup& p = groups_[size_t(owner[size_t(a)])];
+        p.into = grp.result;
+        p.into_offset = offset;
+        offset += numel(g_.shape_of(a));
+      }
+      grp.kind = Kind::assembled;
+    }
+  }
+
+  const Graph& g_;
+  std::vector<LaunchGroup>& groups_;
+  const std::vector<std::vector<int>>& consumers_;
+  const std::vector<char>& is_out_;
+};
+
+}  // namespace
+
+void merge_launches(const Graph& g, std::vector<LaunchGroup>& groups, const std::vector<std::vector<int>>& consumers,
+                    const std::vector<char>& is_out) {
+  Merger(g, groups, consumers, is_out).run();
+}
+
+}  // namespace kiln
