@@ -98,7 +98,9 @@ void BM_Step(benchmark::State& state) {
   state.counters["first_step_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   state.counters["compile_ms"] = kiln::deferred_stats().compile_seconds * 1e3;
   kiln::reset_counters();
+  kiln::reset_deferred_stats();
   kiln::runtime(kiln::Device::cpu()).reset_kernel_times();
+  kiln::runtime(kiln::Device::cpu()).reset_peak_memory();
   double fastest = 1e30;
   for (auto _ : state) {
     const auto s0 = std::chrono::steady_clock::now();
@@ -108,6 +110,12 @@ void BM_Step(benchmark::State& state) {
   auto& b = best()[{size, mode}];
   b = b == 0 ? fastest : std::min(b, fastest);
   state.counters["kernels_per_step"] = double(kiln::counters().kernels_launched) / double(state.iterations());
+  state.counters["graph_host_ms"] = kiln::deferred_stats().host_seconds * 1e3 / double(state.iterations());
+  {
+    const auto m = kiln::runtime(kiln::Device::cpu()).memory();
+    state.counters["peak_MiB"] = double(m.peak_bytes) / (1 << 20);
+    state.counters["pooled_MiB"] = double(m.pooled_bytes) / (1 << 20);
+  }
   if (std::getenv("KILN_BENCH_KERNEL_TIMES"))  // where the time goes, per launch name
     for (const auto& [name, t] : kiln::runtime(kiln::Device::cpu()).kernel_times())
       std::printf("  %s mode %lld: %-24s %8.1f ms/step  (%llu launches/step)\n", size == 256 ? "256" : "512",

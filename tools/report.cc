@@ -48,6 +48,7 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
         {"cache_hits", d.cache_hits},
         {"cache_misses", d.cache_misses},
         {"compile_seconds", d.compile_seconds},
+        {"graph_host_seconds", d.host_seconds},
         {"graphs_run", d.graphs_run},
         {"flushes", flushes},
         {"sync_points", c.sync_points},

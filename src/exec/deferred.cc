@@ -1,5 +1,6 @@
 #include "exec/deferred.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <list>
@@ -43,7 +44,7 @@ DeferLimits& limits_locked() {
 struct Stats {
   uint64_t flushes[kNumFlushCauses] = {};
   uint64_t nodes = 0, graphs = 0, hits = 0, misses = 0;
-  double compile_seconds = 0;
+  double compile_seconds = 0, host_seconds = 0;
 };
 Stats& stats_locked() {
   static Stats s;
@@ -286,6 +287,7 @@ class Recorder {
   }
 
   void run(const std::vector<char>& selected, FlushCause cause) {
+    const auto t0 = std::chrono::steady_clock::now();
     const size_t nn = nodes_.size();
     std::vector<char> consumed_outside(nn, 0);
     for (size_t i = 0; i < nn; ++i)
@@ -336,6 +338,11 @@ class Recorder {
     if (!g.outputs.empty()) {
       Graph canonical = canonicalize(g, &map);
       std::shared_ptr<const CompiledGraph> compiled = lookup_or_compile(std::move(canonical), cause);
+      {
+        std::lock_guard<std::mutex> lock(g_mu);
+        stats_locked().host_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
       std::vector<Tensor> bound;
       for (int i : map.input_order) bound.push_back(inputs_[size_t(i)]);
       results = run_graph(compiled, bound);
@@ -443,6 +450,7 @@ DeferredStats deferred_stats() {
   out.cache_hits = s.hits;
   out.cache_misses = s.misses;
   out.compile_seconds = s.compile_seconds;
+  out.host_seconds = s.host_seconds;
   for (const GraphCache::Entry& e : cache_locked().entries())
     out.entries.push_back(GraphCacheEntryStats{e.key, e.compiled->compile_seconds, e.runs,
                                                int(e.compiled->graph.nodes.size()), e.compiled->launches(),

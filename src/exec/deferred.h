@@ -64,6 +64,8 @@ struct DeferredStats {
   uint64_t cache_hits = 0;
   uint64_t cache_misses = 0;  // = graphs compiled
   double compile_seconds = 0; // total over misses
+  double host_seconds = 0;    // host time turning pending nodes into a graph, canonicalising,
+                              // hashing and looking it up (compiling on a miss), before launch
   std::vector<GraphCacheEntryStats> entries;  // the cache's current entries, most recently used first
   uint64_t flushes_total() const;
 };

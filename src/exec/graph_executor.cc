@@ -40,6 +40,23 @@ std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const Fusion
       KILN_CHECK(runtime(Device::cpu()).kernel(op) != nullptr, op, "has no kernel on cpu");
     }
   }
+  // Liveness: the last group reading each value (every value a group's launch binds).
+  const Graph& g = out->graph;
+  std::vector<int> last(size_t(g.num_values()), -1);
+  for (size_t i = 0; i < out->groups.size(); ++i) {
+    const LaunchGroup& grp = out->groups[i];
+    std::vector<int> reads = grp.group_inputs;
+    for (int n : grp.chain)
+      for (int a : g.nodes[size_t(n)].args) reads.push_back(a);
+    if (grp.into >= 0) reads.push_back(grp.into);
+    if (grp.alias_base >= 0) reads.push_back(grp.alias_base);
+    for (int v : reads) last[size_t(v)] = int(i);
+    last[size_t(grp.result)] = std::max(last[size_t(grp.result)], int(i));
+  }
+  for (int o : g.outputs) last[size_t(o)] = -1;  // kept to the end
+  out->release_after.assign(out->groups.size(), {});
+  for (int v = 0; v < g.num_values(); ++v)
+    if (last[size_t(v)] >= 0) out->release_after[size_t(last[size_t(v)])].push_back(v);
   out->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
@@ -119,7 +136,8 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
     return Tensor::view_of(whole.buffer(), node.shape, node.dtype, {}, whole.offset() + grp.into_offset);
   };
 
-  for (const LaunchGroup& grp : compiled->groups) {
+  for (size_t gi = 0; gi < compiled->groups.size(); ++gi) {
+    const LaunchGroup& grp = compiled->groups[gi];
     const GraphNode& node = g.nodes[size_t(g.node_of(grp.result))];
     switch (grp.kind) {
       case LaunchGroup::Kind::view: {
@@ -197,6 +215,10 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
         val[size_t(grp.result)] = out;
         break;
       }
+    }
+    for (int v : compiled->release_after[gi]) {
+      val[size_t(v)] = Tensor();
+      assembled.erase(v);
     }
   }
 

@@ -16,6 +16,10 @@ namespace kiln {
 struct CompiledGraph {
   Graph graph;  // canonical
   std::vector<LaunchGroup> groups;
+  // release_after[i]: values no group after i reads (and that are not outputs). run_graph drops
+  // its handles to them once group i is enqueued, so their buffers return to the pool as soon
+  // as the queued kernels finish, as in strict eager, instead of living until the graph ends.
+  std::vector<std::vector<int>> release_after;
   double compile_seconds = 0;
   int launches() const;  // kernels one run enqueues (views, aliases and assembled concats launch nothing)
   int buffers() const;   // device buffers one run allocates: one per launch, except launches that
