@@ -135,7 +135,7 @@ TEST(DeferredMode, TransformerStepFusesIntoFewerKernelsWithoutIntermediateBuffer
               static_cast<unsigned long long>(eager.kernels), static_cast<unsigned long long>(deferred.kernels), ratio);
   for (const auto& [name, n] : deferred.by_name) std::printf("  deferred %-24s %llu\n", name.c_str(), static_cast<unsigned long long>(n));
   // Measured: see README (the target is 1/3; what this engine reaches is asserted).
-  EXPECT_LE(ratio, 0.65);
+  EXPECT_LE(ratio, 0.45);
   // Elementwise ops never launch alone, and norms/linears absorb their epilogues.
   for (const char* op : {"add", "mul", "neg", "silu", "gelu_tanh", "copy", "cos", "sin", "exp", "div"})
     EXPECT_EQ(deferred.by_name.count(op), 0u) << op << " launched as its own kernel";
@@ -171,9 +171,9 @@ TEST(DeferredMode, ProducersWriteStraightIntoAConcat) {
   const auto launches = deferred_launches_equal_eager([&] {
     const Tensor a = rms_norm(reshape(linear(x, w), {1, 6, 4, 4}), nw, 1e-6);
     const Tensor b = reshape(exp(linear(y, w)) * 2.0, {1, 5, 4, 4});
-    return concat({a, b}, 1) + 1.0;
+    return concat({a, b}, 1);
   });
-  EXPECT_EQ(launches.count("concat"), 0u);
+  for (const auto& [name, n] : launches) EXPECT_EQ(name.find("concat"), std::string::npos) << name;
   EXPECT_EQ(launches.at("linear+rms_norm"), 1u);
   EXPECT_EQ(launches.count("rms_norm"), 0u);
 }
@@ -184,7 +184,7 @@ TEST(DeferredMode, ConcatOfAdjacentSlicesOfOneValueLaunchesNothing) {
     const Tensor h = linear(x, w);
     return linear(concat({slice(h, 1, 0, 3), slice(h, 1, 3, 7)}, 1), w);
   });
-  EXPECT_EQ(launches.count("concat"), 0u);
+  for (const auto& [name, n] : launches) EXPECT_EQ(name.find("concat"), std::string::npos) << name;
   EXPECT_EQ(launches.at("linear"), 2u);
 }
 

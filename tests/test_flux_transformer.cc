@@ -39,7 +39,7 @@ class FluxTransformerGolden : public ::testing::TestWithParam<std::string> {
     return g("transformer.in.guidance");
   }
   Tensor temb() const { return g(module_key("time_text_embed")); }
-  flux::RotaryTables rope() const { return {g(module_key("pos_embed.cos")), g(module_key("pos_embed.sin"))}; }
+  flux::RotaryTables rope() const { return flux::RotaryTables::of(g(module_key("pos_embed.cos")), g(module_key("pos_embed.sin"))); }
 };
 
 TEST_P(FluxTransformerGolden, Embeddings) {

@@ -21,6 +21,7 @@ enum class Layout {
   transposed,  // stored with the last two dims swapped, then permuted back (a strided view)
   strided,     // every other element of a tensor twice as long in the last dim
   broadcast,   // a size-1 leading dim expanded to `shape` (stride 0)
+  heads,       // stored with dims 1 and 2 swapped, then transposed back ([B,L,H,D] seen as [B,H,L,D])
 };
 
 struct InputSpec {
@@ -76,6 +77,11 @@ Tensor make_input(const InputSpec& spec, DType dtype, uint32_t seed, bool comput
       Shape big = s;
       big.back() *= 2;
       return slice(from_vector(values(big), big, t), -1, 0, big.back(), 2);
+    }
+    case Layout::heads: {
+      Shape st = s;
+      std::swap(st[1], st[2]);
+      return transpose(from_vector(values(st), st, t), 1, 2);
     }
     case Layout::broadcast: {
       Shape one = s;
@@ -152,9 +158,14 @@ const std::vector<OpCase>& cases() {
                  Attrs{{"stride", std::vector<int64_t>{2, 2}}, {"padding", std::vector<int64_t>{0, 0}}}, 1e-4, 1e-4});
     c.push_back({"conv2d/1x1", "conv2d", {in({1, 8, 5, 5}), in({6, 8, 1, 1}), in({6})},
                  Attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{0, 0}}}, 1e-4, 1e-4});
+    c.push_back({"flip/last", "flip", {in({3, 5, 2})}, Attrs{{"axis", int64_t(-1)}}});
+    c.push_back({"flip/transposed", "flip", {in({4, 6, 5}, L::transposed)}, Attrs{{"axis", int64_t(1)}}});
     c.push_back({"sdpa/plain", "sdpa", {in({2, 3, 37, 16}), in({2, 3, 53, 16}), in({2, 3, 53, 8})}, {}, 1e-4, 1e-4});
     c.push_back({"sdpa/mask_scale", "sdpa", {in({1, 2, 20, 8}), in({1, 2, 30, 8}), in({1, 2, 30, 8}), in({1, 1, 20, 30}, L::dense, -4, 0)},
                  Attrs{{"scale", 0.3}}, 1e-4, 1e-4});
+    // The FLUX layout: per-head projections [B,L,H,D] read in place as [B,H,L,D]; a strided mask.
+    c.push_back({"sdpa/heads_layout", "sdpa", {in({1, 3, 19, 16}, L::heads), in({1, 3, 23, 16}, L::heads),
+                 in({1, 3, 23, 8}, L::heads), in({1, 3, 19, 23}, L::transposed, -4, 0)}, {}, 1e-4, 1e-4});
     c.push_back({"sdpa/views", "sdpa", {in({1, 2, 24, 16}, L::transposed), in({1, 2, 24, 16}, L::strided), in({1, 2, 24, 16})},
                  {}, 1e-4, 1e-4});
 

@@ -176,6 +176,7 @@ Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
 Tensor slice(const Tensor& x, int64_t axis, int64_t start, int64_t end, int64_t step) {
   return dispatch("slice", {x}, Attrs{{"axis", axis}, {"start", start}, {"end", end}, {"step", step}});
 }
+Tensor flip(const Tensor& x, int64_t axis) { return dispatch("flip", {x}, Attrs{{"axis", axis}}); }
 Tensor expand(const Tensor& x, const Shape& shape) { return dispatch("expand", {x}, Attrs{{"shape", shape}}); }
 Tensor broadcast_to(const Tensor& x, const Shape& shape) { return expand(x, shape); }
 Tensor unsqueeze(const Tensor& x, int64_t axis) {

@@ -91,6 +91,7 @@ Tensor reshape(const Tensor& x, Shape shape);  // one dim may be -1; copies only
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
 Tensor slice(const Tensor& x, int64_t axis, int64_t start, int64_t end, int64_t step = 1);
+Tensor flip(const Tensor& x, int64_t axis);  // reversed along axis (a view, negative stride)
 Tensor expand(const Tensor& x, const Shape& shape);  // -1 keeps a dim
 Tensor broadcast_to(const Tensor& x, const Shape& shape);
 Tensor unsqueeze(const Tensor& x, int64_t axis);

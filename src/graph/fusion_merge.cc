@@ -191,6 +191,20 @@ class Merger {
     return true;
   }
 
+  // The launch that produces concat input `a` (itself, or the value `a` is a plain reshape of),
+  // if it can write into the concat's buffer instead of its own; -1 otherwise.
+  int concat_producer(int a, int cn, const std::vector<int>& owner) const {
+    if (g_.is_input(a) || is_out_[size_t(a)] || !only_consumer(a, cn)) return -1;
+    const GraphNode& an = g_.nodes[size_t(g_.node_of(a))];
+    if (is_plain_reshape(g_, an)) {  // heads(v): the projection writes its rows into the slice
+      const int b = an.args.at(0);
+      if (g_.is_input(b) || is_out_[size_t(b)] || !only_consumer(b, g_.node_of(a))) return -1;
+      a = b;
+    }
+    const int pg = owner[size_t(a)];
+    return pg >= 0 && groups_[size_t(pg)].launches() && groups_[size_t(pg)].into < 0 ? pg : -1;
+  }
+
   void eliminate_concats() {
     const std::vector<int> owner = by_result();
     for (LaunchGroup& grp : groups_) {
@@ -198,22 +212,21 @@ class Merger {
       const int cn = g_.node_of(grp.result);
       const GraphNode& c = g_.nodes[size_t(cn)];
       if (c.op != "concat" || !dense_slices(c)) continue;
-      bool ok = true;
+      std::vector<int> producers;
       for (int a : c.args) {
-        const int pg = g_.is_input(a) ? -1 : owner[size_t(a)];
-        ok = ok && pg >= 0 && !is_out_[size_t(a)] && only_consumer(a, cn) &&
-             std::count(c.args.begin(), c.args.end(), a) == 1 && g_.dtype_of(a) == c.dtype;
-        if (!ok) break;
-        const LaunchGroup& p = groups_[size_t(pg)];
-        ok = p.launches() && p.into < 0;
+        const int pg = std::count(c.args.begin(), c.args.end(), a) == 1 && g_.dtype_of(a) == c.dtype
+                           ? concat_producer(a, cn, owner)
+                           : -1;
+        if (pg < 0) break;
+        producers.push_back(pg);
       }
-      if (!ok) continue;
+      if (producers.size() != c.args.size()) continue;
       int64_t offset = 0;
-      for (int a : c.args) {
-        LaunchGroup& p = groups_[size_t(owner[size_t(a)])];
+      for (size_t i = 0; i < producers.size(); ++i) {
+        LaunchGroup& p = groups_[size_t(producers[i])];
         p.into = grp.result;
         p.into_offset = offset;
-        offset += numel(g_.shape_of(a));
+        offset += numel(g_.shape_of(c.args[i]));
       }
       grp.kind = Kind::assembled;
     }

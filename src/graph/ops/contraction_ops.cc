@@ -153,6 +153,9 @@ void register_sdpa() {
   OpDef def;
   def.name = "sdpa";
   def.kind = OpKind::attention;
+  // q/k/v rows are read in place when their last dim is contiguous (a transposed [B,L,H,D]
+  // projection needs no copy); the mask is read through broadcast strides of a dense tensor.
+  def.strided_inputs = true;
   def.min_inputs = 3;
   def.max_inputs = 4;
   def.infer = [](const std::vector<Tensor>& in, const Attrs&) {

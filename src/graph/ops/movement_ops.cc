@@ -1,4 +1,4 @@
-// Movement ops: views (reshape, permute, slice, expand) that share their input's buffer,
+// Movement ops: views (reshape, permute, slice, flip, expand) that share their input's buffer,
 // and data movement (copy, concat, pad, gather, nearest upsample) plus factories.
 #include <cmath>
 
@@ -117,6 +117,16 @@ ViewMeta slice_view(const Shape& s, const Strides& st, int64_t off, const Attrs&
   v.shape[size_t(axis)] = end > start ? (end - start + step - 1) / step : 0;
   v.strides[size_t(axis)] = st[size_t(axis)] * step;
   v.offset = off + start * st[size_t(axis)];
+  return v;
+}
+
+// Reverses one axis: a negative stride starting from the last element along it.
+ViewMeta flip_view(const Shape& s, const Strides& st, int64_t off, const Attrs& attrs) {
+  const int64_t axis = normalize_axis(attrs.get_int("axis"), int64_t(s.size()), "flip");
+  ViewMeta v{s, st, off};
+  const size_t a = size_t(axis);
+  if (s[a] > 0) v.offset = off + (s[a] - 1) * st[a];
+  v.strides[a] = -st[a];
   return v;
 }
 
@@ -305,6 +315,7 @@ void register_movement_ops() {
   register_view("reshape", reshape_view);
   register_view("permute", permute_view);
   register_view("slice", slice_view);
+  register_view("flip", flip_view);
   register_view("expand", expand_view);
   register_copy();
   register_concat();

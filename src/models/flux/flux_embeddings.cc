@@ -38,6 +38,11 @@ Tensor TimeTextEmbed::operator()(const Tensor& ts, const std::optional<Tensor>& 
   return temb + text_embedder_(pooled);
 }
 
+RotaryTables RotaryTables::of(Tensor cos, Tensor sin) {
+  Tensor sign = from_vector({-1.0f, 1.0f}, {2}, DType::f32, cos.device());
+  return RotaryTables{std::move(cos), std::move(sin), std::move(sign)};
+}
+
 RotaryTables flux_pos_embed(const Tensor& ids, const std::vector<int64_t>& axes_dim, double theta) {
   KILN_CHECK(ids.rank() == 2 && ids.dim(1) == int64_t(axes_dim.size()), "FluxPosEmbed", "expects ids [S, ",
              axes_dim.size(), "], got ", to_string(ids.shape()));
@@ -67,8 +72,8 @@ RotaryTables flux_pos_embed(const Tensor& ids, const std::vector<int64_t>& axes_
     }
     col += d;
   }
-  return {from_vector(cos_t, {S, hd}, DType::f32, ids.device()),
-          from_vector(sin_t, {S, hd}, DType::f32, ids.device())};
+  return RotaryTables::of(from_vector(cos_t, {S, hd}, DType::f32, ids.device()),
+                          from_vector(sin_t, {S, hd}, DType::f32, ids.device()));
 }
 
 Tensor apply_rotary_emb(const Tensor& x, const RotaryTables& rope) {
@@ -77,12 +82,12 @@ Tensor apply_rotary_emb(const Tensor& x, const RotaryTables& rope) {
   KILN_CHECK(rope.cos.shape() == Shape({S, hd}), "apply_rotary_emb", "tables ", to_string(rope.cos.shape()),
              " do not match sequence ", S, " x head dim ", hd);
   const Tensor xf = cast(x, DType::f32);
-  // x_rotated pairs: (x[2i], x[2i+1]) -> (-x[2i+1], x[2i]).
+  // In pairs (x[2i], x[2i+1]): x_rotated = (-x[2i+1], x[2i]) = the pair reversed (a view) times
+  // (-1, 1), exactly; every product and sum is Diffusers' x*cos + x_rotated*sin, element by element.
   const Tensor pairs = reshape(xf, {B, S, H, hd / 2, 2});
-  const Tensor rotated =
-      reshape(concat({neg(slice(pairs, 4, 1, 2)), slice(pairs, 4, 0, 1)}, 4), {B, S, H, hd});
-  const Tensor c = reshape(rope.cos, {1, S, 1, hd}), s = reshape(rope.sin, {1, S, 1, hd});
-  return cast(xf * c + rotated * s, x.dtype());
+  const Tensor rotated = flip(pairs, 4) * rope.pair_sign;
+  const Tensor c = reshape(rope.cos, {1, S, 1, hd / 2, 2}), s = reshape(rope.sin, {1, S, 1, hd / 2, 2});
+  return cast(reshape(pairs * c + rotated * s, {B, S, H, hd}), x.dtype());
 }
 
 }  // namespace kiln::flux

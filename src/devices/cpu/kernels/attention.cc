@@ -123,9 +123,10 @@ void scale_row(float* row, int64_t n, float f) {
 
 // The operands of one (b,h) pair, already offset to that head.
 struct Head {
-  const float* q;     // [Lq,D]
-  const float* k;     // [Lk,D]
-  const float* v;     // [Lk,Dv]
+  const float* q;     // [Lq,D], rows ldq apart
+  const float* k;     // [Lk,D], rows ldk apart
+  const float* v;     // [Lk,Dv], rows ldv apart
+  int64_t ldq, ldk, ldv;
   const float* mask;  // mask + b*ms[0] + h*ms[1], or null
   int64_t mask_row_stride, mask_col_stride;
   float* out;  // [Lq,Dv]
@@ -168,11 +169,11 @@ void attend_query_block(const Head& h, int64_t i0, int64_t nq, const Tiles& t, f
   RowStats st{s + t.bq * t.ld, s + t.bq * t.ld + t.bq, s + t.bq * t.ld + 2 * t.bq};
   std::fill(st.max, st.max + nq, kNegInf);
   std::fill(st.sum, st.sum + nq, 0.0f);
-  const float* q = h.q + i0 * h.D;
+  const float* q = h.q + i0 * h.ldq;
   float* o = h.out + i0 * h.Dv;
   for (int64_t j0 = 0; j0 < h.Lk; j0 += t.bk) {
     const int64_t nk = std::min(t.bk, h.Lk - j0);
-    sgemm(false, true, nq, nk, h.D, h.scale, q, h.D, h.k + j0 * h.D, h.D, 0.0f, s, t.ld);
+    sgemm(false, true, nq, nk, h.D, h.scale, q, h.ldq, h.k + j0 * h.ldk, h.ldk, 0.0f, s, t.ld);
     softmax_tile(h, i0, j0, nq, nk, s, t.ld, st);
     const bool first = j0 == 0;
     if (!first) {
@@ -180,7 +181,7 @@ void attend_query_block(const Head& h, int64_t i0, int64_t nq, const Tiles& t, f
         if (st.corr[r] != 1.0f) scale_row(o + r * h.Dv, h.Dv, st.corr[r]);
       }
     }
-    sgemm(false, false, nq, h.Dv, nk, 1.0f, s, t.ld, h.v + j0 * h.Dv, h.Dv, first ? 0.0f : 1.0f,
+    sgemm(false, false, nq, h.Dv, nk, 1.0f, s, t.ld, h.v + j0 * h.ldv, h.ldv, first ? 0.0f : 1.0f,
           o, h.Dv);
   }
   for (int64_t r = 0; r < nq; ++r) {
@@ -211,6 +212,15 @@ size_t attention_workspace_bytes(int64_t Lq, int64_t Lk, int64_t /*D*/, int64_t 
 void attention_f32(const float* q, const float* k, const float* v, const float* mask,
                    const int64_t mask_strides[4], float* out, int64_t B, int64_t H, int64_t Lq,
                    int64_t Lk, int64_t D, int64_t Dv, float scale) {
+  attention_f32(q, RowLayout::dense(H, Lq, D), k, RowLayout::dense(H, Lk, D), v, RowLayout::dense(H, Lk, Dv), mask,
+                mask_strides, out, B, H, Lq, Lk, D, Dv, scale);
+}
+
+void attention_f32(const float* q, RowLayout ql, const float* k, RowLayout kl, const float* v, RowLayout vl,
+                   const float* mask, const int64_t mask_strides[4], float* out, int64_t B, int64_t H, int64_t Lq,
+                   int64_t Lk, int64_t D, int64_t Dv, float scale) {
+  KILN_CHECK(ql.row >= D && kl.row >= D && vl.row >= Dv, kWhere, "row strides ", ql.row, "/", kl.row, "/", vl.row,
+             " are shorter than the rows (", D, "/", Dv, ")");
   check_args(q, k, v, mask, mask_strides, out, B, H, Lq, Lk, D, Dv);
   if (B * H * Lq == 0 || Dv == 0) return;
   if (Lk == 0) {  // empty softmax: treated like a fully masked row
@@ -237,9 +247,12 @@ void attention_f32(const float* q, const float* k, const float* v, const float* 
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bh = task / q_blocks, b = bh / H, hh = bh % H;
       const int64_t i0 = (task % q_blocks) * t.bq;
-      const Head head{q + bh * Lq * D,
-                      k + bh * Lk * D,
-                      v + bh * Lk * Dv,
+      const Head head{q + b * ql.batch + hh * ql.head,
+                      k + b * kl.batch + hh * kl.head,
+                      v + b * vl.batch + hh * vl.head,
+                      ql.row,
+                      kl.row,
+                      vl.row,
                       mask ? mask + b * mask_strides[0] + hh * mask_strides[1] : nullptr,
                       mask ? mask_strides[2] : 0,
                       mask ? mask_strides[3] : 0,

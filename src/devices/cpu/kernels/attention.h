@@ -20,6 +20,17 @@ void attention_f32(const float* q, const float* k, const float* v, const float* 
                    const int64_t mask_strides[4], float* out, int64_t B, int64_t H, int64_t Lq,
                    int64_t Lk, int64_t D, int64_t Dv, float scale);
 
+// Where the rows of a [B,H,L,D] operand lie: row (b,h,i) starts at b*batch + h*head + i*row
+// elements from the base pointer, and its D values are contiguous. Attention reads q/k/v this
+// way, so a [B,L,H,D] projection viewed as [B,H,L,D] (a transpose) needs no copy.
+struct RowLayout {
+  int64_t batch = 0, head = 0, row = 0;
+  static RowLayout dense(int64_t H, int64_t L, int64_t D) { return {H * L * D, L * D, D}; }
+};
+void attention_f32(const float* q, RowLayout ql, const float* k, RowLayout kl, const float* v, RowLayout vl,
+                   const float* mask, const int64_t mask_strides[4], float* out, int64_t B, int64_t H, int64_t Lq,
+                   int64_t Lk, int64_t D, int64_t Dv, float scale);
+
 // Upper bound of the scratch attention_f32 allocates (all threads together) for these
 // sizes: a few query-block x key-block tiles, far below Lq*Lk*4 bytes per head. Excludes
 // the GEMM library's own packing buffers.

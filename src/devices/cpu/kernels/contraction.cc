@@ -9,6 +9,7 @@
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/kernel_table.h"
+#include "devices/cpu/kernels/strided.h"
 
 namespace kiln::cpu {
 
@@ -77,21 +78,69 @@ void conv2d_kernel(const KernelArgs& args) {
              x.shape[3], w.shape[0], w.shape[2], w.shape[3], st[0], st[1], pad[0], pad[1]);
 }
 
+// A dense row-major f32 copy of any strided view.
+std::vector<float> dense_f32(const TensorView& t) {
+  std::vector<float> out(size_t(t.numel()));
+  const StridedLoop loop = make_strided_loop(t.shape, {t.strides});
+  const int64_t es = int64_t(dtype_size(t.dtype));
+  float* dst = out.data();
+  for (int64_t pos = 0; pos < loop.outer_count() && loop.inner > 0; ++pos, dst += loop.inner) {
+    const char* src = static_cast<const char*>(t.data) + loop.offset(0, pos) * es;
+    for (int64_t i = 0; i < loop.inner; ++i) convert_to_f32(src + i * loop.inner_stride[0] * es, t.dtype, dst + i, 1);
+  }
+  return out;
+}
+
+// An attention operand as rows: f32 rows with a contiguous last dim are read in place (e.g. a
+// transposed [B,L,H,D] projection); anything else is first made a dense f32 copy.
+class AttentionRows {
+ public:
+  explicit AttentionRows(const TensorView& t) {
+    const int64_t L = t.shape[2], D = std::max<int64_t>(t.shape[3], 1);
+    const int64_t row = L <= 1 ? D : t.strides[2];  // a single row's stride is never used
+    if (t.dtype == DType::f32 && (t.shape[3] <= 1 || t.strides[3] == 1) && row >= D) {
+      ptr_ = t.as<const float>();
+      layout_ = {t.strides[0], t.strides[1], row};
+      return;
+    }
+    copy_ = dense_f32(t);
+    ptr_ = copy_.data();
+    layout_ = RowLayout::dense(t.shape[1], t.shape[2], t.shape[3]);
+  }
+  const float* get() const { return ptr_; }
+  RowLayout layout() const { return layout_; }
+
+ private:
+  const float* ptr_ = nullptr;
+  RowLayout layout_;
+  std::vector<float> copy_;
+};
+
 void sdpa_kernel(const KernelArgs& args) {
   const TensorView &q = args.in[0], &k = args.in[1], &v = args.in[2];
   const int64_t B = q.shape[0], H = q.shape[1], Lq = q.shape[2], D = q.shape[3], Lk = k.shape[2], Dv = v.shape[3];
   const float scale = float(args.attrs->get_float("scale", 1.0 / std::sqrt(double(D))));
-  F32In fq(q), fk(k), fv(v);
-  std::vector<F32In> mask;
+  const AttentionRows fq(q), fk(k), fv(v);
+  // The mask is read through its own (broadcast) strides when it is f32, else from a dense copy.
+  std::vector<float> mask_copy;
+  const float* mask = nullptr;
   int64_t ms[4] = {0, 0, 0, 0};
   if (args.in.size() > 3) {
-    mask.emplace_back(args.in[3]);
-    const Strides s = broadcast_strides(args.in[3].shape, contiguous_strides(args.in[3].shape), {B, H, Lq, Lk});
+    const TensorView& m = args.in[3];
+    Strides st = m.strides;
+    if (m.dtype == DType::f32) {
+      mask = m.as<const float>();
+    } else {
+      mask_copy = dense_f32(m);
+      mask = mask_copy.data();
+      st = contiguous_strides(m.shape);
+    }
+    const Strides s = broadcast_strides(m.shape, st, {B, H, Lq, Lk});
     std::copy(s.begin(), s.end(), ms);
   }
   F32Out fo(args.out);
-  attention_f32(fq.get(), fk.get(), fv.get(), mask.empty() ? nullptr : mask[0].get(), ms, fo.get(), B, H, Lq, Lk, D,
-                Dv, scale);
+  attention_f32(fq.get(), fq.layout(), fk.get(), fk.layout(), fv.get(), fv.layout(),
+                mask, ms, fo.get(), B, H, Lq, Lk, D, Dv, scale);
 }
 
 }  // namespace
