@@ -11,6 +11,9 @@ const float* load_tile(const Operand& op, int64_t off, int64_t stride, int64_t n
     float v;
     convert_to_f32(op.base + off * int64_t(es), op.dtype, &v, 1);
     std::fill(buf, buf + n, v);
+  } else if (op.dtype == DType::f32) {
+    const float* src = reinterpret_cast<const float*>(op.base) + off;
+    for (int64_t i = 0; i < n; ++i) buf[i] = src[i * stride];
   } else {
     for (int64_t i = 0; i < n; ++i) convert_to_f32(op.base + (off + i * stride) * int64_t(es), op.dtype, buf + i, 1);
   }
@@ -25,11 +28,60 @@ TileGrid::TileGrid(const std::vector<TensorView>& in, const TensorView& out) {
   }
   strides.push_back(contiguous_strides(out.shape));
   loop_ = make_strided_loop(out.shape, strides);
-  tiles_per_row_ = (loop_.inner + kTile - 1) / kTile;
-  tasks_ = loop_.outer_count() * tiles_per_row_;
+  for (size_t k = 0; k <= in.size(); ++k) {
+    bool flat = loop_.inner_stride[k] == 1 || loop_.inner <= 1;
+    int64_t expect = loop_.inner;
+    for (size_t d = loop_.outer.size(); flat && d-- > 0;) {
+      flat = loop_.outer[d] == 1 || loop_.outer_strides[k][d] == expect;
+      expect *= loop_.outer[d];
+    }
+    flat_.push_back(flat);
+  }
+  // Short rows (under a quarter tile) are grouped into multi-row tiles, so a kernel does not
+  // pay its per-tile overhead for every few elements.
+  if (loop_.inner > 0 && loop_.inner * 4 <= kTile && loop_.outer_count() > 1) {
+    rows_per_tile_ = kTile / loop_.inner;
+    tiles_per_row_ = 1;
+    tasks_ = (loop_.outer_count() + rows_per_tile_ - 1) / rows_per_tile_;
+  } else {
+    tiles_per_row_ = (loop_.inner + kTile - 1) / kTile;
+    tasks_ = loop_.outer_count() * tiles_per_row_;
+  }
   numel_ = out.numel();
   out_base_ = static_cast<char*>(out.data);
   out_dtype_ = out.dtype;
+}
+
+const float* TileGrid::load_rows(size_t k, const Tile& tile, float* buf) const {
+  const int64_t inner = loop_.inner, rows = tile.n / inner;
+  const Shape& outer = loop_.outer;
+  const Strides& st = loop_.outer_strides[k];
+  // Walk the rows' outer indices like an odometer instead of re-deriving each row's offset.
+  std::vector<int64_t> idx(outer.size());
+  for (int64_t pos = tile.row, d = int64_t(outer.size()) - 1; d >= 0; --d) {
+    idx[size_t(d)] = pos % outer[size_t(d)];
+    pos /= outer[size_t(d)];
+  }
+  int64_t off = loop_.offset(k, tile.row);
+  const int64_t is = loop_.inner_stride[k];
+  const bool f32 = ops_[k].dtype == DType::f32;
+  const float* base = reinterpret_cast<const float*>(ops_[k].base);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = buf + r * inner;
+    if (f32) {  // rows are short here: gather inline rather than call per row
+      for (int64_t i = 0; i < inner; ++i) dst[i] = base[off + i * is];
+    } else {
+      const float* got = load_tile(ops_[k], off, is, inner, dst);
+      if (got != dst) std::copy(got, got + inner, dst);
+    }
+    for (size_t d = outer.size(); d-- > 0;) {
+      off += st[d];
+      if (++idx[d] < outer[d]) break;
+      off -= st[d] * outer[d];
+      idx[d] = 0;
+    }
+  }
+  return buf;
 }
 
 void TileGrid::store(const Tile& tile, const float* y) const {

@@ -28,7 +28,9 @@ struct Operand {
 // `buf` is not touched).
 const float* load_tile(const Operand& op, int64_t off, int64_t stride, int64_t n, float* buf);
 
-// One tile of the output: elements [start, start + n) of row `row` of the strided loop.
+// One tile of the output: elements [start, start + n) of row `row` of the strided loop. When
+// rows are short (a view that keeps the innermost dims from coalescing, e.g. a reversed pair
+// dim), a tile is several whole rows: start = 0 and n = rows * inner, contiguous in the output.
 struct Tile {
   int64_t row, start, n;
 };
@@ -42,17 +44,24 @@ class TileGrid {
   int64_t tasks() const { return tasks_; }
   bool parallel() const { return numel_ >= kParallelMin; }
   Tile tile(int64_t t) const {
+    if (rows_per_tile_ > 1) {
+      const int64_t row = t * rows_per_tile_;
+      return {row, 0, std::min(rows_per_tile_, loop_.outer_count() - row) * loop_.inner};
+    }
     const int64_t row = t / tiles_per_row_, start = (t % tiles_per_row_) * kTile;
     return {row, start, std::min(kTile, loop_.inner - start)};
   }
   // Input k's values over `tile` as f32: a pointer into the input itself when load_is_view(k),
   // else into `buf` (kTile floats).
   const float* load(size_t k, const Tile& tile, float* buf) const {
+    if (rows_per_tile_ > 1 && !flat_[k]) return load_rows(k, tile, buf);
     const int64_t off = loop_.offset(k, tile.row) + tile.start * loop_.inner_stride[k];
-    return load_tile(ops_[k], off, loop_.inner_stride[k], tile.n, buf);
+    return load_tile(ops_[k], off, flat_[k] && rows_per_tile_ > 1 ? 1 : loop_.inner_stride[k], tile.n, buf);
   }
-  // Whether load(k, ...) always returns the input's own memory (dense f32 along the run).
-  bool load_is_view(size_t k) const { return ops_[k].dtype == DType::f32 && loop_.inner_stride[k] == 1; }
+  // Whether load(k, ...) always returns the input's own memory (dense f32 along the tile).
+  bool load_is_view(size_t k) const {
+    return ops_[k].dtype == DType::f32 && (rows_per_tile_ > 1 ? flat_[k] : loop_.inner_stride[k] == 1);
+  }
   // The output's memory for `tile` when the output is f32 (a kernel may compute straight into
   // it), else nullptr.
   float* out_f32(const Tile& tile) const {
@@ -64,9 +73,14 @@ class TileGrid {
 
  private:
   int64_t out_offset(const Tile& tile) const { return loop_.offset(ops_.size(), tile.row) + tile.start; }
+  const float* load_rows(size_t k, const Tile& tile, float* buf) const;
 
   std::vector<Operand> ops_;
   StridedLoop loop_;  // operands 0..n-1 are the inputs, operand n is the output
+  // Per operand: laid out densely in loop order (row r at r * inner, unit inner stride), so a
+  // run of whole rows is one contiguous range.
+  std::vector<char> flat_;
+  int64_t rows_per_tile_ = 1;
   int64_t tiles_per_row_ = 0, tasks_ = 0, numel_ = 0;
   char* out_base_ = nullptr;
   DType out_dtype_ = DType::f32;
