@@ -2,10 +2,7 @@
 // no buffers for fused intermediates, one compile per distinct step graph, errors at the call,
 // and flushes counted by cause. (The per-op bit-equality harness is in test_ops.cc.)
 #include <cstring>
-#include <fstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "devices/runtime.h"
 #include "exec/counters.h"
@@ -13,6 +10,7 @@
 #include "exec/host.h"
 #include "exec/mode.h"
 #include "exec/ops.h"
+#include "flux_call_args.h"
 #include "golden.h"
 #include "models/flux/flux_transformer.h"
 #include "pipelines/flux_pipeline.h"
@@ -20,19 +18,6 @@
 
 namespace kiln {
 namespace {
-
-FluxCallArgs golden_args(const std::string& set) {
-  std::ifstream in(test::fixture(set) / "manifest.json");
-  const nlohmann::json m = nlohmann::json::parse(in)["inputs"];
-  FluxCallArgs a;
-  a.prompt = m["prompt"].get<std::string>();
-  a.height = m["height"].get<int64_t>();
-  a.width = m["width"].get<int64_t>();
-  a.num_inference_steps = m["num_inference_steps"].get<int64_t>();
-  a.guidance_scale = m["guidance_scale"].get<double>();
-  a.max_sequence_length = m["max_sequence_length"].get<int64_t>();
-  return a;
-}
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   const std::vector<float> x = to_vector(a), y = to_vector(b);
@@ -51,7 +36,7 @@ class DeferredFluxPipeline : public testing::TestWithParam<std::string> {};
 TEST_P(DeferredFluxPipeline, ImageAndLatentsEqualStrictEagerBitwise) {
   const std::string set = GetParam();
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
-  FluxCallArgs args = golden_args(set);
+  FluxCallArgs args = test::flux_call_args(set);
   args.seed = 0;
   const FluxOutput eager = pipe(args);
   reset_deferred_stats();
@@ -79,7 +64,7 @@ TEST(DeferredMode, StepsAfterTheFirstCompileNothing) {
   EagerModeGuard mode(EagerMode::DeferAndFuse);
   clear_graph_cache();
   for (int64_t steps : {4, 2, 7}) {
-    FluxCallArgs args = golden_args("flux1_tiny_arch");
+    FluxCallArgs args = test::flux_call_args("flux1_tiny_arch");
     args.num_inference_steps = steps;
     std::vector<uint64_t> misses, hits;  // cumulative, after each step
     args.on_step = [&](int64_t, int64_t, double) {

@@ -1,10 +1,7 @@
 // FluxPipeline end to end against Diffusers: final latents and the decoded image, from the
 // golden initial noise and from the seed that produced it; the errors users hit.
-#include <fstream>
-
-#include <nlohmann/json.hpp>
-
 #include "exec/ops.h"
+#include "flux_call_args.h"
 #include "golden.h"
 #include "pipelines/flux_pipeline.h"
 #include "test_util.h"
@@ -14,24 +11,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-nlohmann::json inputs_of(const std::string& set) {
-  std::ifstream in(test::fixture(set) / "manifest.json");
-  return nlohmann::json::parse(in)["inputs"];
-}
-
-FluxCallArgs args_of(const std::string& set) {
-  const nlohmann::json in = inputs_of(set);
-  FluxCallArgs a;
-  a.prompt = in["prompt"].get<std::string>();
-  a.height = in["height"].get<int64_t>();
-  a.width = in["width"].get<int64_t>();
-  a.num_inference_steps = in["num_inference_steps"].get<int64_t>();
-  a.guidance_scale = in["guidance_scale"].get<double>();
-  a.max_sequence_length = in["max_sequence_length"].get<int64_t>();
-  return a;
-}
-
-
 class FluxPipelineGolden : public testing::TestWithParam<std::string> {};
 
 // Tolerances: final latents max abs error <= 1e-4 (manifest fp32_final_latents); image within
@@ -39,7 +18,7 @@ class FluxPipelineGolden : public testing::TestWithParam<std::string> {};
 TEST_P(FluxPipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
   const std::string set = GetParam();
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
-  FluxCallArgs args = args_of(set);
+  FluxCallArgs args = test::flux_call_args(set);
   args.latents = test::golden(set, "latents.initial_packed");
   const FluxOutput out = pipe(args);
   const std::string last = "latents.after_step" + std::to_string(args.num_inference_steps - 1);
@@ -51,7 +30,7 @@ TEST_P(FluxPipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
 TEST_P(FluxPipelineGolden, SeedZeroGivesDiffusersImage) {
   const std::string set = GetParam();
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
-  FluxCallArgs args = args_of(set);
+  FluxCallArgs args = test::flux_call_args(set);
   args.seed = 0;  // the fixtures' noise came from torch.Generator("cpu").manual_seed(0)
   const FluxOutput out = pipe(args);
   EXPECT_LE(test::byte_diff(out.image, test::golden_u8(set, "image.uint8")).second, 1) << set;
@@ -78,17 +57,17 @@ TEST(FluxPipeline, ErrorsNameWhatIsWrong) {
   test::expect_error([&] { FluxPipeline::from_pretrained(dir); }, {"[pipeline]", "vae", "missing"});
   fs::remove_all(dir);
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny"));
-  FluxCallArgs args = args_of("flux1_tiny");
+  FluxCallArgs args = test::flux_call_args("flux1_tiny");
   args.num_inference_steps = 0;
   test::expect_error([&] { pipe(args); }, {"num_inference_steps must be at least 1, got 0"});
-  args = args_of("flux1_tiny");
+  args = test::flux_call_args("flux1_tiny");
   args.latents = zeros({1, 5, 4});
   test::expect_error([&] { pipe(args); }, {"initial latents have shape [1,5,4]", "[1,256,4]"});
 }
 
 TEST(FluxPipeline, SizesAreRoundedDownWithAWarning) {
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny"));
-  FluxCallArgs args = args_of("flux1_tiny");
+  FluxCallArgs args = test::flux_call_args("flux1_tiny");
   args.height = 37;  // vae_scale_factor 1: multiples of 2
   args.width = 33;
   args.num_inference_steps = 1;

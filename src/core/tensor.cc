@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <atomic>
+
 #include "core/error.h"
 
 namespace kiln {
@@ -36,10 +38,10 @@ Tensor Tensor::view_of(BufferPtr buffer, Shape shape, DType dtype, Strides strid
 }
 
 namespace {
-MaterializeHook g_materialize = nullptr;
+std::atomic<MaterializeHook> g_materialize{nullptr};  // set by every recording thread (same value)
 }
 
-void set_materialize_hook(MaterializeHook hook) { g_materialize = hook; }
+void set_materialize_hook(MaterializeHook hook) { g_materialize.store(hook, std::memory_order_release); }
 
 Tensor Tensor::deferred(std::shared_ptr<PendingValue> value, Shape shape, DType dtype, Device device,
                         Strides strides, int64_t offset) {
@@ -59,8 +61,9 @@ const BufferPtr& Tensor::buffer() const {
   if (impl_->pending == nullptr) return impl_->buffer;
   PendingValue& v = *impl_->pending;
   if (v.buffer == nullptr) {
-    KILN_CHECK(g_materialize != nullptr, "tensor", "deferred tensor but no deferred-mode recorder");
-    g_materialize(v);
+    const MaterializeHook hook = g_materialize.load(std::memory_order_acquire);
+    KILN_CHECK(hook != nullptr, "tensor", "deferred tensor but no deferred-mode recorder");
+    hook(v);
     KILN_CHECK(v.buffer != nullptr, "tensor", "deferred tensor was not materialised by its flush");
   }
   return v.buffer;
