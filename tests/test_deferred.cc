@@ -234,6 +234,50 @@ TEST(DeferredMode, EachFlushIsCountedByCause) {
   EXPECT_EQ(to_vector(held.back()), want);
 }
 
+// A host read runs only what the read value needs; later nodes that read the flushed values
+// (directly and through views) stay pending and see the computed values.
+TEST(DeferredMode, PartialFlushKeepsTheRestPendingAndConsistent) {
+  const Tensor x = test::random_tensor({4, 6}, 21);
+  const auto compute = [&](bool read_early) {
+    const Tensor a = exp(x) * 0.5;
+    const Tensor b = transpose(a, 0, 1) + 1.0;  // reads a through a view
+    const Tensor c = slice(a, 1, 2, 5) * b.dim(0);
+    const Tensor d = sigmoid(x) - 2.0;           // independent
+    if (read_early) {
+      EXPECT_EQ(to_vector(a).size(), 24u);  // flushes exp and mul only
+      EXPECT_TRUE(b.is_pending());
+      EXPECT_TRUE(c.is_pending());
+      EXPECT_TRUE(d.is_pending());
+    }
+    std::vector<float> all = to_vector(b), more = to_vector(c), last = to_vector(d);
+    all.insert(all.end(), more.begin(), more.end());
+    all.insert(all.end(), last.begin(), last.end());
+    return all;
+  };
+  const std::vector<float> eager = compute(false);
+  EagerModeGuard defer(EagerMode::DeferAndFuse);
+  kiln::sync();
+  EXPECT_EQ(compute(true), eager);
+  EXPECT_EQ(compute(false), eager);
+}
+
+// A flush that fails (here: the device's memory capacity) raises at the flush, and values of
+// the failed graph say so when read, instead of crashing or returning garbage.
+TEST(DeferredMode, AFailedFlushReportsItsValuesAsLost) {
+  DeviceRuntime& rt = runtime(Device::cpu());
+  const Tensor x = test::random_tensor({256, 256}, 22);
+  EagerModeGuard defer(EagerMode::DeferAndFuse);
+  kiln::sync();
+  const Tensor a = x * 2.0, b = a + 1.0;
+  const size_t capacity = rt.memory().capacity_bytes;
+  rt.set_memory_capacity(rt.memory().in_use_bytes + 1024);  // nothing of 256 KiB fits
+  test::expect_error([&] { to_vector(b); }, {"[alloc]"});
+  rt.set_memory_capacity(capacity);
+  test::expect_error([&] { to_vector(a); }, {"[defer]", "dropped"});
+  const Tensor again = x * 2.0;  // the recorder works again
+  EXPECT_EQ(to_vector(again)[0], to_vector(x)[0] * 2.0f);
+}
+
 TEST(DeferredMode, ModeIsScopedPerThreadAndRestoredOnExceptions) {
   const EagerMode before = eager_mode();
   try {

@@ -1,5 +1,6 @@
 #include "devices/cpu/allocator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 
@@ -32,6 +33,12 @@ BufferPtr Allocator::allocate(size_t bytes) {
   void* p = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // The capacity bounds what is in use, however the block is found (pooled or new).
+    if (stats_.capacity_bytes != 0 && stats_.in_use_bytes + block > stats_.capacity_bytes) {
+      fail("alloc", "out of memory on ", device_.str(), ": requested ", bytes, " bytes (block ", block,
+           "), available ", stats_.capacity_bytes - std::min(stats_.capacity_bytes, stats_.in_use_bytes),
+           " of capacity ", stats_.capacity_bytes, " bytes (", stats_.in_use_bytes, " in use)");
+    }
     auto it = free_.find(block);
     if (it != free_.end()) {
       p = it->second;
@@ -42,11 +49,6 @@ BufferPtr Allocator::allocate(size_t bytes) {
       if (stats_.capacity_bytes != 0 &&
           stats_.in_use_bytes + stats_.pooled_bytes + block > stats_.capacity_bytes) {
         release_pool_locked();
-      }
-      if (stats_.capacity_bytes != 0 && stats_.in_use_bytes + block > stats_.capacity_bytes) {
-        fail("alloc", "out of memory on ", device_.str(), ": requested ", bytes, " bytes (block ",
-             block, "), available ", stats_.capacity_bytes - stats_.in_use_bytes, " of capacity ",
-             stats_.capacity_bytes, " bytes (", stats_.in_use_bytes, " in use)");
       }
       p = std::aligned_alloc(kAlign, block);
       KILN_CHECK(p != nullptr, "alloc", "system allocation of ", block, " bytes failed on ",
