@@ -7,6 +7,7 @@
 #include "devices/runtime.h"
 #include "exec/counters.h"
 #include "exec/deferred.h"
+#include "exec/dispatch.h"
 #include "exec/host.h"
 #include "exec/mode.h"
 #include "exec/ops.h"
@@ -161,6 +162,26 @@ TEST(DeferredMode, ProducersWriteStraightIntoAConcat) {
   for (const auto& [name, n] : launches) EXPECT_EQ(name.find("concat"), std::string::npos) << name;
   EXPECT_EQ(launches.at("linear+rms_norm"), 1u);
   EXPECT_EQ(launches.count("rms_norm"), 0u);
+}
+
+TEST(DeferredMode, NestedConcatsAreWrittenCompletely) {
+  const Tensor x = test::random_tensor({1, 3, 8}, 17), w = test::random_tensor({8, 8}, 18);
+  const Tensor w2 = test::random_tensor({8, 8}, 20), w3 = test::random_tensor({8, 8}, 23);
+  const auto launches = deferred_launches_equal_eager([&] {
+    const Tensor a = linear(x, w), b = exp(linear(x, w2)), c = linear(x, w3) * 3.0;
+    return concat({concat({a, b}, 1), c}, 1);
+  });
+  EXPECT_EQ(launches.at("concat"), 1u);  // the inner one writes into the outer one's buffer
+}
+
+// A same-dtype cast recorded directly (the op API skips it) of a strided input, viewed again:
+// the cast is kept, since views of its result assume a dense layout.
+TEST(DeferredMode, ViewOfANoOpCastOfAStridedInput) {
+  const Tensor x = transpose(test::random_tensor({4, 6}, 19), 0, 1);
+  deferred_launches_equal_eager([&] {
+    const Tensor y = dispatch("cast", {x}, Attrs{{"dtype", int64_t(DType::f32)}});
+    return slice(y, 1, 1, 3) + 1.0;
+  });
 }
 
 TEST(DeferredMode, ConcatOfAdjacentSlicesOfOneValueLaunchesNothing) {

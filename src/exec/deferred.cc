@@ -66,6 +66,7 @@ class GraphCache {
     return &*lru_.begin();
   }
   Entry* insert(uint64_t key, std::shared_ptr<const CompiledGraph> c, size_t capacity) {
+    if (auto it = index_.find(key); it != index_.end()) lru_.erase(it->second);  // replaced
     lru_.push_front(Entry{key, std::move(c)});
     index_[key] = lru_.begin();
     while (lru_.size() > capacity) {
@@ -110,10 +111,9 @@ std::shared_ptr<const CompiledGraph> lookup_or_compile(Graph canonical, FlushCau
   {
     std::lock_guard<std::mutex> lock(g_mu);
     if (GraphCache::Entry* e = cache_locked().find(key)) {
-      const Graph& c = e->compiled->graph;
-      // A 64-bit structural hash; a cheap shape check guards against the unlikely collision.
-      if (c.num_inputs() == canonical.num_inputs() && c.nodes.size() == canonical.nodes.size() &&
-          c.outputs == canonical.outputs) {
+      // A 64-bit structural hash: a hit is confirmed structurally (linear in the graph, far
+      // below a compile), so a collision recompiles instead of running the wrong graph.
+      if (same_structure(e->compiled->graph, canonical)) {
         ++e->runs;
         ++stats_locked().hits;
         log(*e->compiled, true);
@@ -197,7 +197,7 @@ class Recorder {
 
   // Materialises `v` (one of this thread's pending values): flushes the nodes it depends on.
   void materialize(PendingValue& v) {
-    KILN_CHECK(v.node >= 0 && v.node < int(nodes_.size()), "defer",
+    KILN_CHECK(owns(v), "defer",
                "a deferred tensor's pending graph was dropped (its thread exited or an earlier flush failed)");
     flush(ancestors_of(v.node), FlushCause::host_read);
   }
@@ -209,13 +209,18 @@ class Recorder {
   }
 
  private:
+  // Whether `v` is the value of one of this graph's pending nodes (not a stale index).
+  bool owns(const PendingValue& v) const {
+    return v.node >= 0 && v.node < int(nodes_.size()) && nodes_[size_t(v.node)].value.lock().get() == &v;
+  }
+
   Ref ref(const Tensor& t) {
     Ref r;
     if (t.is_pending()) {
       const PendingValue& v = *t.pending_value();
       KILN_CHECK(v.recorder == this, "defer", "a deferred tensor (", t.describe(),
                  ") recorded on another thread is used here; flush it there first (kiln::sync or mark_step)");
-      KILN_CHECK(v.node >= 0 && v.node < int(nodes_.size()), "defer",
+      KILN_CHECK(owns(v), "defer",
                  "a deferred tensor's pending graph was dropped (its thread exited or an earlier flush failed)");
       const Node& base = nodes_[size_t(v.node)];
       r.is_node = true;
@@ -362,32 +367,36 @@ class Recorder {
       }
     }
 
-    // 4. Keep the unselected nodes; their reads of flushed values become graph inputs.
-    std::vector<Tensor> old_inputs = std::move(inputs_);
-    inputs_.clear();
-    input_index_.clear();
-    std::vector<Node> old_nodes = std::move(nodes_);
-    nodes_.clear();
+    // 4. Keep the unselected nodes; their reads of flushed values become graph inputs. Built
+    //    aside and swapped in, so a failure here leaves the recorder as it was (flush() then
+    //    drops it whole).
+    Recorder kept;
     std::vector<int> new_index(nn, -1);
     for (size_t i = 0; i < nn; ++i) {
       if (selected[i]) continue;
-      Node n = std::move(old_nodes[i]);
+      Node n = nodes_[i];
       for (Ref& a : n.args) {
         if (!a.is_node) {
-          a.id = intern(old_inputs[size_t(a.id)]);
+          a.id = kept.intern(inputs_[size_t(a.id)]);
         } else if (selected[size_t(a.id)]) {
           const Tensor& t = done[size_t(a.id)];
           const Tensor in = a.has_view ? Tensor::view_of(t.buffer(), a.shape, t.dtype(), a.strides, a.offset) : t;
           a = Ref{};
-          a.id = intern(in);
+          a.id = kept.intern(in);
         } else {
           a.id = new_index[size_t(a.id)];
         }
       }
-      new_index[i] = int(nodes_.size());
-      if (auto v = n.value.lock()) v->node = new_index[i];
-      nodes_.push_back(std::move(n));
+      new_index[i] = int(kept.nodes_.size());
+      kept.nodes_.push_back(std::move(n));
     }
+    // Commit (no-throw from here).
+    for (size_t i = 0; i < nn; ++i)
+      if (auto v = nodes_[i].value.lock(); v && !selected[i]) v->node = new_index[i];
+    inputs_.swap(kept.inputs_);
+    input_index_.swap(kept.input_index_);
+    nodes_.swap(kept.nodes_);
+    kept.nodes_.clear();  // the old nodes: their values were re-pointed or materialised
   }
 
   Device device_ = Device::cpu();

@@ -208,7 +208,9 @@ class Merger {
   void eliminate_concats() {
     const std::vector<int> owner = by_result();
     for (LaunchGroup& grp : groups_) {
-      if (grp.kind != Kind::single_op) continue;
+      // A concat already writing into an outer concat's buffer stays a launch (its own
+      // buffer is that slice; nested elimination would leave the slice unwritten).
+      if (grp.kind != Kind::single_op || grp.into >= 0) continue;
       const int cn = g_.node_of(grp.result);
       const GraphNode& c = g_.nodes[size_t(cn)];
       if (c.op != "concat" || !dense_slices(c)) continue;

@@ -81,8 +81,14 @@ void put_node(Sink& k, const GraphNode& n, const std::vector<int>& args) {
 }
 
 // A cast to the dtype its argument already has computes nothing (eager copies; values are equal).
+// Not for a non-dense graph input: the cast's result is a dense value (views of it are
+// expressed relative to that dense layout), which the input is not.
 bool is_noop(const GraphNode& n, const Graph& g, const std::vector<int>& args) {
-  return n.op == "cast" && args.size() == 1 && g.dtype_of(args[0]) == n.dtype && g.shape_of(args[0]) == n.shape;
+  if (n.op != "cast" || args.size() != 1 || g.dtype_of(args[0]) != n.dtype || g.shape_of(args[0]) != n.shape)
+    return false;
+  if (!g.is_input(args[0])) return true;
+  const GraphInput& in = g.inputs[size_t(args[0])];
+  return in.strides == canonical_unit_strides(in.shape, contiguous_strides(in.shape));
 }
 
 // Reachable nodes in post-order of a depth-first walk from the outputs (args in order). The walk
@@ -214,6 +220,21 @@ uint64_t fingerprint(const Graph& g) {
   put_u64(k, g.outputs.size());
   for (int o : g.outputs) put_i64(k, o);
   return k.h;
+}
+
+bool same_structure(const Graph& a, const Graph& b) {
+  if (a.inputs.size() != b.inputs.size() || a.nodes.size() != b.nodes.size() || a.outputs != b.outputs) return false;
+  for (size_t i = 0; i < a.inputs.size(); ++i) {
+    const GraphInput &x = a.inputs[i], &y = b.inputs[i];
+    if (x.shape != y.shape || x.dtype != y.dtype || x.strides != y.strides) return false;
+  }
+  for (size_t n = 0; n < a.nodes.size(); ++n) {
+    const GraphNode &x = a.nodes[n], &y = b.nodes[n];
+    if (x.op != y.op || x.args != y.args || x.shape != y.shape || x.dtype != y.dtype ||
+        x.attrs.items() != y.attrs.items())
+      return false;
+  }
+  return true;
 }
 
 }  // namespace kiln

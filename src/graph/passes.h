@@ -46,4 +46,8 @@ constexpr uint64_t kGraphFormatVersion = 1;
 // every host. Call it on a canonical graph (canonicalize) to get a cache key.
 uint64_t fingerprint(const Graph& g);
 
+// Whether two graphs are identical (inputs' shape/dtype/strides, nodes' op/attrs/args/shape/
+// dtype, outputs): confirms a fingerprint match before a cached graph is reused.
+bool same_structure(const Graph& a, const Graph& b);
+
 }  // namespace kiln
