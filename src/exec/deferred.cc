@@ -90,13 +90,15 @@ GraphCache& cache_locked() {
   return *c;
 }
 
-bool log_enabled() {
-  static const bool on = [] {
+// KILN_DEFER_LOG: 1 = one line per flush, 2 = also each launch of every newly compiled graph.
+int log_level() {
+  static const int level = [] {
     const char* v = std::getenv("KILN_DEFER_LOG");
-    return v && *v && std::string(v) != "0";
+    return v && *v ? std::atoi(v) : 0;
   }();
-  return on;
+  return level;
 }
+bool log_enabled() { return log_level() > 0; }
 
 // Canonical graph -> compiled graph, through the cache.
 std::shared_ptr<const CompiledGraph> lookup_or_compile(Graph canonical, FlushCause cause) {
@@ -107,6 +109,7 @@ std::shared_ptr<const CompiledGraph> lookup_or_compile(Graph canonical, FlushCau
                  c.graph.nodes.size(), c.launches(), static_cast<unsigned long long>(key),
                  hit ? "cached\n" : "compiled in ");
     if (!hit) std::fprintf(stderr, "%.2f ms\n", c.compile_seconds * 1e3);
+    if (!hit && log_level() >= 2) std::fputs(describe_launches(c).c_str(), stderr);
   };
   {
     std::lock_guard<std::mutex> lock(g_mu);

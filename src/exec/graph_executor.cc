@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/tensor_view.h"
@@ -59,6 +60,33 @@ std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const Fusion
     if (last[size_t(v)] >= 0) out->release_after[size_t(last[size_t(v)])].push_back(v);
   out->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
+}
+
+std::string describe_launches(const CompiledGraph& compiled) {
+  const Graph& g = compiled.graph;
+  std::ostringstream os;
+  auto name_of = [&](int v) { return g.is_input(v) ? std::string("input") : g.nodes[size_t(g.node_of(v))].op; };
+  for (const LaunchGroup& grp : compiled.groups) {
+    static const char* const kinds[] = {"", "", "view", "", "assembled", "alias"};
+    const char* kind = kinds[int(grp.kind)];
+    os << "  " << (*kind ? kind : grp.launch_name(g).c_str()) << " %" << grp.result;
+    if (!grp.nodes.empty()) {
+      os << " [";
+      for (size_t i = 0; i < grp.nodes.size(); ++i) os << (i ? " " : "") << g.nodes[size_t(grp.nodes[i])].op;
+      os << "]";
+    }
+    os << " <-";
+    std::vector<int> reads = grp.group_inputs;
+    for (int n : grp.chain)
+      for (int a : g.nodes[size_t(n)].args) reads.push_back(a);
+    for (int v : reads)
+      if (std::find(grp.internal.begin(), grp.internal.end(), v) == grp.internal.end())
+        os << " " << name_of(v) << "%" << v;
+    os << " -> " << to_string(g.shape_of(grp.result));
+    if (grp.into >= 0) os << " into %" << grp.into << "+" << grp.into_offset;
+    os << "\n";
+  }
+  return os.str();
 }
 
 namespace {

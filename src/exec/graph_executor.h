@@ -28,6 +28,10 @@ struct CompiledGraph {
 
 std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const FusionLimits& limits = {});
 
+// One line per group: launch name (or view/alias/assembled), what it reads, the result's shape,
+// and where it writes (for logs: KILN_DEFER_LOG=2).
+std::string describe_launches(const CompiledGraph& compiled);
+
 // `inputs[i]` binds graph input i (shape/dtype/strides must match). Returns one tensor per
 // graph output: dense, offset 0, freshly computed (an output that is a graph input, or a view,
 // is copied so the caller can treat every result as a value it owns).
