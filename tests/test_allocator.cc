@@ -1,6 +1,7 @@
 // The CPU device's pooled allocator: counters, reuse, capacity errors.
 #include "devices/cpu/allocator.h"
 #include "devices/runtime.h"
+#include "exec/mode.h"
 #include "exec/ops.h"
 #include "test_util.h"
 
@@ -39,6 +40,7 @@ TEST(Allocator, CapacityErrorNamesRequestedAndAvailableBytes) {
 }
 
 TEST(Allocator, DeviceCapacityStopsAnOpAtItsCall) {
+  EagerModeGuard strict(EagerMode::DeferNever);  // deferred mode allocates at the flush instead
   DeviceRuntime& rt = runtime(Device::cpu());
   synchronize();
   const size_t used = rt.memory().in_use_bytes;

@@ -301,14 +301,15 @@ TEST(DeferredMode, AFailedFlushReportsItsValuesAsLost) {
 
 TEST(DeferredMode, ModeIsScopedPerThreadAndRestoredOnExceptions) {
   const EagerMode before = eager_mode();
+  EagerModeGuard outer(EagerMode::DeferNever);
   try {
     EagerModeGuard mode(EagerMode::DeferAndFuse);
     EXPECT_EQ(eager_mode(), EagerMode::DeferAndFuse);
-    std::thread([] { EXPECT_NE(eager_mode(), EagerMode::DeferAndFuse); }).join();
+    std::thread([&] { EXPECT_EQ(eager_mode(), before); }).join();  // other threads keep the default
     throw Error("boom");
   } catch (const Error&) {
   }
-  EXPECT_EQ(eager_mode(), before);
+  EXPECT_EQ(eager_mode(), EagerMode::DeferNever);
   EXPECT_STREQ(eager_mode_name(EagerMode::DeferAndFuse), "defer");
 }
 

@@ -1,6 +1,7 @@
 // Views share their input's buffer (no kernel, no copy); errors name the op and the shapes.
 #include "devices/runtime.h"
 #include "exec/counters.h"
+#include "exec/mode.h"
 #include "exec/ops.h"
 #include "test_util.h"
 
@@ -31,6 +32,7 @@ TEST(Views, ShareTheBufferWithoutLaunchingKernels) {
 }
 
 TEST(Views, ReshapeOfAnIncompatibleViewCopiesOnce) {
+  EagerModeGuard strict(EagerMode::DeferNever);  // counts strict-eager kernels
   const Tensor x = test::random_tensor({4, 6}, 2);
   const Tensor t = transpose(x, 0, 1);  // [6, 4], not viewable as [24]
   synchronize();
@@ -61,6 +63,7 @@ TEST(Errors, NameTheOpAndTheShapes) {
 }
 
 TEST(Errors, ShapeErrorsRaiseAtTheCallBeforeAnyWork) {
+  EagerModeGuard strict(EagerMode::DeferNever);  // counts strict-eager kernels (test_deferred.cc: deferred)
   synchronize();
   reset_counters();
   EXPECT_THROW(matmul(zeros({2, 3}), zeros({4, 5})), Error);
