@@ -39,7 +39,11 @@ Tensor TimeTextEmbed::operator()(const Tensor& ts, const std::optional<Tensor>& 
 }
 
 RotaryTables RotaryTables::of(Tensor cos, Tensor sin) {
-  Tensor sign = from_vector({-1.0f, 1.0f}, {2}, DType::f32, cos.device());
+  // A whole head row of (-1, 1) pairs rather than one pair, so kernels read it in long runs.
+  const int64_t hd = cos.dim(-1);
+  std::vector<float> pattern(static_cast<size_t>(hd));
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = i % 2 == 0 ? -1.0f : 1.0f;
+  Tensor sign = from_vector(pattern, {hd / 2, 2}, DType::f32, cos.device());
   return RotaryTables{std::move(cos), std::move(sin), std::move(sign)};
 }
 

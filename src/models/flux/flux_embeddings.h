@@ -40,7 +40,7 @@ class TimeTextEmbed {
 // cos and sin tables [S, head_dim] (f32) for the joint sequence, text rows first.
 struct RotaryTables {
   Tensor cos, sin;   // [S, head_dim]
-  Tensor pair_sign;  // [2] = (-1, 1): rotates a reversed (x[2i+1], x[2i]) pair into (-x[2i+1], x[2i])
+  Tensor pair_sign;  // [head_dim/2, 2] of (-1, 1): rotates a reversed (x[2i+1], x[2i]) pair into (-x[2i+1], x[2i])
   static RotaryTables of(Tensor cos, Tensor sin);
 };
 

@@ -43,6 +43,9 @@ TileGrid::TileGrid(const std::vector<TensorView>& in, const TensorView& out) {
     rows_per_tile_ = kTile / loop_.inner;
     tiles_per_row_ = 1;
     tasks_ = (loop_.outer_count() + rows_per_tile_ - 1) / rows_per_tile_;
+    own_.resize(in.size());
+    for (size_t k = 0; k < in.size(); ++k)
+      if (!flat_[k]) own_[k] = make_strided_loop(out.shape, {strides[k]});
   } else {
     tiles_per_row_ = (loop_.inner + kTile - 1) / kTile;
     tasks_ = loop_.outer_count() * tiles_per_row_;
@@ -53,27 +56,32 @@ TileGrid::TileGrid(const std::vector<TensorView>& in, const TensorView& out) {
 }
 
 const float* TileGrid::load_rows(size_t k, const Tile& tile, float* buf) const {
-  const int64_t inner = loop_.inner, rows = tile.n / inner;
-  const Shape& outer = loop_.outer;
-  const Strides& st = loop_.outer_strides[k];
-  // Walk the rows' outer indices like an odometer instead of re-deriving each row's offset.
+  // The tile is the flat output range [first, first + n); walk it in operand k's own runs.
+  const StridedLoop& own = own_[k];
+  const int64_t run = own.inner, first = tile.row * loop_.inner, is = own.inner_stride[0];
+  const Shape& outer = own.outer;
+  const Strides& st = own.outer_strides[0];
+  int64_t row = first / run, j = first % run;
+  // The run's outer index as an odometer, instead of re-deriving each run's offset.
   std::vector<int64_t> idx(outer.size());
-  for (int64_t pos = tile.row, d = int64_t(outer.size()) - 1; d >= 0; --d) {
+  for (int64_t pos = row, d = int64_t(outer.size()) - 1; d >= 0; --d) {
     idx[size_t(d)] = pos % outer[size_t(d)];
     pos /= outer[size_t(d)];
   }
-  int64_t off = loop_.offset(k, tile.row);
-  const int64_t is = loop_.inner_stride[k];
+  int64_t off = own.offset(0, row);
   const bool f32 = ops_[k].dtype == DType::f32;
   const float* base = reinterpret_cast<const float*>(ops_[k].base);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* dst = buf + r * inner;
-    if (f32) {  // rows are short here: gather inline rather than call per row
-      for (int64_t i = 0; i < inner; ++i) dst[i] = base[off + i * is];
+  for (int64_t done = 0; done < tile.n;) {
+    const int64_t m = std::min(run - j, tile.n - done);
+    float* dst = buf + done;
+    if (f32 && m <= 16) {  // short runs: gather inline rather than call per run
+      for (int64_t i = 0; i < m; ++i) dst[i] = base[off + (j + i) * is];
     } else {
-      const float* got = load_tile(ops_[k], off, is, inner, dst);
-      if (got != dst) std::copy(got, got + inner, dst);
+      const float* got = load_tile(ops_[k], off + j * is, is, m, dst);
+      if (got != dst) std::copy(got, got + m, dst);
     }
+    done += m;
+    j = 0;
     for (size_t d = outer.size(); d-- > 0;) {
       off += st[d];
       if (++idx[d] < outer[d]) break;

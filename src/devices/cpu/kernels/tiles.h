@@ -80,6 +80,9 @@ class TileGrid {
   // Per operand: laid out densely in loop order (row r at r * inner, unit inner stride), so a
   // run of whole rows is one contiguous range.
   std::vector<char> flat_;
+  // Multi-row tiles: each other operand's own loop over the output's index space, coalesced for
+  // that operand alone (its runs are often much longer than the joint rows).
+  std::vector<StridedLoop> own_;
   int64_t rows_per_tile_ = 1;
   int64_t tiles_per_row_ = 0, tasks_ = 0, numel_ = 0;
   char* out_base_ = nullptr;
