@@ -328,6 +328,13 @@ TEST(DeferredMode, PendingValuesBelongToTheirThread) {
   EXPECT_NE(error.find("another thread"), std::string::npos) << error;
   kiln::sync();
   std::thread([&] { EXPECT_EQ(to_vector(a).size(), 4u); }).join();  // fine once flushed
+  // A value still pending when its thread exits is lost, and says so when read.
+  Tensor orphan;
+  std::thread([&] {
+    EagerModeGuard mode(EagerMode::DeferAndFuse);
+    orphan = test::random_tensor({4}, 7) * 3.0;
+  }).join();
+  test::expect_error([&] { to_vector(orphan); }, {"[defer]", "dropped"});
 }
 
 // The graph cache key ignores host scalar values: y = x * s + t for different s, t is one graph.

@@ -166,8 +166,15 @@ class Recorder {
  public:
   ~Recorder() {
     // Thread exit: drop pending work; any tensor still holding a value of it reports the loss.
+    size_t held = 0;
     for (Node& n : nodes_)
-      if (auto v = n.value.lock()) v->node = -1;
+      if (auto v = n.value.lock()) {
+        v->node = -1;
+        ++held;
+      }
+    if (held > 0)
+      std::fprintf(stderr, "kiln: warning: a thread exited with %zu deferred values still held and never computed "
+                   "(call kiln::sync() before the thread ends to keep them)\n", held);
   }
 
   bool empty() const { return nodes_.empty(); }
@@ -414,6 +421,8 @@ Recorder& recorder() {
 }
 
 void materialize_hook(PendingValue& v) {
+  KILN_CHECK(v.node >= 0, "defer",
+             "a deferred tensor's pending graph was dropped (its thread exited or an earlier flush failed)");
   Recorder& r = recorder();
   KILN_CHECK(v.recorder == &r, "defer",
              "a deferred tensor recorded on another thread is read here; flush it there first (kiln::sync or "

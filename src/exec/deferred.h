@@ -16,8 +16,9 @@
 //  - mode_switch: the first strict-eager op after recording in deferred mode;
 //  - size_limit: the pending graph reached max_nodes nodes;
 //  - memory_limit: live pending outputs (values user code still holds) exceed max_live_bytes.
-// Pending work is dropped without running when a thread exits: graphs are pure, so nothing
-// observable is lost (a value nobody holds is never needed).
+// Pending work is dropped without running when a thread exits: graphs are pure, so nothing is
+// lost unless a tensor of it is still held somewhere (then a warning is printed, and reading it
+// later is an error naming the cause).
 //
 // Deferred tensors belong to the thread that recorded them: reading one on another thread is an
 // error until the recording thread flushes (sync() / mark_step()).
