@@ -315,7 +315,6 @@ class Recorder {
     for (const Tensor& t : inputs_) g.inputs.push_back(GraphInput{t.shape(), t.dtype(), t.strides()});
     const int nin = int(inputs_.size());
     std::vector<int> value_of(nn, -1);
-    std::vector<GraphNode> gnodes;
     auto value_id = [&](const Ref& a) {
       if (!a.is_node) return a.id;
       const int base = value_of[size_t(a.id)];
