@@ -28,11 +28,6 @@ Tensor launch(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, const O
               const Device& device) {
   DeviceRuntime& rt = runtime(device);
   const KernelFn kernel = rt.kernel(def.name);
-  KILN_CHECK(kernel != nullptr, def.name, "has no kernel on ", device.str());
-  if (!def.strided_inputs)
-    for (Tensor& t : inputs)
-      if (!t.is_contiguous()) t = dispatch("copy", {t});
-
   BufferPtr out_buf = rt.allocate(size_t(numel(meta.shape)) * dtype_size(meta.dtype));
   Tensor out = Tensor::view_of(out_buf, meta.shape, meta.dtype);
   // The queued work holds the inputs and output, so their buffers outlive the kernel even if
@@ -75,14 +70,13 @@ Tensor dispatch(const std::string& op, std::vector<Tensor> inputs, Attrs attrs, 
     return Tensor::view_of(inputs[0].buffer(), v.shape, meta.dtype, v.strides, v.offset);
   }
   const Device dev = inputs.empty() ? device.value_or(Device::cpu()) : inputs[0].device();
-  if (defer) {
-    KILN_CHECK(runtime(dev).kernel(def.name) != nullptr, def.name, "has no kernel on ", dev.str());
-    // Same densifying rule as strict eager, recorded as copy nodes (which fuse).
-    if (!def.strided_inputs)
-      for (Tensor& t : inputs)
-        if (!t.is_contiguous()) t = dispatch("copy", {t});
-    return detail::record(def, std::move(inputs), std::move(attrs), meta, dev);
-  }
+  KILN_CHECK(runtime(dev).kernel(def.name) != nullptr, def.name, "has no kernel on ", dev.str());
+  // Kernels without strided reads get dense copies (in deferred mode: recorded copy nodes,
+  // which fuse with whatever produces them).
+  if (!def.strided_inputs)
+    for (Tensor& t : inputs)
+      if (!t.is_contiguous()) t = dispatch("copy", {t});
+  if (defer) return detail::record(def, std::move(inputs), std::move(attrs), meta, dev);
   return launch(def, std::move(inputs), std::move(attrs), meta, dev);
 }
 

@@ -67,9 +67,11 @@ std::string describe_launches(const CompiledGraph& compiled) {
   std::ostringstream os;
   auto name_of = [&](int v) { return g.is_input(v) ? std::string("input") : g.nodes[size_t(g.node_of(v))].op; };
   for (const LaunchGroup& grp : compiled.groups) {
-    static const char* const kinds[] = {"", "", "view", "", "assembled", "alias"};
-    const char* kind = kinds[int(grp.kind)];
-    os << "  " << (*kind ? kind : grp.launch_name(g).c_str()) << " %" << grp.result;
+    const bool launches = grp.launches();
+    os << "  " << (launches ? grp.launch_name(g)
+                            : grp.kind == LaunchGroup::Kind::view ? "view"
+                            : grp.kind == LaunchGroup::Kind::alias ? "alias" : "assembled")
+       << " %" << grp.result;
     if (!grp.nodes.empty()) {
       os << " [";
       for (size_t i = 0; i < grp.nodes.size(); ++i) os << (i ? " " : "") << g.nodes[size_t(grp.nodes[i])].op;

@@ -19,11 +19,14 @@ bool is_row_op(const GraphNode& n) {
   return false;
 }
 
+// A view node whose elements are one dense block of its base (any offset).
+bool is_dense_view(const GraphNode& v) {
+  return v.op == "view" && v.attrs.get_ints("strides") == canonical_unit_strides(v.shape, contiguous_strides(v.shape));
+}
+
 // A view node that only reinterprets a dense value with another shape (same element count).
 bool is_plain_reshape(const Graph& g, const GraphNode& v) {
-  if (v.op != "view" || v.attrs.get_int("offset") != 0) return false;
-  if (v.attrs.get_ints("strides") != canonical_unit_strides(v.shape, contiguous_strides(v.shape))) return false;
-  return numel(g.shape_of(v.args.at(0))) == numel(v.shape);
+  return is_dense_view(v) && v.attrs.get_int("offset") == 0 && numel(g.shape_of(v.args.at(0))) == numel(v.shape);
 }
 
 class Merger {
@@ -87,15 +90,13 @@ class Merger {
       bool ok = true;
       for (int a : c.args) {
         const int an = g_.node_of(a);
-        if (an < 0 || g_.nodes[size_t(an)].op != "view") {
+        if (an < 0 || !is_dense_view(g_.nodes[size_t(an)])) {
           ok = false;
           break;
         }
         const GraphNode& v = g_.nodes[size_t(an)];
         const int b = v.args.at(0);
-        ok = (base < 0 || base == b) && v.attrs.get_int("offset") == next &&
-             v.attrs.get_ints("strides") == canonical_unit_strides(v.shape, contiguous_strides(v.shape)) &&
-             g_.dtype_of(b) == c.dtype;
+        ok = (base < 0 || base == b) && v.attrs.get_int("offset") == next && g_.dtype_of(b) == c.dtype;
         if (!ok) break;
         base = b;
         next += numel(v.shape);
