@@ -22,15 +22,20 @@ struct CliRun {
   std::string output;  // stdout and stderr
 };
 
-CliRun kiln_cli(const std::string& args) {
+CliRun kiln_cli_with(const std::string& prefix, const std::string& args) {
   CliRun r;
-  FILE* p = ::popen((std::string(KILN_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  FILE* p = ::popen((prefix + std::string(KILN_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
   std::array<char, 4096> buf{};
   while (p && std::fgets(buf.data(), int(buf.size()), p)) r.output += buf.data();
   const int status = p ? ::pclose(p) : -1;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+CliRun kiln_cli(const std::string& args) { return kiln_cli_with("", args); }
+
+// With `env` ("NAME=value") set for the CLI process.
+CliRun kiln_cli_env(const std::string& env, const std::string& args) { return kiln_cli_with(env + " ", args); }
 
 std::string test_model() { return (fs::path(KILN_FIXTURES_DIR) / "flux1_tiny" / "pipeline").string(); }
 
@@ -96,6 +101,45 @@ TEST_F(Cli, DeferredModeWritesTheSameImageAndReportsTheGraphCache) {
   }
 }
 
+// --mode compile gives the strict-eager PNG; a second process with the same persistent cache
+// (KILN_CACHE_DIR) loads the executables instead of compiling them, and `kiln warmup` fills the
+// cache for a size ahead of the first run at it.
+TEST_F(Cli, CompiledModeWritesTheSameImageAndAWarmCacheCompilesNothing) {
+  const fs::path eager = dir_ / "eager.png", cache = dir_ / "cache";
+  ASSERT_EQ(kiln_cli("generate --out " + eager.string()).exit_code, 0);
+  const auto pixels = [](const fs::path& p) { return io::read_png(p).rgb; };
+  const auto compiled = [&](const std::string& tag, const std::string& flags, const fs::path& reference) {
+    const fs::path png = dir_ / (tag + ".png"), report = dir_ / (tag + ".json");
+    const CliRun r = kiln_cli_env("KILN_CACHE_DIR=" + cache.string(),
+                                  "generate --mode compile " + flags + " --out " + png.string() + " --report " +
+                                      report.string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(pixels(png), pixels(reference)) << tag;
+    std::ifstream in(report);
+    return nlohmann::json::parse(in);
+  };
+  for (const std::string how : {"full", "blocks"}) {
+    const auto cold = compiled(how + "_cold", "--compile " + how, eager);
+    const auto warm = compiled(how + "_warm", "--compile " + how, eager);
+    EXPECT_EQ(cold["engine"]["mode"], "compile");
+    EXPECT_EQ(cold["engine"]["compile"], how);
+    const int64_t expected = how == "full" ? 1 : 2;  // one per block class
+    EXPECT_EQ(cold["compiled"]["compiles"].get<int64_t>(), expected) << how;
+    EXPECT_EQ(cold["compiled"]["disk_writes"].get<int64_t>(), expected) << how;
+    EXPECT_EQ(warm["compiled"]["compiles"].get<int64_t>(), 0) << how;
+    EXPECT_EQ(warm["compiled"]["disk_hits"].get<int64_t>(), expected) << how;
+    EXPECT_EQ(warm["compiled"]["executables"][0]["source"], "disk") << how;
+  }
+  const CliRun w = kiln_cli_env("KILN_CACHE_DIR=" + cache.string(), "warmup --sizes 96x160 --compile blocks");
+  ASSERT_EQ(w.exit_code, 0) << w.output;
+  EXPECT_NE(w.output.find("warmup 96x160 (blocks): 2 compiled"), std::string::npos) << w.output;
+  const fs::path eager_small = dir_ / "eager_small.png";
+  const std::string small = " --height 96 --width 160 --steps 2";
+  ASSERT_EQ(kiln_cli("generate --out " + eager_small.string() + small).exit_code, 0);
+  const auto after_warmup = compiled("warmed", "--compile blocks" + small, eager_small);
+  EXPECT_EQ(after_warmup["compiled"]["compiles"].get<int64_t>(), 0);
+}
+
 TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
   const fs::path png = dir_ / "out.png";
   struct Case {
@@ -112,6 +156,11 @@ TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
       {"generate --height 8 --out " + png.string(), "--height must be at least 16, got 8"},
       {"generate --model " + test_model() + " --out " + png.string(), "--prompt is required with --model"},
       {"generate --mode fast --out " + png.string(), "--mode fast: expected eager"},
+      {"generate --mode compile --compile fast --out " + png.string(), "--compile fast: expected full"},
+      {"generate --compile blocks --out " + png.string(), "--compile blocks needs --mode compile"},
+      {"warmup", "warmup needs --sizes"},
+      {"warmup --sizes 512", "--sizes expects HEIGHTxWIDTH"},
+      {"warmup --sizes 8x8", "smaller than 16x16"},
   };
   for (const Case& c : cases) {
     const CliRun r = kiln_cli(c.args);

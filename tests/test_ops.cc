@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "exec/compile.h"
 #include "exec/deferred.h"
 #include "exec/dispatch.h"
 #include "exec/mode.h"
@@ -283,6 +284,44 @@ TEST_P(OpConformance, DeferredEqualsStrictEager) {
     EXPECT_TRUE(same_bits(deferred.first, eager.first)) << c.label << " alone, computed inputs " << computed;
     EXPECT_TRUE(same_bits(deferred.second, eager.second)) << c.label << " with an epilogue, computed inputs " << computed;
     EXPECT_GT(deferred_stats().graphs_run, 0u) << "the op did not run as a deferred graph";
+  }
+}
+
+// Compiled mode too (design.md §1: results must not depend on the mode): the op traced into an
+// executable, alone and with an epilogue, its inputs passed as args (made dense by the call)
+// or as parameters (bound in place, views and all).
+TEST_P(OpConformance, CompiledEqualsStrictEager) {
+  const OpCase& c = GetParam().c;
+  const DType dtype = GetParam().dtype;
+  Attrs attrs = c.attrs;
+  if (c.inputs.empty() && attrs.has("dtype") && is_floating(DType(attrs.get_int("dtype"))))
+    attrs.set("dtype", int64_t(dtype));
+  std::vector<Tensor> inputs;
+  uint32_t seed = 1234;
+  for (const InputSpec& spec : c.inputs) inputs.push_back(make_input(spec, dtype, seed++));
+  auto op = [&](const std::vector<Tensor>& in, bool with_epilogue) {
+    Tensor r = dispatch(c.op, in, attrs);
+    return with_epilogue ? cast(r, DType::f32) * 1.5 + 0.25 : r;
+  };
+  auto same_bits = [](const HostTensor& a, const HostTensor& b) {
+    return a.shape == b.shape && a.dtype == b.dtype && a.data.size() == b.data.size() &&
+           std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(double)) == 0;
+  };
+  for (bool with_epilogue : {false, true}) {
+    const HostTensor eager = to_host(op(inputs, with_epilogue));
+    for (bool as_params : {false, true}) {
+      // as_params: the traced function reads the captured inputs, which the call binds as parameters.
+      const CompiledFunction f(
+          c.label,
+          [&](const std::vector<Tensor>& args) { return std::vector<Tensor>{op(as_params ? inputs : args, with_epilogue)}; },
+          CompileOptions{});
+      const uint64_t calls = compile_stats().calls;
+      const std::vector<Tensor> out =
+          as_params ? f({}, inputs) : f(inputs, {});
+      EXPECT_EQ(compile_stats().calls, calls + 1) << "the op did not run as a compiled executable";
+      EXPECT_TRUE(same_bits(to_host(out.at(0)), eager))
+          << c.label << (with_epilogue ? " with an epilogue" : " alone") << (as_params ? ", params" : ", args");
+    }
   }
 }
 

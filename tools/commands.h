@@ -4,9 +4,21 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+namespace kiln {
+class FluxPipeline;
+}
+
 namespace kiln::cli {
 
 int inspect(const std::vector<std::string>& args);
 int generate(const std::vector<std::string>& args);
+int warmup(const std::vector<std::string>& args);
+
+// Shared by generate and warmup (generate.cc).
+void check_compile_flag(const std::string& value);                      // "full" or "blocks"
+void compile_transformer(FluxPipeline& pipe, const std::string& how);   // --compile full|blocks
+nlohmann::json compile_report();  // compiled-mode counters and one entry per executable obtained
 
 }  // namespace kiln::cli

@@ -11,11 +11,14 @@
 #include "commands.h"
 #include "core/error.h"
 #include "devices/runtime.h"
+#include "exec/compile.h"
 #include "exec/counters.h"
+#include "exec/executable_store.h"
 #include "exec/deferred.h"
 #include "exec/mode.h"
 #include "io/png.h"
 #include "io/safetensors.h"
+#include "models/flux/flux_transformer.h"
 #include "pipelines/flux_pipeline.h"
 #include "report.h"
 
@@ -37,6 +40,8 @@ struct Options {
   std::string device = "cpu";
   std::string mode = "eager";
   bool mode_given = false;
+  std::string compile = "full";  // --mode compile: full (transformer.compile) or blocks (compile_repeated_blocks)
+  bool compile_given = false;
 };
 
 int64_t parse_int(const std::string& flag, const std::string& v) {
@@ -87,6 +92,7 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--report") o.report = value();
     else if (flag == "--device") o.device = value();
     else if (flag == "--mode") o.mode = value(), o.mode_given = true;
+    else if (flag == "--compile") o.compile = value(), o.compile_given = true;
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
   // Checked here, before minutes of model loading.
@@ -97,8 +103,11 @@ Options parse(const std::vector<std::string>& args) {
     KILN_CHECK(!v || *v >= 16, "cli", flag, " must be at least 16, got ", v.value_or(0));
   KILN_CHECK(Device::parse(o.device) == Device::cpu(), "cli", "--device ", o.device,
              " is not available in this build (only cpu)");
-  KILN_CHECK(o.mode == "eager" || o.mode == "defer", "cli", "--mode ", o.mode,
-             ": expected eager (strict, one kernel per op) or defer (deferred-and-fused)");
+  KILN_CHECK(o.mode == "eager" || o.mode == "defer" || o.mode == "compile", "cli", "--mode ", o.mode,
+             ": expected eager (strict, one kernel per op), defer (deferred-and-fused) or compile (compiled "
+             "transformer)");
+  check_compile_flag(o.compile);
+  KILN_CHECK(!o.compile_given || o.mode == "compile", "cli", "--compile ", o.compile, " needs --mode compile");
   KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");
   if (o.model.empty()) {
     o.model = KILN_BUNDLED_MODEL;
@@ -111,6 +120,56 @@ Options parse(const std::vector<std::string>& args) {
   }
   return o;
 }
+
+}  // namespace
+
+void check_compile_flag(const std::string& v) {
+  KILN_CHECK(v == "full" || v == "blocks", "cli", "--compile ", v,
+             ": expected full (the whole transformer, one executable per size) or blocks (compile_repeated_blocks: "
+             "one executable per block class and size)");
+}
+
+void compile_transformer(FluxPipeline& pipe, const std::string& how) {
+  CompileOptions options;
+  options.fullgraph = true;  // FLUX's forward has no graph break; any would be a bug worth an error
+  if (how == "blocks") pipe.transformer().compile_repeated_blocks(options);
+  else pipe.transformer().compile(options);
+}
+
+nlohmann::json compile_report() {
+  const CompileStats s = compile_stats();
+  nlohmann::json events = nlohmann::json::array();
+  for (const CompileEvent& e : s.events) {
+    char key[17];
+    std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(e.fingerprint));
+    events.push_back({{"kind", "executable"},
+                      {"callable", e.callable},
+                      {"reason", e.reason},
+                      {"source", e.source},
+                      {"fingerprint", key},
+                      {"trace_seconds", e.trace_seconds},
+                      {"seconds", e.seconds},
+                      {"nodes", e.nodes},
+                      {"launches", e.launches},
+                      {"arena_bytes", e.arena_bytes}});
+  }
+  return {{"calls", s.calls},
+          {"traces", s.traces},
+          {"compiles", s.compiles},
+          {"shared_hits", s.shared_hits},
+          {"disk_hits", s.disk_hits},
+          {"disk_writes", s.disk_writes},
+          {"disk_rejects", s.disk_rejects},
+          {"graph_breaks", s.graph_breaks},
+          {"eager_fallbacks", s.eager_fallbacks},
+          {"trace_seconds", s.trace_seconds},
+          {"compile_seconds", s.compile_seconds},
+          {"load_seconds", s.load_seconds},
+          {"cache_dir", executable_cache_dir().string()},
+          {"executables", events}};
+}
+
+namespace {
 
 // Fails before any work when the output cannot be written.
 void check_writable(const fs::path& out) {
@@ -155,9 +214,11 @@ int generate(const std::vector<std::string>& args) {
   if (o.mode_given) set_default_eager_mode(o.mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
   reset_counters();
   reset_deferred_stats();
+  reset_compile_stats();
   io::reset_bytes_read();
 
-  const FluxPipeline pipe = FluxPipeline::from_pretrained(o.model);
+  FluxPipeline pipe = FluxPipeline::from_pretrained(o.model);
+  if (o.mode == "compile") compile_transformer(pipe, o.compile);
   double step_total = 0;
   o.call.on_step = [&](int64_t i, int64_t n, double s) { progress(i, n, s, step_total); };
   o.call.on_warning = [](const std::string& w) { std::fprintf(stderr, "kiln: warning: %s\n", w.c_str()); };
@@ -195,7 +256,13 @@ int generate(const std::vector<std::string>& args) {
                            {"steps", result.timings.steps},
                            {"decode", result.timings.decode},
                            {"total", pipe.load_seconds() + result.timings.total}};
-    write_report(o.report, std::move(inputs), std::move(timings));
+    nlohmann::json engine{{"version", KILN_VERSION},
+                          {"device", "cpu:0"},
+                          {"mode", o.mode == "compile" ? std::string("compile") : eager_mode_name(eager_mode())},
+                          {"eager_mode", eager_mode_name(eager_mode())},
+                          {"compile", o.mode == "compile" ? o.compile : "none"}};
+    write_report(o.report, std::move(inputs), std::move(timings),
+                 {{"engine", std::move(engine)}, {"compiled", compile_report()}});
   }
   return 0;
 }

@@ -17,11 +17,17 @@ void usage(std::FILE* out) {
                "  generate [--model DIR] [--prompt TEXT] [--prompt-2 TEXT] [--height H] [--width W]\n"
                "           [--steps N] [--guidance G] [--max-sequence-length N] [--seed S]\n"
                "           [--latents FILE] [--out out.png] [--report run.json] [--device cpu]\n"
-               "           [--mode eager|defer]\n"
+               "           [--mode eager|defer|compile] [--compile full|blocks]\n"
                "      Text to image with a FLUX.1 checkpoint in Diffusers layout (FluxPipeline). Without\n"
                "      --model it runs the small FLUX.1 checkpoint bundled with kiln (128x128, 4 steps).\n"
                "      --mode eager runs each op as its own kernel (the default); --mode defer records ops\n"
-               "      and runs them as fused, cached graphs (same image, fewer kernels).\n"
+               "      and runs them as fused, cached graphs (same image, fewer kernels); --mode compile\n"
+               "      runs the transformer as compiled executables, one per image size: --compile full\n"
+               "      (the whole transformer, the default) or blocks (compile_repeated_blocks).\n"
+               "  warmup --sizes HxW[,HxW...] [--model DIR] [--compile full|blocks]\n"
+               "         [--max-sequence-length N] [--report FILE]\n"
+               "      Compile the transformer for each size without running it and store the executables\n"
+               "      in the persistent cache, so later runs at those sizes compile nothing.\n"
                "  inspect [--model DIR] [--report FILE]\n"
                "      Load a Diffusers model folder (model_index.json, each component's config and\n"
                "      safetensors weights, zero-copy) and print what it holds. Without --model it\n"
@@ -30,7 +36,9 @@ void usage(std::FILE* out) {
                "  --help      this text\n\n"
                "environment (read once at start):\n"
                "  KILN_DEFER_AND_FUSE=1   deferred-and-fused mode by default (--mode overrides it)\n"
-               "  KILN_LAUNCH_BLOCKING=1  debug eager: wait for every kernel, so errors name the op\n",
+               "  KILN_LAUNCH_BLOCKING=1  debug eager: wait for every kernel, so errors name the op\n"
+               "  KILN_CACHE_DIR=DIR      persistent compile cache (default $XDG_CACHE_HOME/kiln or\n"
+               "                          ~/.cache/kiln; 'none' turns it off)\n",
                KILN_VERSION);
 }
 
@@ -51,6 +59,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "inspect") return kiln::cli::inspect(args);
     if (command == "generate") return kiln::cli::generate(args);
+    if (command == "warmup") return kiln::cli::warmup(args);
     std::fprintf(stderr, "kiln: unknown command '%s' (see kiln --help)\n", command.c_str());
     return 2;
   } catch (const kiln::Error& e) {

@@ -16,7 +16,7 @@ class Buffer {
  public:
   // `release` runs when the last reference goes (returns memory to a pool, unmaps a file, ...).
   Buffer(void* data, size_t bytes, Device device, std::function<void()> release)
-      : data_(data), bytes_(bytes), device_(device), release_(std::move(release)) {}
+      : data_(data), bytes_(bytes), device_(device), release_(std::move(release)), serial_(next_serial()) {}
   ~Buffer() {
     if (release_) release_();
   }
@@ -32,12 +32,25 @@ class Buffer {
   uint64_t ready_seq() const { return ready_seq_.load(std::memory_order_acquire); }
   void set_ready_seq(uint64_t s) { ready_seq_.store(s, std::memory_order_release); }
 
+  // Creation order of buffers in this process (1, 2, ...). Compiled mode uses it to tell a
+  // constant made while tracing (a host scalar) from state that existed before (a weight that
+  // should have been declared a parameter).
+  uint64_t serial() const { return serial_; }
+  static uint64_t serials_issued() { return counter().load(std::memory_order_relaxed); }
+
  private:
   void* data_;
   size_t bytes_;
   Device device_;
   std::function<void()> release_;
   std::atomic<uint64_t> ready_seq_{0};
+  uint64_t serial_;
+
+  static std::atomic<uint64_t>& counter() {
+    static std::atomic<uint64_t> c{0};
+    return c;
+  }
+  static uint64_t next_serial() { return counter().fetch_add(1, std::memory_order_relaxed) + 1; }
 };
 
 using BufferPtr = std::shared_ptr<Buffer>;

@@ -1,5 +1,7 @@
 #include "exec/deferred.h"
 
+#include "exec/capture.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -160,10 +162,16 @@ struct Node {
   DType dtype = DType::f32;
   std::weak_ptr<PendingValue> value;  // live while user code holds a tensor of it
   size_t bytes = 0;
+  std::string scope;  // captures only: the module path it was recorded in (ModuleScope)
 };
+
+thread_local std::vector<std::string> t_scopes;  // ModuleScope stack of this thread
 
 class Recorder {
  public:
+  Recorder() = default;
+  // A capture recorder (exec/capture.h): never flushes; a host read of its values is a graph break.
+  explicit Recorder(std::string capture_of) : capture_(true), what_(std::move(capture_of)) {}
   ~Recorder() {
     // Thread exit: drop pending work; any tensor still holding a value of it reports the loss.
     size_t held = 0;
@@ -182,10 +190,15 @@ class Recorder {
 
   Tensor record(const OpDef& def, const std::vector<Tensor>& inputs, Attrs attrs, const OutputMeta& meta,
                 const Device& device) {
-    if (!nodes_.empty() && device != device_) flush_all(FlushCause::sync);
+    if (!nodes_.empty() && device != device_) {
+      KILN_CHECK(!capture_, "compile", what_, ": the traced region runs ops on both ", device_.str(), " and ",
+                 device.str(), "; one executable runs on one device");
+      flush_all(FlushCause::sync);
+    }
     device_ = device;
     Node n;
     n.op = def.name;
+    if (capture_) n.scope = ModuleScope::current();
     n.attrs = std::move(attrs);
     for (const Tensor& t : inputs) n.args.push_back(ref(t));
     n.shape = meta.shape;
@@ -201,7 +214,7 @@ class Recorder {
       ++stats_locked().nodes;
     }
     Tensor out = Tensor::deferred(std::move(value), meta.shape, meta.dtype, device);
-    check_limits();  // `out` is held, so it is a live output of a limit flush
+    if (!capture_) check_limits();  // `out` is held, so it is a live output of a limit flush
     return out;
   }
 
@@ -209,7 +222,46 @@ class Recorder {
   void materialize(PendingValue& v) {
     KILN_CHECK(owns(v), "defer",
                "a deferred tensor's pending graph was dropped (its thread exited or an earlier flush failed)");
+    if (capture_) {
+      const Node& n = nodes_[size_t(v.node)];
+      throw GraphBreak(format_error(
+          "compile", what_, ": graph break in ", n.scope.empty() ? what_ : n.scope, ": the host reads the value of op '",
+          n.op, "' (", dtype_name(n.dtype), to_string(n.shape),
+          ") inside the traced region; with fullgraph=true the region must be one graph (move the read out of "
+          "forward, or compile with fullgraph=false to run this signature eagerly)"));
+    }
     flush(ancestors_of(v.node), FlushCause::host_read);
+  }
+
+  // Capture: the graph computing `outputs`, canonical, with the tensors its inputs were.
+  // Afterwards the recorder holds nothing (the traced values are never computed).
+  detail::Captured finish_capture(const std::vector<Tensor>& outputs) {
+    std::vector<Ref> out_refs;
+    for (const Tensor& t : outputs) {
+      KILN_CHECK(t.defined(), "compile", what_, ": the traced callable returned an undefined tensor");
+      out_refs.push_back(ref(t));
+    }
+    Graph g;
+    std::vector<int> value_of;
+    add_nodes(g, std::vector<char>(nodes_.size(), 1), value_of, [](size_t) { return false; }, nullptr);
+    for (const Ref& r : out_refs) g.outputs.push_back(value_id(g, value_of, r));
+    detail::Captured c;
+    c.nodes_recorded = nodes_.size();
+    CanonicalMap map;
+    c.graph = canonicalize(g, &map);
+    for (int i : map.input_order) c.inputs.push_back(inputs_[size_t(i)]);
+    c.output_index = map.output_index;
+    abandon();
+    return c;
+  }
+
+  // Drops every node without running it; held values report the loss when read.
+  void abandon() {
+    for (Node& n : nodes_)
+      if (auto v = n.value.lock()) v->node = -1;
+    nodes_.clear();
+    inputs_.clear();
+    input_index_.clear();
   }
 
   void flush_all(FlushCause cause) {
@@ -226,6 +278,8 @@ class Recorder {
 
   Ref ref(const Tensor& t) {
     Ref r;
+    // A capture reads a value pending in the thread's deferred graph as a computed input.
+    if (capture_ && t.is_pending() && t.pending_value()->recorder != this) t.buffer();
     if (t.is_pending()) {
       const PendingValue& v = *t.pending_value();
       KILN_CHECK(v.recorder == this, "defer", "a deferred tensor (", t.describe(),
@@ -262,6 +316,47 @@ class Recorder {
     inputs_.push_back(t);
     candidates.push_back(int(inputs_.size()) - 1);
     return int(inputs_.size()) - 1;
+  }
+
+  // Appends all inputs and the selected nodes to `g` (value_of: recorder node -> value id); a
+  // node for which is_output(i) holds becomes a graph output (listed in out_nodes).
+  template <typename IsOutput>
+  void add_nodes(Graph& g, const std::vector<char>& selected, std::vector<int>& value_of, IsOutput is_output,
+                 std::vector<int>* out_nodes) const {
+    for (const Tensor& t : inputs_) g.inputs.push_back(GraphInput{t.shape(), t.dtype(), t.strides()});
+    const size_t nn = nodes_.size();
+    value_of.assign(nn, -1);
+    for (size_t i = 0; i < nn; ++i) {
+      if (!selected[i]) continue;
+      const Node& n = nodes_[i];
+      GraphNode gn;
+      gn.op = n.op;
+      gn.attrs = n.attrs;
+      for (const Ref& a : n.args) gn.args.push_back(value_id(g, value_of, a));
+      gn.shape = n.shape;
+      gn.dtype = n.dtype;
+      g.nodes.push_back(std::move(gn));
+      value_of[i] = g.num_values() - 1;
+      if (is_output(i)) {
+        g.outputs.push_back(value_of[i]);
+        if (out_nodes) out_nodes->push_back(int(i));
+      }
+    }
+  }
+
+  // The value id an argument reads: an input, a node's value, or a view node over it.
+  int value_id(Graph& g, const std::vector<int>& value_of, const Ref& a) const {
+    if (!a.is_node) return a.id;
+    const int base = value_of[size_t(a.id)];
+    if (!a.has_view) return base;
+    GraphNode v;
+    v.op = "view";
+    v.attrs = Attrs{{"shape", a.shape}, {"strides", a.strides}, {"offset", a.offset}};
+    v.args = {base};
+    v.shape = a.shape;
+    v.dtype = nodes_[size_t(a.id)].dtype;
+    g.nodes.push_back(std::move(v));
+    return g.num_values() - 1;
   }
 
   std::vector<char> ancestors_of(int node) const {
@@ -312,39 +407,10 @@ class Recorder {
 
     // 1. The graph: all inputs (canonicalize drops unread ones), selected nodes, view nodes.
     Graph g;
-    for (const Tensor& t : inputs_) g.inputs.push_back(GraphInput{t.shape(), t.dtype(), t.strides()});
-    const int nin = int(inputs_.size());
-    std::vector<int> value_of(nn, -1);
-    auto value_id = [&](const Ref& a) {
-      if (!a.is_node) return a.id;
-      const int base = value_of[size_t(a.id)];
-      if (!a.has_view) return base;
-      GraphNode v;
-      v.op = "view";
-      v.attrs = Attrs{{"shape", a.shape}, {"strides", a.strides}, {"offset", a.offset}};
-      v.args = {base};
-      v.shape = a.shape;
-      v.dtype = nodes_[size_t(a.id)].dtype;
-      g.nodes.push_back(std::move(v));
-      return nin + int(g.nodes.size()) - 1;
-    };
+    std::vector<int> value_of;
     std::vector<int> out_nodes;  // recorder node per graph output
-    for (size_t i = 0; i < nn; ++i) {
-      if (!selected[i]) continue;
-      const Node& n = nodes_[i];
-      GraphNode gn;
-      gn.op = n.op;
-      gn.attrs = n.attrs;
-      for (const Ref& a : n.args) gn.args.push_back(value_id(a));
-      gn.shape = n.shape;
-      gn.dtype = n.dtype;
-      g.nodes.push_back(std::move(gn));
-      value_of[i] = nin + int(g.nodes.size()) - 1;
-      if (!n.value.expired() || consumed_outside[i]) {
-        g.outputs.push_back(value_of[i]);
-        out_nodes.push_back(int(i));
-      }
-    }
+    add_nodes(g, selected, value_of,
+              [&](size_t i) { return !nodes_[i].value.expired() || consumed_outside[i]; }, &out_nodes);
 
     // 2. Canonical form, cache, launch.
     std::vector<Tensor> results;
@@ -408,21 +474,27 @@ class Recorder {
     kept.nodes_.clear();  // the old nodes: their values were re-pointed or materialised
   }
 
+  bool capture_ = false;
+  std::string what_;  // captures: the traced callable's name
   Device device_ = Device::cpu();
   std::vector<Tensor> inputs_;
   std::unordered_map<const void*, std::vector<int>> input_index_;
   std::vector<Node> nodes_;
 };
 
-Recorder& recorder() {
+Recorder& default_recorder() {
   thread_local Recorder r;
   return r;
 }
+thread_local Recorder* t_capture = nullptr;  // the active capture, if any
+// Where this thread's ops record: the active capture, else its deferred pending graph.
+Recorder& recorder() { return t_capture ? *t_capture : default_recorder(); }
 
 void materialize_hook(PendingValue& v) {
   KILN_CHECK(v.node >= 0, "defer",
              "a deferred tensor's pending graph was dropped (its thread exited or an earlier flush failed)");
-  Recorder& r = recorder();
+  if (t_capture != nullptr && v.recorder == t_capture) return t_capture->materialize(v);  // a graph break
+  Recorder& r = default_recorder();
   KILN_CHECK(v.recorder == &r, "defer",
              "a deferred tensor recorded on another thread is read here; flush it there first (kiln::sync or "
              "mark_step)");
@@ -488,11 +560,19 @@ void clear_graph_cache() {
   cache_locked().clear();
 }
 
-void mark_step() { recorder().flush_all(FlushCause::step); }
+void mark_step() { default_recorder().flush_all(FlushCause::step); }
 
 void sync() { synchronize(Device::cpu()); }
 
-size_t pending_nodes() { return recorder().size(); }
+size_t pending_nodes() { return default_recorder().size(); }
+
+ModuleScope::ModuleScope(const std::string& name) { t_scopes.push_back(name); }
+ModuleScope::~ModuleScope() { t_scopes.pop_back(); }
+std::string ModuleScope::current() {
+  std::string path;
+  for (const std::string& s : t_scopes) path += (path.empty() ? "" : ".") + s;
+  return path;
+}
 
 namespace detail {
 
@@ -502,11 +582,34 @@ Tensor record(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, const O
   return recorder().record(def, inputs, std::move(attrs), meta, device);
 }
 
-void flush_pending(FlushCause cause) { recorder().flush_all(cause); }
+void flush_pending(FlushCause cause) { default_recorder().flush_all(cause); }
 
 void flush_before_eager_op() {
-  Recorder& r = recorder();
+  Recorder& r = default_recorder();
   if (!r.empty()) r.flush_all(FlushCause::mode_switch);
+}
+
+bool capturing() { return t_capture != nullptr; }
+
+Captured capture(const std::string& what, const std::function<std::vector<Tensor>()>& fn) {
+  KILN_CHECK(t_capture == nullptr, "compile", what, ": traced inside another trace; call it directly instead");
+  set_materialize_hook(&materialize_hook);
+  Recorder cap(what);
+  struct Active {
+    explicit Active(Recorder* r) { t_capture = r; }
+    ~Active() { t_capture = nullptr; }
+  };
+  std::vector<Tensor> outputs;
+  {
+    Active active(&cap);
+    try {
+      outputs = fn();
+    } catch (...) {
+      cap.abandon();
+      throw;
+    }
+  }
+  return cap.finish_capture(outputs);
 }
 
 }  // namespace detail

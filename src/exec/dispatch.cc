@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "devices/runtime.h"
+#include "exec/capture.h"
 #include "exec/counters.h"
 #include "exec/deferred.h"
 #include "exec/mode.h"
@@ -57,7 +58,8 @@ Tensor dispatch(const std::string& op, std::vector<Tensor> inputs, Attrs attrs, 
   check_inputs(def, inputs);
   const OutputMeta meta = def.infer(inputs, attrs);  // shape/dtype errors raise here, in every mode
   detail::count_op();
-  const bool defer = eager_mode() == EagerMode::DeferAndFuse;
+  // A capture (compiled mode's trace) records whatever the eager mode is.
+  const bool defer = eager_mode() == EagerMode::DeferAndFuse || detail::capturing();
   if (!defer) {
     detail::flush_before_eager_op();
     for (const Tensor& t : inputs) t.buffer();  // materialised now (or a clear error), not on the worker

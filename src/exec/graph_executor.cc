@@ -27,10 +27,20 @@ int CompiledGraph::buffers() const {
   return n;
 }
 
-std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const FusionLimits& limits) {
+std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const FusionLimits& limits, bool plan_memory) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<LaunchGroup> groups = partition(canonical, limits);
+  auto out = finish_compiled_graph(std::move(canonical), std::move(groups), plan_memory);
+  std::const_pointer_cast<CompiledGraph>(out)->compile_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+std::shared_ptr<const CompiledGraph> finish_compiled_graph(Graph canonical, std::vector<LaunchGroup> groups,
+                                                           bool plan_memory) {
   const auto t0 = std::chrono::steady_clock::now();
   auto out = std::make_shared<CompiledGraph>();
-  out->groups = partition(canonical, limits);
+  out->groups = std::move(groups);
   out->graph = std::move(canonical);
   // Every kernel must exist before anything runs, so a missing one fails at the flush.
   for (const LaunchGroup& grp : out->groups) {
@@ -58,6 +68,7 @@ std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const Fusion
   out->release_after.assign(out->groups.size(), {});
   for (int v = 0; v < g.num_values(); ++v)
     if (last[size_t(v)] >= 0) out->release_after[size_t(last[size_t(v)])].push_back(v);
+  if (plan_memory) out->memory = kiln::plan_memory(g, out->groups);
   out->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
@@ -130,7 +141,8 @@ Tensor dense_copy(DeviceRuntime& rt, const Tensor& t) {
 
 }  // namespace
 
-std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compiled, const std::vector<Tensor>& inputs) {
+std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compiled, const std::vector<Tensor>& inputs,
+                              bool dense_outputs) {
   const Graph& g = compiled->graph;
   KILN_CHECK(int(inputs.size()) == g.num_inputs(), "graph", "run with ", inputs.size(), " inputs, the graph has ",
              g.num_inputs());
@@ -152,16 +164,25 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
     return ts;
   };
 
+  // Compiled mode: one arena, each planned value at its offset (memory_plan.h).
+  const MemoryPlan& plan = compiled->memory;
+  BufferPtr arena;
+  if (plan.arena_bytes > 0) arena = rt.allocate(plan.arena_bytes);
+  auto fresh = [&](int v) {
+    const GraphNode& node = g.nodes[size_t(g.node_of(v))];
+    if (plan.empty() || plan.offset[size_t(v)] < 0) return allocate(rt, node);
+    return Tensor::view_of(arena, node.shape, node.dtype, {}, plan.offset[size_t(v)] / int64_t(dtype_size(node.dtype)));
+  };
   // Output buffers of concats whose inputs write into them (LaunchGroup::into), by value id.
   std::map<int, Tensor> assembled;
   auto target = [&](int v) -> const Tensor& {
     auto it = assembled.find(v);
-    if (it == assembled.end()) it = assembled.emplace(v, allocate(rt, g.nodes[size_t(g.node_of(v))])).first;
+    if (it == assembled.end()) it = assembled.emplace(v, fresh(v)).first;
     return it->second;
   };
   // The group's output: a fresh buffer, or its dense slice of a concat's buffer.
   auto output_of = [&](const LaunchGroup& grp, const GraphNode& node) {
-    if (grp.into < 0) return allocate(rt, node);
+    if (grp.into < 0) return fresh(grp.result);
     const Tensor& whole = target(grp.into);
     return Tensor::view_of(whole.buffer(), node.shape, node.dtype, {}, whole.offset() + grp.into_offset);
   };
@@ -256,7 +277,7 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
   outs.reserve(g.outputs.size());
   for (int o : g.outputs) {
     const Tensor& t = val[size_t(o)];
-    const bool owned = !g.is_input(o) && t.is_contiguous() && t.offset() == 0;
+    const bool owned = !dense_outputs || (!g.is_input(o) && t.is_contiguous() && t.offset() == 0);
     outs.push_back(owned ? t : dense_copy(rt, t));
   }
   return outs;

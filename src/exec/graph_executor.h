@@ -9,6 +9,7 @@
 
 #include "core/tensor.h"
 #include "graph/fusion.h"
+#include "exec/memory_plan.h"
 #include "graph/graph.h"
 
 namespace kiln {
@@ -20,13 +21,21 @@ struct CompiledGraph {
   // its handles to them once group i is enqueued, so their buffers return to the pool as soon
   // as the queued kernels finish, as in strict eager, instead of living until the graph ends.
   std::vector<std::vector<int>> release_after;
+  // Compiled mode: one arena per run holds every intermediate at a planned offset (empty: one
+  // pooled buffer per launch result, as deferred mode runs).
+  MemoryPlan memory;
   double compile_seconds = 0;
   int launches() const;  // kernels one run enqueues (views, aliases and assembled concats launch nothing)
   int buffers() const;   // device buffers one run allocates: one per launch, except launches that
                          // write into a concat's buffer, plus those concat buffers
 };
 
-std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const FusionLimits& limits = {});
+std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const FusionLimits& limits = {},
+                                                   bool plan_memory = false);
+// The part of compile_graph after partitioning (kernel checks, liveness, the memory plan): also
+// what a graph loaded from the persistent cache goes through.
+std::shared_ptr<const CompiledGraph> finish_compiled_graph(Graph canonical, std::vector<LaunchGroup> groups,
+                                                           bool plan_memory);
 
 // One line per group: launch name (or view/alias/assembled), what it reads, the result's shape,
 // and where it writes (for logs: KILN_DEFER_LOG=2).
@@ -36,6 +45,9 @@ std::string describe_launches(const CompiledGraph& compiled);
 // graph output: dense, offset 0, freshly computed (an output that is a graph input, or a view,
 // is copied so the caller can treat every result as a value it owns).
 // Queued work keeps `compiled` alive, so a cache may drop it at any time.
-std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compiled, const std::vector<Tensor>& inputs);
+// With dense_outputs=false (compiled mode) an output that is a view of a launch result or a graph
+// input is returned as that view, without a copy.
+std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compiled, const std::vector<Tensor>& inputs,
+                              bool dense_outputs = true);
 
 }  // namespace kiln

@@ -29,4 +29,15 @@ Conv2d::Conv2d(const Weights& w, int64_t in_channels, int64_t out_channels, int6
 
 Embedding::Embedding(const Weights& w, int64_t num, int64_t dim) : weight(w.get("weight", {num, dim})) {}
 
+namespace {
+void append_defined(std::vector<Tensor>& out, std::initializer_list<Tensor> ts) {
+  for (const Tensor& t : ts)
+    if (t.defined()) out.push_back(t);
+}
+}  // namespace
+
+void Linear::append_parameters(std::vector<Tensor>& out) const { append_defined(out, {weight, bias}); }
+void LayerNorm::append_parameters(std::vector<Tensor>& out) const { append_defined(out, {weight, bias}); }
+void RMSNorm::append_parameters(std::vector<Tensor>& out) const { append_defined(out, {weight}); }
+
 }  // namespace kiln::nn

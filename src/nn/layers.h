@@ -2,6 +2,7 @@
 // PyTorch names (weight, bias) and applies the op from exec/ops.h; none holds device details.
 #pragma once
 #include <optional>
+#include <vector>
 
 #include "exec/ops.h"
 #include "nn/weights.h"
@@ -13,6 +14,9 @@ struct Linear {
   Linear() = default;
   Linear(const Weights& w, int64_t in_features, int64_t out_features, bool bias = true);
   Tensor operator()(const Tensor& x) const { return linear(x, weight, bias); }
+  // Appends the tensors the layer reads (weight, then bias if any): the parameter list of
+  // compiled modules (exec/compile.h).
+  void append_parameters(std::vector<Tensor>& out) const;
   Tensor weight, bias;
 };
 
@@ -21,6 +25,7 @@ struct LayerNorm {
   LayerNorm() = default;
   LayerNorm(const Weights& w, int64_t dim, double eps, bool affine = true, bool bias = true);
   Tensor operator()(const Tensor& x) const { return layer_norm(x, weight, bias, eps); }
+  void append_parameters(std::vector<Tensor>& out) const;
   Tensor weight, bias;
   double eps = 1e-5;
 };
@@ -30,6 +35,7 @@ struct RMSNorm {
   RMSNorm() = default;
   RMSNorm(const Weights& w, int64_t dim, double eps, bool affine = true);
   Tensor operator()(const Tensor& x) const { return rms_norm(x, weight, eps); }
+  void append_parameters(std::vector<Tensor>& out) const;
   Tensor weight;
   double eps = 1e-6;
 };

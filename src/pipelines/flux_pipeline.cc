@@ -108,6 +108,23 @@ Tensor FluxPipeline::image_ids(int64_t h, int64_t w) {
   return from_vector(ids, {(h / 2) * (w / 2), 3});
 }
 
+FluxTransformer2DModel& FluxPipeline::transformer() { return c_->transformer; }
+
+void FluxPipeline::warmup(int64_t height, int64_t width, int64_t max_sequence_length) const {
+  const int64_t multiple = vae_scale_factor() * 2;
+  KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "warmup: height and width must be at least ",
+             multiple, ", got ", height, "x", width);
+  KILN_CHECK(max_sequence_length >= 1 && max_sequence_length <= 512, "pipeline",
+             "max_sequence_length must be in [1, 512], got ", max_sequence_length);
+  KILN_CHECK(c_->transformer.is_compiled() || (!c_->transformer.transformer_blocks().empty() &&
+                                                c_->transformer.transformer_blocks()[0].is_compiled()) ||
+                 (!c_->transformer.single_transformer_blocks().empty() &&
+                  c_->transformer.single_transformer_blocks()[0].is_compiled()),
+             "pipeline", "warmup needs a compiled transformer (compile or compile_repeated_blocks first)");
+  const int64_t h = 2 * (height / multiple), w = 2 * (width / multiple);
+  c_->transformer.warmup(1, (h / 2) * (w / 2), max_sequence_length);
+}
+
 FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   const auto t_start = std::chrono::steady_clock::now();
   FluxOutput out;

@@ -13,6 +13,8 @@
 
 namespace kiln {
 
+class FluxTransformer2DModel;
+
 struct FluxPipelineOptions {
   Device device = Device::cpu();
 };
@@ -54,6 +56,14 @@ class FluxPipeline {
   ~FluxPipeline();
 
   FluxOutput operator()(const FluxCallArgs& args) const;
+
+  // The denoiser, for compiled mode as in Diffusers: pipe.transformer().compile(options) or
+  // pipe.transformer().compile_repeated_blocks(options) (runtime.md §2.4, §5).
+  FluxTransformer2DModel& transformer();
+  // Traces and compiles the transformer executables a call at this size would use, without
+  // running anything, so serving never compiles on a request (kiln warmup). Sizes are rounded
+  // as operator() rounds them. Needs a compiled transformer.
+  void warmup(int64_t height, int64_t width, int64_t max_sequence_length = 512) const;
 
   int64_t vae_scale_factor() const;
   int64_t default_sample_size() const { return 128; }

@@ -21,6 +21,28 @@ Tensor heads(const Tensor& x, int64_t head_dim) { return reshape(x, {x.dim(0), x
 // fp16 activations are clamped to the finite range after each block, as Diffusers does.
 Tensor clamp_fp16(const Tensor& x) { return x.dtype() == DType::f16 ? clamp(x, -65504.0, 65504.0) : x; }
 
+// The compiled form of a block: traces `forward` of a copy of the block (taken before it is
+// compiled, so the trace computes the math), args (x, c, temb, rope tables).
+template <typename Block>
+std::shared_ptr<const CompiledFunction> compile_block(const Block& block, const CompileOptions& options) {
+  return std::make_shared<const CompiledFunction>(
+      Block::kClassName,
+      [self = block](const std::vector<Tensor>& a) {
+        auto [c, x] = self.forward(a[0], a[1], a[2], RotaryTables{a[3], a[4], a[5]});
+        return std::vector<Tensor>{c, x};
+      },
+      options, std::vector<std::string>{"hidden_states", "encoder_hidden_states", "temb", "rope.cos", "rope.sin",
+                                        "rope.pair_sign"});
+}
+
+template <typename Block>
+std::pair<Tensor, Tensor> call_block(const Block& block, const CompiledFunction* compiled, const Tensor& x,
+                                     const Tensor& c, const Tensor& temb, const RotaryTables& rope) {
+  if (compiled == nullptr) return block.forward(x, c, temb, rope);
+  std::vector<Tensor> out = (*compiled)({x, c, temb, rope.cos, rope.sin, rope.pair_sign}, block.parameters());
+  return {out[0], out[1]};
+}
+
 }  // namespace
 
 Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RotaryTables& rope) {
@@ -59,6 +81,27 @@ FluxTransformerBlock::FluxTransformerBlock(const nn::Weights& w, const BlockDims
 
 std::pair<Tensor, Tensor> FluxTransformerBlock::operator()(const Tensor& x, const Tensor& c, const Tensor& temb,
                                                            const RotaryTables& rope) const {
+  return call_block(*this, compiled(), x, c, temb, rope);
+}
+
+std::vector<Tensor> FluxTransformerBlock::parameters() const {
+  std::vector<Tensor> p;
+  for (const Stream* s : {&img_, &txt_}) {
+    for (const nn::Linear* l : {&s->norm1, &s->q, &s->k, &s->v, &s->out, &s->ff_in, &s->ff_out})
+      l->append_parameters(p);
+    s->norm_q.append_parameters(p);
+    s->norm_k.append_parameters(p);
+  }
+  return p;
+}
+
+void FluxTransformerBlock::compile(const CompileOptions& options) {
+  compiled_.reset();
+  compiled_ = compile_block(*this, options);
+}
+
+std::pair<Tensor, Tensor> FluxTransformerBlock::forward(const Tensor& x, const Tensor& c, const Tensor& temb,
+                                                        const RotaryTables& rope) const {
   const int64_t hd = dims_.head_dim, L_txt = c.dim(1), S = c.dim(1) + x.dim(1);
   // AdaLayerNormZero chunks: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp.
   const Tensor act = silu(temb);
@@ -99,6 +142,24 @@ FluxSingleTransformerBlock::FluxSingleTransformerBlock(const nn::Weights& w, con
 std::pair<Tensor, Tensor> FluxSingleTransformerBlock::operator()(const Tensor& x, const Tensor& c,
                                                                  const Tensor& temb,
                                                                  const RotaryTables& rope) const {
+  return call_block(*this, compiled(), x, c, temb, rope);
+}
+
+std::vector<Tensor> FluxSingleTransformerBlock::parameters() const {
+  std::vector<Tensor> p;
+  for (const nn::Linear* l : {&norm_, &to_q_, &to_k_, &to_v_, &proj_mlp_, &proj_out_}) l->append_parameters(p);
+  norm_q_.append_parameters(p);
+  norm_k_.append_parameters(p);
+  return p;
+}
+
+void FluxSingleTransformerBlock::compile(const CompileOptions& options) {
+  compiled_.reset();
+  compiled_ = compile_block(*this, options);
+}
+
+std::pair<Tensor, Tensor> FluxSingleTransformerBlock::forward(const Tensor& x, const Tensor& c, const Tensor& temb,
+                                                              const RotaryTables& rope) const {
   const int64_t hd = dims_.head_dim, L_txt = c.dim(1), S = c.dim(1) + x.dim(1);
   const Tensor h = concat({c, x}, 1);  // the residual
   // AdaLayerNormZeroSingle chunks: shift, scale, gate.

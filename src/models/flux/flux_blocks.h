@@ -3,7 +3,10 @@
 // Every block takes x [B, L_img, D], c [B, L_txt, D], temb [B, D] and the rotary tables of
 // the joint sequence (text first) and returns the updated (c, x).
 #pragma once
+#include <memory>
 #include <utility>
+
+#include "exec/compile.h"
 
 #include "models/flux/flux_embeddings.h"
 
@@ -21,13 +24,31 @@ struct BlockDims {
 // RoPE on q and k, SDPA with scale 1/sqrt(hd), no mask -> [B, S, H*hd].
 Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RotaryTables& rope);
 
-class FluxTransformerBlock {
+// What a repeated block shares with compiled mode (runtime.md §5): calls go through its
+// CompiledFunction once compile() was called; the block's tensors are the executable's runtime
+// arguments (parameters()), so every block of the same structure runs one shared executable.
+// The executable's args are (x, c, temb, rope.cos, rope.sin, rope.pair_sign).
+class CompilableBlock {
+ public:
+  bool is_compiled() const { return compiled_ != nullptr; }
+  const CompiledFunction* compiled() const { return compiled_.get(); }
+
+ protected:
+  std::shared_ptr<const CompiledFunction> compiled_;
+};
+
+class FluxTransformerBlock : public CompilableBlock {
  public:
   static constexpr const char* kClassName = "FluxTransformerBlock";
   FluxTransformerBlock() = default;
   FluxTransformerBlock(const nn::Weights& w, const BlockDims& dims);
   std::pair<Tensor, Tensor> operator()(const Tensor& x, const Tensor& c, const Tensor& temb,
                                        const RotaryTables& rope) const;
+  // The block's math, never through the compiled executable.
+  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& c, const Tensor& temb,
+                                    const RotaryTables& rope) const;
+  std::vector<Tensor> parameters() const;  // every tensor forward reads besides its args, fixed order
+  void compile(const CompileOptions& options);
 
  private:
   struct Stream {  // the weights one stream (image or text) owns
@@ -38,13 +59,17 @@ class FluxTransformerBlock {
   BlockDims dims_;
 };
 
-class FluxSingleTransformerBlock {
+class FluxSingleTransformerBlock : public CompilableBlock {
  public:
   static constexpr const char* kClassName = "FluxSingleTransformerBlock";
   FluxSingleTransformerBlock() = default;
   FluxSingleTransformerBlock(const nn::Weights& w, const BlockDims& dims);
   std::pair<Tensor, Tensor> operator()(const Tensor& x, const Tensor& c, const Tensor& temb,
                                        const RotaryTables& rope) const;
+  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& c, const Tensor& temb,
+                                    const RotaryTables& rope) const;
+  std::vector<Tensor> parameters() const;
+  void compile(const CompileOptions& options);
 
  private:
   nn::Linear norm_, to_q_, to_k_, to_v_, proj_mlp_, proj_out_;
@@ -59,6 +84,7 @@ class AdaLayerNormContinuous {
   AdaLayerNormContinuous() = default;
   AdaLayerNormContinuous(const nn::Weights& w, int64_t dim);
   Tensor operator()(const Tensor& x, const Tensor& temb) const;
+  void append_parameters(std::vector<Tensor>& out) const { linear_.append_parameters(out); }
 
  private:
   nn::Linear linear_;

@@ -38,6 +38,12 @@ Tensor TimeTextEmbed::operator()(const Tensor& ts, const std::optional<Tensor>& 
   return temb + text_embedder_(pooled);
 }
 
+void TimeTextEmbed::append_parameters(std::vector<Tensor>& out) const {
+  timestep_embedder_.append_parameters(out);
+  if (guidance_embeds_) guidance_embedder_.append_parameters(out);
+  text_embedder_.append_parameters(out);
+}
+
 RotaryTables RotaryTables::of(Tensor cos, Tensor sin) {
   // A whole head row of (-1, 1) pairs rather than one pair, so kernels read it in long runs.
   const int64_t hd = cos.dim(-1);

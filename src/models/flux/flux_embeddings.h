@@ -19,6 +19,10 @@ struct MlpEmbedder {
   MlpEmbedder() = default;
   MlpEmbedder(const nn::Weights& w, int64_t in_features, int64_t dim);
   Tensor operator()(const Tensor& x) const { return linear_2(silu(linear_1(x))); }
+  void append_parameters(std::vector<Tensor>& out) const {
+    linear_1.append_parameters(out);
+    linear_2.append_parameters(out);
+  }
   nn::Linear linear_1, linear_2;
 };
 
@@ -31,6 +35,7 @@ class TimeTextEmbed {
   // ts, gs: [B], already multiplied by 1000; pooled [B, P] -> temb [B, D].
   Tensor operator()(const Tensor& ts, const std::optional<Tensor>& gs, const Tensor& pooled) const;
   bool has_guidance() const { return guidance_embeds_; }
+  void append_parameters(std::vector<Tensor>& out) const;
 
  private:
   MlpEmbedder timestep_embedder_, guidance_embedder_, text_embedder_;

@@ -3,6 +3,8 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "devices/runtime.h"
+#include "exec/capture.h"
 
 namespace kiln {
 namespace {
@@ -118,26 +120,131 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, con
   extra("single_transformer_blocks." + std::to_string(c.num_single_layers) + ".norm.linear.weight",
         "the config has num_single_layers=" + std::to_string(c.num_single_layers));
 
-  x_embedder_ = nn::Linear(w.sub("x_embedder"), c.in_channels, D);
-  context_embedder_ = nn::Linear(w.sub("context_embedder"), c.joint_attention_dim, D);
-  time_text_embed_ = flux::TimeTextEmbed(w.sub("time_text_embed"), D, c.pooled_projection_dim, c.guidance_embeds);
+  Core& m = core_;
+  m.x_embedder = nn::Linear(w.sub("x_embedder"), c.in_channels, D);
+  m.context_embedder = nn::Linear(w.sub("context_embedder"), c.joint_attention_dim, D);
+  m.time_text_embed = flux::TimeTextEmbed(w.sub("time_text_embed"), D, c.pooled_projection_dim, c.guidance_embeds);
   const flux::BlockDims dims{D, c.attention_head_dim, c.mlp_hidden()};
-  for (int64_t i = 0; i < c.num_layers; ++i) transformer_blocks_.emplace_back(w.sub("transformer_blocks", i), dims);
+  for (int64_t i = 0; i < c.num_layers; ++i) m.transformer_blocks.emplace_back(w.sub("transformer_blocks", i), dims);
   for (int64_t i = 0; i < c.num_single_layers; ++i)
-    single_transformer_blocks_.emplace_back(w.sub("single_transformer_blocks", i), dims);
-  norm_out_ = flux::AdaLayerNormContinuous(w.sub("norm_out"), D);
-  proj_out_ = nn::Linear(w.sub("proj_out"), D, c.out_features());
+    m.single_transformer_blocks.emplace_back(w.sub("single_transformer_blocks", i), dims);
+  m.norm_out = flux::AdaLayerNormContinuous(w.sub("norm_out"), D);
+  m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features());
 }
 
 // ---- forward ----
 
 Tensor FluxTransformer2DModel::time_text_embed(const Tensor& timestep, const Tensor& pooled_projections,
                                                const std::optional<Tensor>& guidance) const {
+  return core_.time_embedding(timestep, pooled_projections, guidance);
+}
+
+Tensor FluxTransformer2DModel::Core::time_embedding(const Tensor& timestep, const Tensor& pooled_projections,
+                                                    const std::optional<Tensor>& guidance) const {
   // Cast chain (§6.6): to the model dtype first, then ×1000 in that dtype.
-  const DType dt = x_embedder_.weight.dtype();
+  const DType dt = x_embedder.weight.dtype();
   std::optional<Tensor> gs;
   if (guidance) gs = cast(*guidance, dt) * 1000.0;
-  return time_text_embed_(cast(timestep, dt) * 1000.0, gs, pooled_projections);
+  return time_text_embed(cast(timestep, dt) * 1000.0, gs, pooled_projections);
+}
+
+Tensor FluxTransformer2DModel::Core::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
+                                             const Tensor& pooled_projections, const Tensor& timestep,
+                                             const flux::RotaryTables& rope,
+                                             const std::optional<Tensor>& guidance) const {
+  Tensor x = x_embedder(hidden_states);
+  const Tensor temb = time_embedding(timestep, pooled_projections, guidance);
+  Tensor ctx = context_embedder(encoder_hidden_states);
+  for (size_t i = 0; i < transformer_blocks.size(); ++i) {
+    ModuleScope scope("transformer_blocks", int64_t(i));
+    std::tie(ctx, x) = transformer_blocks[i](x, ctx, temb, rope);
+  }
+  for (size_t i = 0; i < single_transformer_blocks.size(); ++i) {
+    ModuleScope scope("single_transformer_blocks", int64_t(i));
+    std::tie(ctx, x) = single_transformer_blocks[i](x, ctx, temb, rope);
+  }
+  ModuleScope scope("norm_out");
+  return proj_out(norm_out(x, temb));
+}
+
+std::vector<Tensor> FluxTransformer2DModel::Core::parameters() const {
+  std::vector<Tensor> p;
+  x_embedder.append_parameters(p);
+  context_embedder.append_parameters(p);
+  time_text_embed.append_parameters(p);
+  for (const auto& b : transformer_blocks)
+    for (const Tensor& t : b.parameters()) p.push_back(t);
+  for (const auto& b : single_transformer_blocks)
+    for (const Tensor& t : b.parameters()) p.push_back(t);
+  norm_out.append_parameters(p);
+  proj_out.append_parameters(p);
+  return p;
+}
+
+std::vector<Tensor> FluxTransformer2DModel::parameters() const { return core_.parameters(); }
+
+std::vector<Tensor> FluxTransformer2DModel::compiled_args(const Tensor& hidden_states,
+                                                          const Tensor& encoder_hidden_states,
+                                                          const Tensor& pooled_projections, const Tensor& timestep,
+                                                          const flux::RotaryTables& rope,
+                                                          const std::optional<Tensor>& guidance) const {
+  std::vector<Tensor> a{hidden_states, encoder_hidden_states, pooled_projections, timestep,
+                        rope.cos,      rope.sin,              rope.pair_sign};
+  if (guidance) a.push_back(*guidance);
+  return a;
+}
+
+void FluxTransformer2DModel::compile(const CompileOptions& options) {
+  compiled_ = std::make_shared<const CompiledFunction>(
+      kWhere,
+      [core = core_](const std::vector<Tensor>& a) {
+        std::optional<Tensor> guidance;
+        if (a.size() > 7) guidance = a[7];
+        return std::vector<Tensor>{core.forward(a[0], a[1], a[2], a[3], flux::RotaryTables{a[4], a[5], a[6]}, guidance)};
+      },
+      options,
+      std::vector<std::string>{"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "rope.cos",
+                               "rope.sin", "rope.pair_sign", "guidance"});
+}
+
+void FluxTransformer2DModel::compile_repeated_blocks(const CompileOptions& options) {
+  options.validate(kWhere);
+  KILN_CHECK(!core_.transformer_blocks.empty() || !core_.single_transformer_blocks.empty(), kWhere,
+             "regional compilation failed because none of the repeated block classes (FluxTransformerBlock, "
+             "FluxSingleTransformerBlock) was found in the model (num_layers = num_single_layers = 0)");
+  for (auto& b : core_.transformer_blocks) b.compile(options);
+  for (auto& b : core_.single_transformer_blocks) b.compile(options);
+}
+
+void FluxTransformer2DModel::warmup(int64_t batch, int64_t l_img, int64_t l_txt) const {
+  const FluxTransformerConfig& c = config_;
+  KILN_CHECK(batch > 0 && l_img > 0 && l_txt > 0, kWhere, "warmup needs positive sizes, got B=", batch, " L_img=",
+             l_img, " L_txt=", l_txt);
+  // Placeholders: right shapes and dtypes, contents never read (nothing runs).
+  const DType dt = core_.x_embedder.weight.dtype();
+  auto placeholder = [&](const Shape& shape, DType dtype) {
+    return Tensor::view_of(runtime(Device::cpu()).allocate(size_t(numel(shape)) * dtype_size(dtype)), shape, dtype);
+  };
+  const int64_t D = c.inner_dim(), hd = c.attention_head_dim;
+  const flux::RotaryTables rope =
+      flux::RotaryTables::of(placeholder({l_txt + l_img, hd}, DType::f32), placeholder({l_txt + l_img, hd}, DType::f32));
+  std::optional<Tensor> guidance;
+  if (c.guidance_embeds) guidance = placeholder({batch}, DType::f32);
+  if (compiled_) {
+    compiled_->prepare(compiled_args(placeholder({batch, l_img, c.in_channels}, dt),
+                                     placeholder({batch, l_txt, c.joint_attention_dim}, dt),
+                                     placeholder({batch, c.pooled_projection_dim}, dt), placeholder({batch}, DType::f32),
+                                     rope, guidance),
+                       core_.parameters());
+    return;
+  }
+  const Tensor x = placeholder({batch, l_img, D}, dt), ctx = placeholder({batch, l_txt, D}, dt),
+               temb = placeholder({batch, D}, dt);
+  const std::vector<Tensor> args{x, ctx, temb, rope.cos, rope.sin, rope.pair_sign};
+  for (const auto& b : core_.transformer_blocks)
+    if (b.compiled()) b.compiled()->prepare(args, b.parameters());
+  for (const auto& b : core_.single_transformer_blocks)
+    if (b.compiled()) b.compiled()->prepare(args, b.parameters());
 }
 
 flux::RotaryTables FluxTransformer2DModel::pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
@@ -186,13 +293,11 @@ Tensor FluxTransformer2DModel::forward(const Tensor& hidden_states, const Tensor
              " rows must match the image / text sequence lengths ", hidden_states.dim(1), " / ",
              encoder_hidden_states.dim(1));
 
-  Tensor x = x_embedder_(hidden_states);
-  const Tensor temb = time_text_embed(timestep, pooled_projections, guidance);
-  Tensor ctx = context_embedder_(encoder_hidden_states);
   const flux::RotaryTables rope = cached_pos_embed(img_ids, txt_ids);  // text rows first
-  for (const auto& block : transformer_blocks_) std::tie(ctx, x) = block(x, ctx, temb, rope);
-  for (const auto& block : single_transformer_blocks_) std::tie(ctx, x) = block(x, ctx, temb, rope);
-  return proj_out_(norm_out_(x, temb));
+  if (compiled_)
+    return (*compiled_)(compiled_args(hidden_states, encoder_hidden_states, pooled_projections, timestep, rope, guidance),
+                        core_.parameters())[0];
+  return core_.forward(hidden_states, encoder_hidden_states, pooled_projections, timestep, rope, guidance);
 }
 
 }  // namespace kiln

@@ -68,28 +68,65 @@ class FluxTransformer2DModel {
 
   const FluxTransformerConfig& config() const { return config_; }
 
+  // ---- compiled mode (runtime.md §2.4, §5) ----
+  // Whole-model compile (torch.compile(transformer, fullgraph, dynamic=False)): forward runs one
+  // executable per input signature. The RoPE tables are built on the host from the ids (f64, as
+  // Diffusers), cached per ids, and passed to the executable as inputs: everything else
+  // (embeddings, all blocks, norm_out, proj_out) is one graph.
+  void compile(const CompileOptions& options = {});
+  // Regional compile: every block of a class in repeated_blocks() is compiled in place; the rest
+  // of forward runs in the active eager mode. One executable per block class and shape.
+  void compile_repeated_blocks(const CompileOptions& options = {});
+  bool is_compiled() const { return compiled_ != nullptr; }
+  // Every tensor forward reads besides its inputs, in a fixed order (the compiled executable's
+  // runtime arguments).
+  std::vector<Tensor> parameters() const;
+  // Traces and compiles the executables a call with these shapes would use, without running
+  // anything (kiln warmup): batch B, l_img image and l_txt text tokens.
+  void warmup(int64_t batch, int64_t l_img, int64_t l_txt) const;
+
   // ---- sub-steps of forward (public so tests can compare them with Diffusers' modules) ----
-  Tensor x_embedder(const Tensor& hidden_states) const { return x_embedder_(hidden_states); }
-  Tensor context_embedder(const Tensor& encoder_hidden_states) const { return context_embedder_(encoder_hidden_states); }
+  Tensor x_embedder(const Tensor& hidden_states) const { return core_.x_embedder(hidden_states); }
+  Tensor context_embedder(const Tensor& encoder_hidden_states) const {
+    return core_.context_embedder(encoder_hidden_states);
+  }
   // timestep/guidance as given to forward (already /1000): applies the ×1000 of the cast chain.
   Tensor time_text_embed(const Tensor& timestep, const Tensor& pooled_projections,
                          const std::optional<Tensor>& guidance = std::nullopt) const;
   // pos_embed over concat(txt_ids, img_ids) -> cos/sin [L_txt + L_img, head_dim].
   flux::RotaryTables pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const;
-  const std::vector<flux::FluxTransformerBlock>& transformer_blocks() const { return transformer_blocks_; }
+  const std::vector<flux::FluxTransformerBlock>& transformer_blocks() const { return core_.transformer_blocks; }
   const std::vector<flux::FluxSingleTransformerBlock>& single_transformer_blocks() const {
-    return single_transformer_blocks_;
+    return core_.single_transformer_blocks;
   }
-  Tensor norm_out(const Tensor& x, const Tensor& temb) const { return norm_out_(x, temb); }
-  Tensor proj_out(const Tensor& x) const { return proj_out_(x); }
+  Tensor norm_out(const Tensor& x, const Tensor& temb) const { return core_.norm_out(x, temb); }
+  Tensor proj_out(const Tensor& x) const { return core_.proj_out(x); }
 
  private:
+  // The modules, and forward past the input checks and RoPE tables: what a whole-model compile
+  // traces (a copy of it lives in the compiled callable; tensors are shared handles).
+  struct Core {
+    nn::Linear x_embedder, context_embedder, proj_out;
+    flux::TimeTextEmbed time_text_embed;
+    std::vector<flux::FluxTransformerBlock> transformer_blocks;
+    std::vector<flux::FluxSingleTransformerBlock> single_transformer_blocks;
+    flux::AdaLayerNormContinuous norm_out;
+
+    Tensor time_embedding(const Tensor& timestep, const Tensor& pooled_projections,
+                          const std::optional<Tensor>& guidance) const;
+    Tensor forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states, const Tensor& pooled_projections,
+                   const Tensor& timestep, const flux::RotaryTables& rope, const std::optional<Tensor>& guidance) const;
+    std::vector<Tensor> parameters() const;
+  };
+  // Executable args: hidden_states, encoder_hidden_states, pooled_projections, timestep,
+  // rope.cos, rope.sin, rope.pair_sign[, guidance].
+  std::vector<Tensor> compiled_args(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
+                                    const Tensor& pooled_projections, const Tensor& timestep,
+                                    const flux::RotaryTables& rope, const std::optional<Tensor>& guidance) const;
+
   FluxTransformerConfig config_;
-  nn::Linear x_embedder_, context_embedder_, proj_out_;
-  flux::TimeTextEmbed time_text_embed_;
-  std::vector<flux::FluxTransformerBlock> transformer_blocks_;
-  std::vector<flux::FluxSingleTransformerBlock> single_transformer_blocks_;
-  flux::AdaLayerNormContinuous norm_out_;
+  Core core_;
+  std::shared_ptr<const CompiledFunction> compiled_;
 
   // The RoPE tables are built on the host from the ids (a sync), and a pipeline passes the
   // same id tensors at every step: tensors are immutable values, so the tables of the last

@@ -1,0 +1,315 @@
+#include "exec/executable_store.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "graph/passes.h"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kMagic = "kiln-executable";
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+template <typename T>
+uint64_t bits_of(T v) {
+  if constexpr (sizeof(T) == 8) {
+    uint64_t b;
+    std::memcpy(&b, &v, 8);
+    return b;
+  } else {
+    uint32_t b;
+    std::memcpy(&b, &v, 4);
+    return b;
+  }
+}
+double double_of(uint64_t b) {
+  double d;
+  std::memcpy(&d, &b, 8);
+  return d;
+}
+float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// ---- graph ----
+
+json attrs_to_json(const Attrs& a) {
+  json out = json::array();
+  for (const auto& [name, value] : a.items()) {
+    json v;
+    if (const auto* i = std::get_if<int64_t>(&value)) v = {{"i", *i}};
+    else if (const auto* d = std::get_if<double>(&value)) v = {{"d", bits_of(*d)}};
+    else if (const auto* l = std::get_if<std::vector<int64_t>>(&value)) v = {{"l", *l}};
+    else v = {{"s", std::get<std::string>(value)}};
+    out.push_back({name, v});
+  }
+  return out;
+}
+
+Attrs attrs_from_json(const json& j) {
+  Attrs a;
+  for (const json& item : j) {
+    const std::string name = item.at(0).get<std::string>();
+    const json& v = item.at(1);
+    if (v.contains("i")) a.set(name, v.at("i").get<int64_t>());
+    else if (v.contains("d")) a.set(name, double_of(v.at("d").get<uint64_t>()));
+    else if (v.contains("l")) a.set(name, v.at("l").get<std::vector<int64_t>>());
+    else a.set(name, v.at("s").get<std::string>());
+  }
+  return a;
+}
+
+DType dtype_from(const json& j) {
+  const int d = j.get<int>();
+  KILN_CHECK(d >= 0 && d <= int(DType::boolean), "compile-cache", "unknown dtype ", d);
+  return DType(d);
+}
+
+json graph_to_json(const Graph& g) {
+  json in = json::array(), nodes = json::array();
+  for (const GraphInput& i : g.inputs) in.push_back({{"shape", i.shape}, {"dtype", int(i.dtype)}, {"strides", i.strides}});
+  for (const GraphNode& n : g.nodes)
+    nodes.push_back({{"op", n.op}, {"attrs", attrs_to_json(n.attrs)}, {"args", n.args}, {"shape", n.shape},
+                     {"dtype", int(n.dtype)}});
+  return {{"inputs", in}, {"nodes", nodes}, {"outputs", g.outputs}};
+}
+
+Graph graph_from_json(const json& j) {
+  Graph g;
+  for (const json& i : j.at("inputs"))
+    g.inputs.push_back(GraphInput{i.at("shape").get<Shape>(), dtype_from(i.at("dtype")), i.at("strides").get<Strides>()});
+  for (const json& n : j.at("nodes")) {
+    GraphNode gn;
+    gn.op = n.at("op").get<std::string>();
+    gn.attrs = attrs_from_json(n.at("attrs"));
+    gn.args = n.at("args").get<std::vector<int>>();
+    gn.shape = n.at("shape").get<Shape>();
+    gn.dtype = dtype_from(n.at("dtype"));
+    g.nodes.push_back(std::move(gn));
+  }
+  g.outputs = j.at("outputs").get<std::vector<int>>();
+  return g;
+}
+
+// ---- launch groups ----
+
+json program_to_json(const cpu::FusedProgram& p) {
+  json instrs = json::array();
+  for (const cpu::FusedInstr& i : p.instrs)
+    instrs.push_back({int(i.kind), i.input, int(i.unary), bits_of(i.lo), bits_of(i.hi), int(i.binary), i.a, i.b, i.c,
+                      int(i.dtype)});
+  return {{"instrs", instrs}, {"result", p.result}};
+}
+
+cpu::FusedProgram program_from_json(const json& j) {
+  cpu::FusedProgram p;
+  for (const json& i : j.at("instrs")) {
+    cpu::FusedInstr f;
+    f.kind = cpu::FusedInstr::Kind(i.at(0).get<int>());
+    f.input = i.at(1).get<int>();
+    f.unary = UnaryOp(i.at(2).get<int>());
+    f.lo = float_of(i.at(3).get<uint32_t>());
+    f.hi = float_of(i.at(4).get<uint32_t>());
+    f.binary = BinaryOp(i.at(5).get<int>());
+    f.a = i.at(6).get<int>();
+    f.b = i.at(7).get<int>();
+    f.c = i.at(8).get<int>();
+    f.dtype = dtype_from(i.at(9));
+    p.instrs.push_back(f);
+  }
+  p.result = j.at("result").get<int>();
+  return p;
+}
+
+json groups_to_json(const std::vector<LaunchGroup>& groups) {
+  json out = json::array();
+  for (const LaunchGroup& g : groups)
+    out.push_back({{"kind", int(g.kind)}, {"nodes", g.nodes}, {"result", g.result}, {"inputs", g.group_inputs},
+                   {"program", program_to_json(g.program)}, {"chain", g.chain}, {"internal", g.internal},
+                   {"into", g.into}, {"into_offset", g.into_offset}, {"alias_base", g.alias_base}});
+  return out;
+}
+
+// Groups of `g`, with every index checked, so a damaged entry fails here and not in a kernel.
+std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
+  const auto value = [&](int v) {
+    KILN_CHECK(v >= 0 && v < g.num_values(), "compile-cache", "value id ", v, " out of range");
+    return v;
+  };
+  const auto node = [&](int n) {
+    KILN_CHECK(n >= 0 && n < int(g.nodes.size()), "compile-cache", "node index ", n, " out of range");
+    return n;
+  };
+  std::vector<LaunchGroup> out;
+  for (const json& e : j) {
+    LaunchGroup grp;
+    const int kind = e.at("kind").get<int>();
+    KILN_CHECK(kind >= 0 && kind <= int(LaunchGroup::Kind::alias), "compile-cache", "unknown launch kind ", kind);
+    grp.kind = LaunchGroup::Kind(kind);
+    for (int n : e.at("nodes").get<std::vector<int>>()) grp.nodes.push_back(node(n));
+    grp.result = value(e.at("result").get<int>());
+    KILN_CHECK(!g.is_input(grp.result), "compile-cache", "a launch produces graph input ", grp.result);
+    for (int v : e.at("inputs").get<std::vector<int>>()) grp.group_inputs.push_back(value(v));
+    grp.program = program_from_json(e.at("program"));
+    if (!grp.program.instrs.empty()) cpu::validate(grp.program, grp.group_inputs.size());
+    for (int n : e.at("chain").get<std::vector<int>>()) grp.chain.push_back(node(n));
+    for (int v : e.at("internal").get<std::vector<int>>()) grp.internal.push_back(value(v));
+    grp.into = e.at("into").get<int>();
+    if (grp.into >= 0) value(grp.into);
+    grp.into_offset = e.at("into_offset").get<int64_t>();
+    grp.alias_base = e.at("alias_base").get<int>();
+    if (grp.alias_base >= 0) value(grp.alias_base);
+    KILN_CHECK(grp.kind != LaunchGroup::Kind::view || grp.group_inputs.size() == 1, "compile-cache",
+               "a view launch without its base");
+    out.push_back(std::move(grp));
+  }
+  return out;
+}
+
+std::string key_text(const Graph& canonical) {
+  const FusionLimits lim;
+  std::ostringstream os;
+  os << kMagic << " format " << kExecutableFormatVersion << " graph-format " << kGraphFormatVersion << " engine "
+     << KILN_VERSION << " cpu " << cpu_features() << " fusion " << lim.max_inputs << "/" << lim.max_depth << "/"
+     << lim.max_nodes << " graph " << hex(fingerprint(canonical));
+  return os.str();
+}
+
+}  // namespace
+
+namespace {
+std::mutex g_dir_mu;
+std::optional<std::filesystem::path>& dir_override() {
+  static std::optional<std::filesystem::path> d;
+  return d;
+}
+}  // namespace
+
+void set_executable_cache_dir(const std::filesystem::path& dir) {
+  std::lock_guard<std::mutex> lock(g_dir_mu);
+  dir_override() = dir;
+}
+
+std::filesystem::path executable_cache_dir() {
+  {
+    std::lock_guard<std::mutex> lock(g_dir_mu);
+    if (dir_override()) return *dir_override();
+  }
+  static const std::filesystem::path dir = []() -> std::filesystem::path {
+    if (const char* v = std::getenv("KILN_CACHE_DIR"); v && *v) {
+      if (std::string(v) == "none") return {};
+      return v;
+    }
+    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "kiln";
+    if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache" / "kiln";
+    return {};
+  }();
+  return dir;
+}
+
+std::string cpu_features() {
+  std::string s;
+#if defined(__x86_64__)
+  s = "x86_64";
+  __builtin_cpu_init();
+#define KILN_FEATURE(name) \
+  if (__builtin_cpu_supports(name)) s += std::string(" ") + name;
+  KILN_FEATURE("avx2")
+  KILN_FEATURE("fma")
+  KILN_FEATURE("avx512f")
+  KILN_FEATURE("avx512bw")
+  KILN_FEATURE("avx512vl")
+  KILN_FEATURE("avx512vnni")
+  KILN_FEATURE("avx512bf16")
+#undef KILN_FEATURE
+#elif defined(__aarch64__)
+  s = "aarch64";
+#else
+  s = "unknown";
+#endif
+  return s;
+}
+
+std::filesystem::path executable_path(const std::filesystem::path& dir, const Graph& canonical) {
+  return dir / (hex(fnv1a(key_text(canonical))) + ".kexe");
+}
+
+std::shared_ptr<const CompiledGraph> load_executable(const std::filesystem::path& dir, const Graph& canonical,
+                                                     std::string* rejected) {
+  const std::filesystem::path path = executable_path(dir, canonical);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return nullptr;
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  try {
+    // First line: checksum of the rest.
+    const size_t nl = text.find('\n');
+    KILN_CHECK(nl != std::string::npos, "compile-cache", "no header line");
+    const std::string body = text.substr(nl + 1);
+    KILN_CHECK(text.substr(0, nl) == hex(fnv1a(body)), "compile-cache", "checksum mismatch (damaged or truncated)");
+    const json j = json::parse(body);
+    KILN_CHECK(j.at("key").get<std::string>() == key_text(canonical), "compile-cache",
+               "written for another engine, CPU or graph: ", j.at("key").get<std::string>());
+    Graph stored = graph_from_json(j.at("graph"));
+    KILN_CHECK(same_structure(stored, canonical), "compile-cache", "its graph differs from the traced one");
+    std::vector<LaunchGroup> groups = groups_from_json(j.at("groups"), stored);
+    return finish_compiled_graph(std::move(stored), std::move(groups), /*plan_memory=*/true);
+  } catch (const std::exception& e) {
+    if (rejected) *rejected = path.string() + ": " + e.what();
+    return nullptr;
+  }
+}
+
+std::string store_executable(const std::filesystem::path& dir, const CompiledGraph& compiled) {
+  const std::filesystem::path path = executable_path(dir, compiled.graph);
+  try {
+    std::filesystem::create_directories(dir);
+    const json j = {{"key", key_text(compiled.graph)},
+                    {"graph", graph_to_json(compiled.graph)},
+                    {"groups", groups_to_json(compiled.groups)}};
+    const std::string body = j.dump();
+    const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out << hex(fnv1a(body)) << '\n' << body;
+      out.close();
+      if (!out) {
+        std::error_code ec;
+        std::filesystem::remove(tmp, ec);
+        return "cannot write " + tmp.string();
+      }
+    }
+    std::filesystem::rename(tmp, path);  // first complete writer wins; readers never see a partial file
+  } catch (const std::exception& e) {
+    return path.string() + ": " + e.what();
+  }
+  return {};
+}
+
+}  // namespace kiln

@@ -1,0 +1,79 @@
+#include "exec/memory_plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace kiln {
+
+namespace {
+constexpr size_t kAlign = 64;
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+MemoryPlan plan_memory(const Graph& g, const std::vector<LaunchGroup>& groups) {
+  const int nv = g.num_values();
+  // root[v]: the value whose buffer holds v's bytes (-1 for graph inputs and what views them).
+  std::vector<int> root(size_t(nv), -1);
+  std::vector<int> start(size_t(nv), -1), end(size_t(nv), -1);
+  auto touch = [&](int v, int when) {
+    const int r = root[size_t(v)];
+    if (r < 0) return;
+    if (start[size_t(r)] < 0 || when < start[size_t(r)]) start[size_t(r)] = when;
+    end[size_t(r)] = std::max(end[size_t(r)], when);
+  };
+  // Assembled concats are written (by the launches that produce their slices) before their own
+  // group appears, so they are roots from the start.
+  for (const LaunchGroup& grp : groups)
+    if (grp.kind == LaunchGroup::Kind::assembled) root[size_t(grp.result)] = grp.result;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const LaunchGroup& grp = groups[i];
+    const int when = int(i);
+    switch (grp.kind) {
+      case LaunchGroup::Kind::view: root[size_t(grp.result)] = root[size_t(grp.group_inputs.at(0))]; break;
+      case LaunchGroup::Kind::alias: root[size_t(grp.result)] = root[size_t(grp.alias_base)]; break;
+      case LaunchGroup::Kind::assembled: break;
+      default: root[size_t(grp.result)] = grp.into >= 0 ? root[size_t(grp.into)] : grp.result; break;
+    }
+    std::vector<int> reads = grp.group_inputs;
+    for (int n : grp.chain)
+      for (int a : g.nodes[size_t(n)].args) reads.push_back(a);
+    if (grp.into >= 0) reads.push_back(grp.into);
+    if (grp.alias_base >= 0) reads.push_back(grp.alias_base);
+    reads.push_back(grp.result);
+    for (int v : reads)
+      if (std::find(grp.internal.begin(), grp.internal.end(), v) == grp.internal.end()) touch(v, when);
+  }
+
+  MemoryPlan plan;
+  plan.offset.assign(size_t(nv), -1);
+  std::vector<char> excluded(size_t(nv), 0);
+  for (int o : g.outputs)
+    if (root[size_t(o)] >= 0) excluded[size_t(root[size_t(o)])] = 1;
+  std::vector<int> planned;
+  for (int v = 0; v < nv; ++v)
+    if (root[size_t(v)] == v && !excluded[size_t(v)] && start[size_t(v)] >= 0) planned.push_back(v);
+  auto bytes_of = [&](int v) { return aligned(size_t(numel(g.shape_of(v))) * dtype_size(g.dtype_of(v))); };
+  // Largest first, each at the lowest offset free over its whole lifetime (first fit).
+  std::stable_sort(planned.begin(), planned.end(), [&](int a, int b) { return bytes_of(a) > bytes_of(b); });
+  std::vector<int> placed;
+  for (int v : planned) {
+    const size_t size = bytes_of(v);
+    plan.planned_bytes += size;
+    std::vector<std::pair<size_t, size_t>> busy;  // [begin, end) of overlapping lifetimes
+    for (int u : placed)
+      if (start[size_t(u)] <= end[size_t(v)] && start[size_t(v)] <= end[size_t(u)])
+        busy.emplace_back(size_t(plan.offset[size_t(u)]), size_t(plan.offset[size_t(u)]) + bytes_of(u));
+    std::sort(busy.begin(), busy.end());
+    size_t at = 0;
+    for (const auto& [b, e] : busy) {
+      if (at + size <= b) break;
+      at = std::max(at, e);
+    }
+    plan.offset[size_t(v)] = int64_t(at);
+    plan.arena_bytes = std::max(plan.arena_bytes, at + size);
+    placed.push_back(v);
+  }
+  return plan;
+}
+
+}  // namespace kiln

@@ -1,0 +1,402 @@
+// Compiled mode (exec/compile.h): the same results as strict eager, executables cached by
+// signature (shapes/dtypes, never values or step counts), one executable per repeated block
+// class, a persistent cache a second process loads instead of compiling, graph breaks named,
+// weights as runtime arguments, and one planned arena for the intermediates. (The per-op
+// bit-equality harness is in test_ops.cc.)
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "devices/runtime.h"
+#include "exec/capture.h"
+#include "exec/compile.h"
+#include "exec/executable_store.h"
+#include "exec/host.h"
+#include "exec/mode.h"
+#include "exec/ops.h"
+#include "flux_call_args.h"
+#include "golden.h"
+#include "io/safetensors.h"
+#include "models/flux/flux_transformer.h"
+#include "pipelines/flux_pipeline.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = to_vector(a), y = to_vector(b);
+  return a.shape() == b.shape() && x.size() == y.size() &&
+         std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// Every test starts with empty process caches, fresh counters and its own persistent cache
+// directory (or none), and leaves persistence off as the test environment has it.
+class CompiledMode : public testing::Test {
+ protected:
+  void SetUp() override {
+    clear_executable_cache();
+    reset_compile_stats();
+    set_executable_cache_dir({});
+  }
+  void TearDown() override {
+    set_executable_cache_dir({});
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  // A fresh persistent cache directory for this test.
+  fs::path use_persistent_cache() {
+    dir_ = fs::temp_directory_path() /
+           ("kiln_compile_cache_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
+    fs::remove_all(dir_);
+    set_executable_cache_dir(dir_);
+    return dir_;
+  }
+  fs::path dir_;
+};
+
+CompileOptions fullgraph() {
+  CompileOptions o;
+  o.fullgraph = true;
+  return o;
+}
+
+// ---- FLUX.1 pipeline: identical output ----
+
+struct PipelineCase {
+  std::string set, how;  // how: "full" (transformer.compile) or "blocks" (compile_repeated_blocks)
+};
+
+class CompiledFluxPipeline : public testing::TestWithParam<PipelineCase> {
+ protected:
+  void SetUp() override {
+    clear_executable_cache();
+    reset_compile_stats();
+    set_executable_cache_dir({});
+  }
+};
+
+// Image exactly equal, latents bitwise equal: the executable runs deferred mode's fused kernels,
+// which compute every element as strict eager does; the arena only moves where values live.
+TEST_P(CompiledFluxPipeline, ImageAndLatentsEqualStrictEagerBitwise) {
+  const auto [set, how] = GetParam();
+  FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
+  FluxCallArgs args = test::flux_call_args(set);
+  args.seed = 0;
+  const FluxOutput eager = pipe(args);
+  if (how == "full") pipe.transformer().compile(fullgraph());
+  else pipe.transformer().compile_repeated_blocks(fullgraph());
+  const FluxOutput compiled = pipe(args);
+  EXPECT_EQ(compile_stats().calls, uint64_t(args.num_inference_steps) *
+                                       (how == "full" ? 1 : pipe.transformer().transformer_blocks().size() +
+                                                                pipe.transformer().single_transformer_blocks().size()));
+  EXPECT_EQ(compile_stats().eager_fallbacks, 0u);
+  EXPECT_EQ(compiled.image, eager.image) << set << " " << how;
+  EXPECT_TRUE(same_bits(compiled.latents, eager.latents)) << set << " " << how;
+  EXPECT_LE(test::byte_diff(compiled.image, test::golden_u8(set, "image.uint8")).second, 1) << set;
+  // Regional compile with deferred mode around the blocks (what runtime.md §5.1 recommends).
+  if (how == "blocks") {
+    EagerModeGuard defer(EagerMode::DeferAndFuse);
+    const FluxOutput mixed = pipe(args);
+    EXPECT_EQ(mixed.image, eager.image) << set;
+    EXPECT_TRUE(same_bits(mixed.latents, eager.latents)) << set;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CompiledFluxPipeline,
+                         testing::Values(PipelineCase{"flux1_tiny", "full"}, PipelineCase{"flux1_tiny", "blocks"},
+                                         PipelineCase{"flux1_tiny_arch", "full"},
+                                         PipelineCase{"flux1_tiny_arch", "blocks"}),
+                         [](const auto& info) { return info.param.set + "_" + info.param.how; });
+
+// ---- what compiles, and what does not (runtime.md §2.4.3) ----
+
+// Counters after one pipeline call: {traces, compiles}.
+std::pair<uint64_t, uint64_t> traces_and_compiles_of(const FluxPipeline& pipe, const FluxCallArgs& args) {
+  const CompileStats before = compile_stats();
+  pipe(args);
+  const CompileStats after = compile_stats();
+  return {after.traces - before.traces, after.compiles - before.compiles};
+}
+
+TEST_F(CompiledMode, TheWholeTransformerCompilesOncePerImageSize) {
+  FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
+  pipe.transformer().compile(fullgraph());
+  const FluxCallArgs base = test::flux_call_args("flux1_tiny_arch");
+  using Pair = std::pair<uint64_t, uint64_t>;
+  EXPECT_EQ(traces_and_compiles_of(pipe, base), Pair(1, 1)) << "first call";
+  EXPECT_EQ(traces_and_compiles_of(pipe, base), Pair(0, 0)) << "same shapes again";
+  for (int64_t steps : {2, 7}) {
+    FluxCallArgs a = base;
+    a.num_inference_steps = steps;
+    EXPECT_EQ(traces_and_compiles_of(pipe, a), Pair(0, 0)) << steps << " steps";
+  }
+  FluxCallArgs other = base;
+  other.seed = 7;
+  other.prompt = "another prompt, same padded length";
+  other.guidance_scale = 1.0;
+  EXPECT_EQ(traces_and_compiles_of(pipe, other), Pair(0, 0)) << "seed, prompt text and guidance are values";
+  FluxCallArgs bigger = base;
+  bigger.width = *base.width * 2;
+  EXPECT_EQ(traces_and_compiles_of(pipe, bigger), Pair(1, 1)) << "a new width";
+  EXPECT_EQ(traces_and_compiles_of(pipe, bigger), Pair(0, 0)) << "that width again";
+  EXPECT_EQ(traces_and_compiles_of(pipe, base), Pair(0, 0)) << "back to the first size";
+  // Each compile is reported with its reason.
+  const CompileStats s = compile_stats();
+  ASSERT_EQ(s.events.size(), 2u);
+  EXPECT_EQ(s.events[0].reason, "first call");
+  EXPECT_NE(s.events[1].reason.find("hidden_states"), std::string::npos) << s.events[1].reason;
+  EXPECT_EQ(s.events[1].source, "compiled");
+  EXPECT_EQ(pipe.transformer().is_compiled(), true);
+}
+
+TEST_F(CompiledMode, RepeatedBlocksCompileOneExecutablePerBlockClass) {
+  FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
+  const FluxTransformer2DModel& t = pipe.transformer();
+  ASSERT_EQ(t.transformer_blocks().size(), 2u);  // so sharing is visible
+  ASSERT_EQ(t.single_transformer_blocks().size(), 2u);
+  pipe.transformer().compile_repeated_blocks(fullgraph());
+  const FluxCallArgs base = test::flux_call_args("flux1_tiny_arch");
+  pipe(base);
+  CompileStats s = compile_stats();
+  EXPECT_EQ(s.compiles, 2u) << "one executable per block class";
+  EXPECT_EQ(s.traces, 4u) << "each block traced once";
+  EXPECT_EQ(s.shared_hits, 2u) << "the second block of each class reuses the first's executable";
+  for (const auto& b : t.transformer_blocks()) EXPECT_EQ(b.compiled()->signatures(), 1u);
+  FluxCallArgs more = base;
+  more.num_inference_steps = 3;
+  EXPECT_EQ(traces_and_compiles_of(pipe, more), (std::pair<uint64_t, uint64_t>(0, 0)));
+  FluxCallArgs taller = base;
+  taller.height = *base.height * 2;
+  EXPECT_EQ(traces_and_compiles_of(pipe, taller), (std::pair<uint64_t, uint64_t>(4, 2))) << "a new height";
+}
+
+TEST_F(CompiledMode, RegionalCompileNeedsRepeatedBlocks) {
+  FluxTransformerConfig c;
+  c.num_layers = 0;
+  c.num_single_layers = 0;
+  c.attention_head_dim = 8;
+  c.axes_dims_rope = {2, 2, 4};
+  c.num_attention_heads = 2;
+  c.joint_attention_dim = 8;
+  c.pooled_projection_dim = 8;
+  c.in_channels = 4;
+  // A checkpoint with just the non-block weights, made on the fly.
+  const fs::path file = fs::temp_directory_path() / ("kiln_noblocks_" + std::to_string(::getpid()) + ".safetensors");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  auto add = [&](const std::string& name, const Shape& s) { tensors.emplace_back(name, zeros(s)); };
+  const int64_t D = 16;
+  add("x_embedder.weight", {D, 4});
+  add("x_embedder.bias", {D});
+  add("context_embedder.weight", {D, 8});
+  add("context_embedder.bias", {D});
+  for (const char* m : {"timestep_embedder", "text_embedder"}) {
+    add(std::string("time_text_embed.") + m + ".linear_1.weight", {D, std::string(m) == "text_embedder" ? 8 : 256});
+    add(std::string("time_text_embed.") + m + ".linear_1.bias", {D});
+    add(std::string("time_text_embed.") + m + ".linear_2.weight", {D, D});
+    add(std::string("time_text_embed.") + m + ".linear_2.bias", {D});
+  }
+  add("norm_out.linear.weight", {2 * D, D});
+  add("norm_out.linear.bias", {2 * D});
+  add("proj_out.weight", {4, D});
+  add("proj_out.bias", {4});
+  synchronize(Device::cpu());
+  io::save_safetensors(file, tensors);
+  FluxTransformer2DModel model(c, nn::Weights(file));
+  try {
+    model.compile_repeated_blocks();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("regional compilation failed"), std::string::npos) << e.what();
+  }
+  fs::remove(file);
+}
+
+// ---- the persistent cache ----
+
+TEST_F(CompiledMode, AWarmPersistentCacheIsLoadedInsteadOfCompiled) {
+  const fs::path dir = use_persistent_cache();
+  const FluxCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  FluxOutput first;
+  {
+    FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
+    pipe.transformer().compile_repeated_blocks(fullgraph());
+    first = pipe(args);
+  }
+  EXPECT_EQ(compile_stats().compiles, 2u);
+  EXPECT_EQ(compile_stats().disk_writes, 2u);
+  // A "second process": nothing in memory, new callables; only the directory is shared.
+  clear_executable_cache();
+  reset_compile_stats();
+  FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
+  pipe.transformer().compile_repeated_blocks(fullgraph());
+  const FluxOutput second = pipe(args);
+  EXPECT_EQ(compile_stats().compiles, 0u);
+  EXPECT_EQ(compile_stats().disk_hits, 2u);
+  EXPECT_EQ(compile_stats().disk_rejects, 0u);
+  EXPECT_EQ(second.image, first.image);
+  EXPECT_TRUE(same_bits(second.latents, first.latents));
+}
+
+TEST_F(CompiledMode, CorruptCacheEntriesAreIgnoredAndReplaced) {
+  const fs::path dir = use_persistent_cache();
+  const Tensor x = from_vector(test::random_values(64, 3), {8, 8});
+  const Tensor w = from_vector(test::random_values(64, 4), {8, 8});
+  auto fn = [&](const std::vector<Tensor>& a) { return std::vector<Tensor>{gelu(linear(a[0], w) * 2.0 + 1.0)}; };
+  const Tensor want = fn({x})[0];
+  { CompiledFunction("toy", fn, {})({x}, {w}); }
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  const auto damage = [&](const std::string& how) {
+    std::ifstream in(files[0], std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    if (how == "truncated") bytes.resize(bytes.size() / 2);
+    else bytes[bytes.size() - 10] ^= 0x5a;  // a flipped byte in the body
+    std::ofstream(files[0], std::ios::binary | std::ios::trunc) << bytes;
+  };
+  for (const std::string how : {"truncated", "flipped"}) {
+    damage(how);
+    clear_executable_cache();
+    reset_compile_stats();
+    testing::internal::CaptureStderr();
+    const Tensor got = CompiledFunction("toy", fn, {})({x}, {w})[0];
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(compile_stats().disk_rejects, 1u) << how;
+    EXPECT_EQ(compile_stats().compiles, 1u) << how;
+    EXPECT_NE(err.find("ignoring compile cache entry"), std::string::npos) << how << ": " << err;
+    EXPECT_TRUE(same_bits(got, want)) << how;
+    // The recompiled entry replaced it: the next process loads it.
+    clear_executable_cache();
+    reset_compile_stats();
+    CompiledFunction("toy", fn, {})({x}, {w});
+    EXPECT_EQ(compile_stats().disk_hits, 1u) << how;
+  }
+}
+
+// ---- capture rules ----
+
+TEST_F(CompiledMode, AGraphBreakUnderFullgraphNamesTheOpAndTheModule) {
+  const Tensor x = from_vector({1, 2, 3, 4}, {4});
+  auto fn = [](const std::vector<Tensor>& a) {
+    ModuleScope block("blocks", 1);
+    const Tensor y = a[0] * 2.0;
+    const float first = to_vector(y)[0];  // a host read inside forward
+    return std::vector<Tensor>{y + double(first)};
+  };
+  try {
+    CompiledFunction("toy_model", fn, fullgraph())({x}, {});
+    FAIL() << "expected a graph break";
+  } catch (const GraphBreak& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("toy_model"), std::string::npos) << m;
+    EXPECT_NE(m.find("blocks.1"), std::string::npos) << m;
+    EXPECT_NE(m.find("'mul'"), std::string::npos) << m;
+  }
+  EXPECT_EQ(compile_stats().compiles, 0u);
+  // Without fullgraph the signature runs eagerly, with the break recorded once.
+  const CompiledFunction lenient("toy_model", fn, CompileOptions{});
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(to_vector(lenient({x}, {})[0]), (std::vector<float>{4, 6, 8, 10}));
+  EXPECT_EQ(compile_stats().graph_breaks, 1u);
+  EXPECT_EQ(compile_stats().eager_fallbacks, 2u);
+  EXPECT_EQ(compile_stats().traces, 1u);
+}
+
+TEST_F(CompiledMode, DynamicShapesAreRefused) {
+  CompileOptions o;
+  o.dynamic = true;
+  try {
+    CompiledFunction("toy", [](const std::vector<Tensor>& a) { return a; }, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use static shapes"), std::string::npos) << e.what();
+  }
+}
+
+// Parameters are bound per call: other weights of the same shape run the same executable.
+TEST_F(CompiledMode, WeightsAreRuntimeArgumentsNotConstants) {
+  const Tensor x = from_vector(test::random_values(24, 1), {2, 3, 4});
+  const Tensor w1 = from_vector(test::random_values(20, 2), {5, 4}), b1 = from_vector(test::random_values(5, 3), {5});
+  const Tensor w2 = from_vector(test::random_values(20, 4), {5, 4}), b2 = from_vector(test::random_values(5, 5), {5});
+  const CompiledFunction f(
+      "toy_linear", [&](const std::vector<Tensor>& a) { return std::vector<Tensor>{silu(linear(a[0], w1, b1))}; }, {});
+  EXPECT_TRUE(same_bits(f({x}, {w1, b1})[0], silu(linear(x, w1, b1))));
+  EXPECT_TRUE(same_bits(f({x}, {w2, b2})[0], silu(linear(x, w2, b2))));
+  EXPECT_EQ(compile_stats().traces, 1u);
+  EXPECT_EQ(compile_stats().compiles, 1u);
+  EXPECT_EQ(f.signatures(), 1u);
+}
+
+TEST_F(CompiledMode, AStateTensorThatIsNotAParameterIsAnError) {
+  const Tensor hidden = from_vector({1, 2}, {2});
+  const CompiledFunction f("leaky", [&](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] + hidden}; },
+                           {});
+  try {
+    f({from_vector({3, 4}, {2})}, {});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("neither an argument nor a parameter"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CompiledMode, ARecompileStormWarnsThenRunsEagerlyOrFails) {
+  auto fn = [](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] * 3.0}; };
+  CompileOptions o;
+  o.cache_size_limit = 2;
+  const CompiledFunction f("stormy", fn, o);
+  testing::internal::CaptureStderr();
+  for (int64_t n = 1; n <= 4; ++n) {
+    const Tensor x = ones({n});
+    EXPECT_EQ(to_vector(f({x}, {})[0]), std::vector<float>(size_t(n), 3.0f));
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("stormy has compiled 2 signatures"), std::string::npos) << err;
+  EXPECT_EQ(compile_stats().compiles, 2u);
+  EXPECT_EQ(compile_stats().eager_fallbacks, 2u);
+  o.on_storm = CompileOptions::OnStorm::error;
+  const CompiledFunction strict("stormy", fn, o);
+  strict({ones({1})}, {});
+  strict({ones({2})}, {});
+  testing::internal::CaptureStderr();
+  EXPECT_THROW(strict({ones({3})}, {}), Error);
+  testing::internal::GetCapturedStderr();
+}
+
+// ---- memory ----
+
+// A block's intermediates live in one arena whose bytes are reused by values with disjoint
+// lifetimes; a call allocates that arena and the outputs, nothing per launch.
+TEST_F(CompiledMode, IntermediatesLiveInOnePlannedArena) {
+  const FluxTransformer2DModel model =
+      FluxTransformer2DModel::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "transformer");
+  const auto& cfg = model.config();
+  const int64_t L_img = 64, L_txt = 16, D = cfg.inner_dim(), hd = cfg.attention_head_dim;
+  const Tensor x = from_vector(test::random_values(L_img * D, 1), {1, L_img, D});
+  const Tensor c = from_vector(test::random_values(L_txt * D, 2), {1, L_txt, D});
+  const Tensor temb = from_vector(test::random_values(D, 3), {1, D});
+  const int64_t S = L_img + L_txt;
+  const flux::RotaryTables rope = flux::RotaryTables::of(from_vector(test::random_values(S * hd, 4), {S, hd}),
+                                                         from_vector(test::random_values(S * hd, 5), {S, hd}));
+  flux::FluxTransformerBlock block = model.transformer_blocks()[0];
+  const auto [c_eager, x_eager] = block.forward(x, c, temb, rope);
+  block.compile(fullgraph());
+  block(x, c, temb, rope);  // compiles
+  const CompileEvent ev = compile_stats().events.at(0);
+  DeviceRuntime& rt = runtime(Device::cpu());
+  synchronize(Device::cpu());
+  const uint64_t before = rt.memory().allocations;
+  const auto [c_out, x_out] = block(x, c, temb, rope);
+  const uint64_t allocated = rt.memory().allocations - before;
+  EXPECT_GT(ev.arena_bytes, 0u);
+  EXPECT_EQ(allocated, 3u) << "one arena and the two outputs";
+  EXPECT_TRUE(same_bits(c_out, c_eager));
+  EXPECT_TRUE(same_bits(x_out, x_eager));
+  // The arena is smaller than the intermediates laid end to end.
+  EXPECT_LT(ev.arena_bytes, ev.planned_bytes);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,111 @@
+// `kiln warmup`: fills the compile caches ahead of time (runtime.md §2.4.7), so a server (or the
+// next `kiln generate --mode compile`) never compiles on a request: traces and compiles the
+// transformer executables for each listed size without running the model, and stores them in
+// the persistent cache (KILN_CACHE_DIR).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.h"
+#include "core/error.h"
+#include "exec/compile.h"
+#include "exec/executable_store.h"
+#include "pipelines/flux_pipeline.h"
+#include "report.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct Size {
+  int64_t height = 0, width = 0;
+};
+
+// "512x512,1024x768" -> sizes.
+std::vector<Size> parse_sizes(const std::string& v) {
+  std::vector<Size> out;
+  size_t at = 0;
+  while (at <= v.size()) {
+    const size_t comma = std::min(v.find(',', at), v.size());
+    const std::string item = v.substr(at, comma - at);
+    const size_t x = item.find('x');
+    Size s;
+    try {
+      size_t used_h = 0, used_w = 0;
+      KILN_CHECK(x != std::string::npos, "cli", "");
+      s.height = std::stoll(item.substr(0, x), &used_h);
+      s.width = std::stoll(item.substr(x + 1), &used_w);
+      KILN_CHECK(used_h == x && used_w == item.size() - x - 1, "cli", "");
+    } catch (const std::exception&) {
+      fail("cli", "--sizes expects HEIGHTxWIDTH[,HEIGHTxWIDTH...], got '", item, "' in '", v, "'");
+    }
+    KILN_CHECK(s.height >= 16 && s.width >= 16, "cli", "--sizes: ", item, " is smaller than 16x16");
+    out.push_back(s);
+    at = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int warmup(const std::vector<std::string>& args) {
+  std::filesystem::path model, report;
+  std::string sizes_text, compile = "full";
+  int64_t max_sequence_length = 512;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    auto value = [&]() -> std::string {
+      KILN_CHECK(i + 1 < args.size(), "cli", "flag ", flag, " needs a value");
+      return args[++i];
+    };
+    if (flag == "--model") model = value();
+    else if (flag == "--sizes") sizes_text = value();
+    else if (flag == "--compile") compile = value();
+    else if (flag == "--max-sequence-length") {
+      const std::string v = value();
+      size_t used = 0;
+      try {
+        max_sequence_length = std::stoll(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      KILN_CHECK(used == v.size() && !v.empty(), "cli", "flag ", flag, " expects an integer, got '", v, "'");
+    } else if (flag == "--report") report = value();
+    else fail("cli", "unknown flag '", flag, "' for warmup (see kiln --help)");
+  }
+  KILN_CHECK(!sizes_text.empty(), "cli", "warmup needs --sizes HEIGHTxWIDTH[,...] (e.g. --sizes 512x512,1024x1024)");
+  const std::vector<Size> sizes = parse_sizes(sizes_text);
+  check_compile_flag(compile);
+  KILN_CHECK(max_sequence_length >= 1 && max_sequence_length <= 512, "cli",
+             "--max-sequence-length must be in [1, 512], got ", max_sequence_length);
+  if (model.empty()) model = KILN_BUNDLED_MODEL;
+  const std::filesystem::path dir = executable_cache_dir();
+  if (dir.empty())
+    std::fprintf(stderr, "kiln: warning: the persistent compile cache is off (KILN_CACHE_DIR=none); warmup only "
+                         "fills this process's cache\n");
+
+  reset_compile_stats();
+  FluxPipeline pipe = FluxPipeline::from_pretrained(model);
+  compile_transformer(pipe, compile);
+  for (const Size& s : sizes) {
+    const CompileStats before = compile_stats();
+    const auto t0 = std::chrono::steady_clock::now();
+    pipe.warmup(s.height, s.width, max_sequence_length);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const CompileStats after = compile_stats();
+    std::fprintf(stderr, "kiln: warmup %lldx%lld (%s): %llu compiled, %llu loaded from the cache, %llu shared, %.3f s\n",
+                 static_cast<long long>(s.height), static_cast<long long>(s.width), compile.c_str(),
+                 static_cast<unsigned long long>(after.compiles - before.compiles),
+                 static_cast<unsigned long long>(after.disk_hits - before.disk_hits),
+                 static_cast<unsigned long long>(after.shared_hits - before.shared_hits), seconds);
+  }
+  std::fprintf(stderr, "kiln: compile cache: %s\n", dir.empty() ? "(off)" : dir.c_str());
+  if (!report.empty()) {
+    nlohmann::json inputs{{"command", "warmup"}, {"model", model.string()}, {"sizes", sizes_text},
+                          {"compile", compile}, {"max_sequence_length", max_sequence_length}};
+    write_report(report, std::move(inputs), nlohmann::json::object(), {{"compiled", compile_report()}});
+  }
+  return 0;
+}
+
+}  // namespace kiln::cli
