@@ -1,27 +1,38 @@
 // Seconds per denoising step of the realistic-width FLUX.1 transformer (the flux1_transformer_mid
 // fixture: FLUX.1-schnell widths, 1 double + 2 single blocks, deterministic weights) at
-// 256x256 and 512x512 with a 512-token prompt, in strict eager mode (mode:0) and in
-// deferred-and-fused mode (mode:1), interleaved in one run. A step is one transformer forward
-// plus the scheduler update, waited for on the host. Each size is warmed up once (untimed);
-// then each mode's first step is reported separately (first_step_s; compile_ms is the graph
-// compile inside it, graph_host_ms the per-step host cost of deferred flushes), and the best of
-// 4 steady steps is compared in the summary: deferred/eager per-step ratios from the same run.
+// 256x256 and 512x512 with a 512-token prompt, in strict eager mode (mode:0), deferred-and-fused
+// mode (mode:1), compiled mode with the whole transformer compiled (mode:2) and with
+// compile_repeated_blocks (mode:3), interleaved in one run. The three models share one set of
+// weight buffers. A step is one transformer forward plus the scheduler update, waited for on
+// the host. Each size is warmed up once (untimed); then each mode's first step is reported
+// separately (first_step_s; compile_ms is the graph compile inside it, trace_ms the compiled
+// modes' tracing, graph_host_ms the per-step host cost of deferred flushes), and the best of 4
+// steady steps is compared in the summary: per-step ratios to strict eager from the same run,
+// and to the step's matmuls (every linear, and attention's two GEMMs per head) timed as plain
+// dnnl_sgemm calls of the same shapes ("raw oneDNN"). The compiled modes also report the
+// warm-cache load of their executables from a persistent cache (load_ms).
 // KILN_BENCH_KERNEL_TIMES=1 also prints the time per kernel name.
 //
-//   build/bench/bench_flux_mid            # ~1 min on 2 cores
+//   build/bench/bench_flux_mid            # ~2 min on 2 cores
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <set>
+
+#include <oneapi/dnnl/dnnl.h>
 
 #include <nlohmann/json.hpp>
 
 #include "deterministic_weights.h"
 #include "devices/runtime.h"
+#include "exec/capture.h"
+#include "exec/compile.h"
 #include "exec/counters.h"
+#include "exec/executable_store.h"
 #include "exec/deferred.h"
 #include "exec/host.h"
 #include "exec/mode.h"
@@ -37,9 +48,30 @@ namespace {
 const std::filesystem::path kFixture = std::filesystem::path(KILN_FIXTURES_DIR) / "flux1_transformer_mid";
 constexpr int64_t kTextTokens = 512;
 
+// Generated weights, made once and handed to every model built from this source.
+class SharedWeights final : public kiln::nn::WeightSource {
+ public:
+  explicit SharedWeights(std::map<std::string, kiln::Shape> shapes) : gen_(std::move(shapes)) {}
+  std::string describe() const override { return gen_.describe(); }
+  bool contains(const std::string& key) const override { return gen_.contains(key); }
+  kiln::Shape shape(const std::string& key) const override { return gen_.shape(key); }
+  kiln::Tensor load(const std::string& key, kiln::DType dtype) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = made_.find(key);
+    if (it == made_.end()) it = made_.emplace(key, gen_.load(key, dtype)).first;
+    return it->second;
+  }
+
+ private:
+  kiln::test::GeneratedWeights gen_;
+  mutable std::mutex mu_;
+  mutable std::map<std::string, kiln::Tensor> made_;
+};
+
+// models[0]: eager and deferred modes; [1]: transformer.compile(); [2]: compile_repeated_blocks().
 struct Mid {
   double build_seconds = 0;
-  std::unique_ptr<kiln::FluxTransformer2DModel> model;
+  std::unique_ptr<kiln::FluxTransformer2DModel> models[3];
 };
 
 Mid& mid() {
@@ -51,12 +83,71 @@ Mid& mid() {
       shapes[name] = info["shape"].get<kiln::Shape>();
     const auto t0 = std::chrono::steady_clock::now();
     Mid r;
-    r.model = std::make_unique<kiln::FluxTransformer2DModel>(
-        kiln::FluxTransformerConfig::from_json(kiln::io::JsonConfig(kFixture / "transformer" / "config.json")),
-        kiln::nn::Weights(std::make_shared<const kiln::test::GeneratedWeights>(shapes)));
+    const auto weights = std::make_shared<const SharedWeights>(shapes);
+    for (auto& model : r.models)
+      model = std::make_unique<kiln::FluxTransformer2DModel>(
+          kiln::FluxTransformerConfig::from_json(kiln::io::JsonConfig(kFixture / "transformer" / "config.json")),
+          kiln::nn::Weights(weights));
     r.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }();
+  return m;
+}
+
+// Compiles models[1] / [2] afresh (new callables: the next call traces, and compiles unless
+// the executable is in memory or in the persistent cache).
+void compile_for(int64_t mode) {
+  kiln::CompileOptions o;
+  o.fullgraph = true;
+  if (mode == 2) mid().models[1]->compile(o);
+  if (mode == 3) mid().models[2]->compile_repeated_blocks(o);
+}
+kiln::FluxTransformer2DModel& model_for(int64_t mode) { return *mid().models[mode <= 1 ? 0 : mode - 1]; }
+
+// The matmuls of one step at raw library speed: every linear and sdpa of the traced step graph,
+// run as dnnl_sgemm calls of the same shapes (attention: Q K^T and P V per head), best of 3.
+double raw_matmul_seconds(const std::function<kiln::Tensor()>& forward) {
+  const kiln::detail::Captured cap = kiln::detail::capture("step", [&] { return std::vector<kiln::Tensor>{forward()}; });
+  const kiln::Graph& g = cap.graph;
+  struct Gemm {
+    int64_t M, N, K;
+    bool trans_b;
+  };
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, int64_t> count;
+  for (const kiln::GraphNode& n : g.nodes) {
+    if (n.op == "linear") {
+      const kiln::Shape& x = g.shape_of(n.args[0]);
+      const int64_t K = x.back(), M = kiln::numel(x) / K, N = g.shape_of(n.args[1])[0];
+      ++count[{M, N, K, true}];
+    } else if (n.op == "matmul") {
+      const kiln::Shape& a = g.shape_of(n.args[0]);
+      const kiln::Shape& b = g.shape_of(n.args[1]);
+      const int64_t M = a[a.size() - 2], K = a.back(), N = b.back();
+      count[{M, N, K, false}] += kiln::numel(n.shape) / (M * N);
+    } else if (n.op == "sdpa") {
+      const kiln::Shape& q = g.shape_of(n.args[0]);
+      const kiln::Shape& k = g.shape_of(n.args[1]);
+      const int64_t heads = q[0] * q[1], Lq = q[2], D = q[3], Lk = k[2];
+      count[{Lq, Lk, D, true}] += heads;
+      count[{Lq, D, Lk, false}] += heads;
+    }
+  }
+  double total = 0;
+  for (const auto& [shape, times] : count) {
+    const auto [M, N, K, trans_b] = shape;
+    std::vector<float> a(size_t(M * K), 0.5f), b(size_t(K * N), 0.25f), c(size_t(M * N));
+    double fastest = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      dnnl_sgemm('N', trans_b ? 'T' : 'N', M, N, K, 1.0f, a.data(), K, b.data(), trans_b ? K : N, 0.0f, c.data(), N);
+      fastest = std::min(fastest, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    total += fastest * double(times);
+  }
+  return total;
+}
+std::map<int64_t, double>& raw_matmuls() {  // by size
+  static std::map<int64_t, double> m;
   return m;
 }
 
@@ -78,7 +169,7 @@ void BM_Step(benchmark::State& state) {
   const int64_t size = state.range(0), grid = size / 16, img = grid * grid;  // packed 2x2 latent tokens
   const int64_t mode = state.range(1);
   kiln::EagerModeGuard guard(mode == 1 ? kiln::EagerMode::DeferAndFuse : kiln::EagerMode::DeferNever);
-  const auto& model = *mid().model;
+  const auto& model = model_for(mode);
   kiln::TorchGenerator gen(0);
   kiln::Tensor latents = kiln::from_vector(gen.randn(img * 64), {1, img, 64});
   const kiln::Tensor text = kiln::from_vector(gen.randn(kTextTokens * 4096), {1, kTextTokens, 4096});
@@ -101,13 +192,41 @@ void BM_Step(benchmark::State& state) {
   if (warmed.insert(size).second) {
     kiln::EagerModeGuard eager(kiln::EagerMode::DeferNever);
     step();
+    const kiln::Tensor t = kiln::from_vector({0.5f}, {1});
+    raw_matmuls()[size] =
+        raw_matmul_seconds([&] { return mid().models[0]->forward(latents, text, pooled, t, img_ids, txt_ids); });
   }
   kiln::clear_graph_cache();
   kiln::reset_deferred_stats();
+  kiln::set_executable_cache_dir({});  // cold: nothing in memory or on disk
+  kiln::clear_executable_cache();
+  kiln::reset_compile_stats();
+  compile_for(mode);
   const auto t0 = std::chrono::steady_clock::now();
   step();
   state.counters["first_step_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  state.counters["compile_ms"] = kiln::deferred_stats().compile_seconds * 1e3;
+  const kiln::CompileStats cs = kiln::compile_stats();
+  state.counters["compile_ms"] = (kiln::deferred_stats().compile_seconds + cs.compile_seconds) * 1e3;
+  if (mode >= 2) {
+    state.counters["trace_ms"] = cs.trace_seconds * 1e3;
+    state.counters["executables"] = double(cs.compiles);
+    // Warm persistent cache: one process writes, the next (simulated: empty memory cache, new
+    // callables) loads instead of compiling.
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("kiln_bench_cache_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    kiln::set_executable_cache_dir(dir);
+    for (int pass = 0; pass < 2; ++pass) {
+      kiln::clear_executable_cache();
+      kiln::reset_compile_stats();
+      compile_for(mode);
+      step();
+    }
+    state.counters["load_ms"] = kiln::compile_stats().load_seconds * 1e3;
+    state.counters["loaded"] = double(kiln::compile_stats().disk_hits);
+    kiln::set_executable_cache_dir({});
+    std::filesystem::remove_all(dir);
+  }
   kiln::reset_counters();
   kiln::reset_deferred_stats();
   kiln::runtime(kiln::Device::cpu()).reset_kernel_times();
@@ -143,8 +262,12 @@ BENCHMARK(BM_Step)
     ->ArgNames({"size", "mode"})
     ->Args({256, 0})
     ->Args({256, 1})
+    ->Args({256, 2})
+    ->Args({256, 3})
     ->Args({512, 0})
     ->Args({512, 1})
+    ->Args({512, 2})
+    ->Args({512, 3})
     ->Unit(benchmark::kSecond)
     ->UseRealTime()
     ->Iterations(4);
@@ -155,12 +278,19 @@ int main(int argc, char** argv) {
   std::printf("weights generated in %.2f s\n", mid().build_seconds);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  const char* names[] = {"eager", "deferred", "compiled (full)", "compiled (blocks)"};
   for (int64_t size : {256, 512}) {
-    const auto e = best().find({size, 0}), d = best().find({size, 1});
-    if (e != best().end() && d != best().end())
-      std::printf("%lldx%lld: best step %.3f s eager, %.3f s deferred: deferred/eager = %.3f\n",
-                  static_cast<long long>(size), static_cast<long long>(size), e->second, d->second,
-                  d->second / e->second);
+    const auto e = best().find({size, 0});
+    if (e == best().end()) continue;
+    const double raw = raw_matmuls()[size];
+    std::printf("%lldx%lld: raw oneDNN matmuls of one step %.3f s\n", static_cast<long long>(size),
+                static_cast<long long>(size), raw);
+    for (int64_t mode = 0; mode < 4; ++mode) {
+      const auto m = best().find({size, mode});
+      if (m == best().end()) continue;
+      std::printf("  %-18s best step %.3f s  /eager %.3f  /raw matmuls %.3f\n", names[mode], m->second,
+                  m->second / e->second, m->second / raw);
+    }
   }
   return 0;
 }

@@ -89,11 +89,24 @@ std::string describe_arg(const Tensor& t) {
 }
 std::string describe_param(const Tensor& t) { return describe_arg(t) + " strides " + to_string(t.strides()); }
 
-// Index of the first earlier tensor (args then params) sharing t's buffer, or -1.
-int first_sharing(const std::vector<Tensor>& all, size_t upto) {
-  for (size_t i = 0; i < upto; ++i)
-    if (all[i].buffer() == all[upto].buffer()) return int(i);
-  return -1;
+// The bytes a (materialised) tensor view can touch: [lo, hi) in its buffer.
+struct Span {
+  const Buffer* buffer;
+  int64_t lo, hi;
+};
+Span span_of(const Tensor& t) {
+  const int64_t es = int64_t(dtype_size(t.dtype()));
+  int64_t lo = t.offset(), hi = t.offset();
+  for (size_t d = 0; d < t.shape().size(); ++d) {
+    if (t.shape()[d] == 0) return {t.buffer().get(), 0, 0};
+    const int64_t ext = (t.shape()[d] - 1) * t.strides()[d];
+    (ext > 0 ? hi : lo) += ext;
+  }
+  return {t.buffer().get(), lo * es, (hi + 1) * es};
+}
+bool overlap(const Span& a, const Span& b) { return a.buffer == b.buffer && a.lo < b.hi && b.lo < a.hi; }
+bool within(const Span& inner, const Span& outer) {
+  return inner.buffer == outer.buffer && outer.lo <= inner.lo && inner.hi <= outer.hi;
 }
 
 }  // namespace
@@ -155,27 +168,37 @@ std::shared_ptr<const CompiledFunction::Entry> CompiledFunction::entry_for(std::
   // Inputs are dense buffers of their own (§2.4.2): pending work runs, views are copied, and an
   // arg sharing a buffer with an earlier arg or a parameter gets a copy, so the executable's
   // argument list depends only on shapes and dtypes.
-  std::vector<Tensor> all;
+  // Tensors are told apart by the bytes they span, not by buffer: the weights of an mmapped
+  // checkpoint all live in one buffer, and a block's two outputs are slices of one.
+  auto entry = std::make_shared<Entry>();
+  std::vector<Span> param_spans;
+  for (size_t j = 0; j < params.size(); ++j) {
+    KILN_CHECK(params[j].defined(), "compile", name_, ": parameter ", j, " is an undefined tensor");
+    params[j].buffer();
+    param_spans.push_back(span_of(params[j]));
+    // Overlapping parameters (tied weights) are part of the signature: the trace binds the first.
+    std::string tied;
+    for (size_t i = 0; i < j && tied.empty(); ++i)
+      if (overlap(param_spans[i], param_spans[j])) tied = " overlaps #" + std::to_string(i);
+    entry->param_sig.push_back(describe_param(params[j]) + tied);
+  }
+  std::vector<Span> arg_spans;
   for (Tensor& a : args) {
     KILN_CHECK(a.defined(), "compile", name_, ": an argument is an undefined tensor");
     if (!a.is_contiguous()) a = contiguous(a);
     a.buffer();
-    all.push_back(a);
-    if (first_sharing(all, all.size() - 1) >= 0) {
+    Span sp = span_of(a);
+    bool overlaps = false;
+    for (const Span& o : arg_spans) overlaps |= overlap(o, sp);
+    for (const Span& o : param_spans) overlaps |= overlap(o, sp);
+    if (overlaps) {  // the same bytes twice: this arg gets its own copy
       a = dispatch("copy", {a});
       a.buffer();
-      all.back() = a;
+      sp = span_of(a);
     }
+    arg_spans.push_back(sp);
   }
-  auto entry = std::make_shared<Entry>();
   for (size_t i = 0; i < args.size(); ++i) entry->arg_sig.push_back(describe_arg(args[i]));
-  for (size_t j = 0; j < params.size(); ++j) {
-    KILN_CHECK(params[j].defined(), "compile", name_, ": parameter ", j, " is an undefined tensor");
-    params[j].buffer();
-    all.push_back(params[j]);
-    const int shared = first_sharing(all, all.size() - 1);
-    entry->param_sig.push_back(describe_param(params[j]) + (shared >= 0 ? " = #" + std::to_string(shared) : ""));
-  }
   std::string key;
   for (const std::string& s : entry->arg_sig) key += s + ";";
   key += "|";
@@ -242,16 +265,21 @@ std::shared_ptr<const CompiledFunction::Entry> CompiledFunction::entry_for(std::
       b.shape = t.shape();
       b.strides = t.strides();
       b.dtype = t.dtype();
-      const int k = [&] {
-        for (size_t i = 0; i < all.size(); ++i)
-          if (all[i].buffer() == t.buffer()) return int(i);
-        return -1;
-      }();
+      const Span sp = span_of(t);
+      int k = -1;
+      for (size_t i = 0; i < arg_spans.size() && k < 0; ++i)
+        if (within(sp, arg_spans[i])) {
+          b.kind = InputBinding::Kind::arg;
+          k = int(i);
+        }
+      for (size_t j = 0; j < param_spans.size() && k < 0; ++j)
+        if (within(sp, param_spans[j])) {
+          b.kind = InputBinding::Kind::param;
+          k = int(j);
+        }
       if (k >= 0) {
-        const bool is_arg = size_t(k) < args.size();
-        b.kind = is_arg ? InputBinding::Kind::arg : InputBinding::Kind::param;
-        b.index = is_arg ? k : k - int(args.size());
-        b.offset = t.offset() - all[size_t(k)].offset();
+        b.index = k;
+        b.offset = t.offset() - (b.kind == InputBinding::Kind::arg ? args : params)[size_t(k)].offset();
       } else {
         KILN_CHECK(t.buffer()->serial() > serial_before, "compile", name_, ": the traced callable reads ",
                    t.describe(),
