@@ -12,6 +12,7 @@
 #include "exec/capture.h"
 #include "exec/compile.h"
 #include "exec/executable_store.h"
+#include "exec/graph_executor.h"
 #include "exec/host.h"
 #include "exec/mode.h"
 #include "exec/ops.h"
@@ -277,6 +278,51 @@ TEST_F(CompiledMode, CorruptCacheEntriesAreIgnoredAndReplaced) {
   }
 }
 
+// An entry with a valid checksum whose launches do not fit its graph (tampered, or written by
+// a buggy engine) is rejected by validation, never run.
+TEST_F(CompiledMode, AnEntryWhoseLaunchesDoNotFitItsGraphIsRejected) {
+  const fs::path dir = use_persistent_cache();
+  const Tensor x = from_vector(test::random_values(64, 3), {8, 8});
+  const Tensor w = from_vector(test::random_values(64, 4), {8, 8});
+  auto fn = [&](const std::vector<Tensor>& a) { return std::vector<Tensor>{gelu(linear(a[0], w) * 2.0 + 1.0)}; };
+  { CompiledFunction("toy", fn, {})({x}, {w}); }
+  fs::path file;
+  for (const auto& e : fs::directory_iterator(dir)) file = e.path();
+  std::ifstream in(file);
+  std::string header, body;
+  std::getline(in, header);
+  std::getline(in, body, '\0');
+  in.close();
+  const auto fnv = [](const std::string& t) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : t) h = (h ^ c) * 1099511628211ull;
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+    return std::string(buf);
+  };
+  ASSERT_EQ(header, fnv(body)) << "the store's checksum format changed";
+  const std::vector<std::pair<std::string, std::string>> tamper = {
+      {"\"alias_base\":-1", "\"alias_base\":999"},  // out of range
+      {"\"kind\":3", "\"kind\":5"},                // the linear+epilogue launch turned into an alias of nothing
+      {"\"into\":-1", "\"into\":0"},                // writing "into" a graph input
+  };
+  for (const auto& [from, to] : tamper) {
+    std::string bad = body;
+    const size_t at = bad.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    bad.replace(at, from.size(), to);
+    std::ofstream(file, std::ios::trunc) << fnv(bad) << '\n' << bad;
+    clear_executable_cache();
+    reset_compile_stats();
+    testing::internal::CaptureStderr();
+    const Tensor got = CompiledFunction("toy", fn, {})({x}, {w})[0];
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(compile_stats().disk_rejects, 1u) << to;
+    EXPECT_NE(err.find("[compile-cache]"), std::string::npos) << to << ": " << err;
+    EXPECT_TRUE(same_bits(got, fn({x})[0])) << to;
+  }
+}
+
 // ---- capture rules ----
 
 TEST_F(CompiledMode, AGraphBreakUnderFullgraphNamesTheOpAndTheModule) {
@@ -303,6 +349,22 @@ TEST_F(CompiledMode, AGraphBreakUnderFullgraphNamesTheOpAndTheModule) {
   EXPECT_EQ(compile_stats().graph_breaks, 1u);
   EXPECT_EQ(compile_stats().eager_fallbacks, 2u);
   EXPECT_EQ(compile_stats().traces, 1u);
+}
+
+// Reading an input's value on the host inside forward would bake one call's value into the
+// graph: a graph break too, naming the argument.
+TEST_F(CompiledMode, AHostReadOfAnArgumentIsAGraphBreak) {
+  auto fn = [](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] * item(a[1])}; };
+  const CompiledFunction f("scaled", fn, fullgraph(), {"x", "scale"});
+  try {
+    f({ones({3}), scalar(2.0)}, {});
+    FAIL() << "expected a graph break";
+  } catch (const GraphBreak& e) {
+    EXPECT_NE(std::string(e.what()).find("argument 1 (scale)"), std::string::npos) << e.what();
+  }
+  const CompiledFunction lenient("scaled", fn, CompileOptions{}, {"x", "scale"});
+  EXPECT_EQ(to_vector(lenient({ones({3}), scalar(2.0)}, {})[0]), (std::vector<float>{2, 2, 2}));
+  EXPECT_EQ(to_vector(lenient({ones({3}), scalar(5.0)}, {})[0]), (std::vector<float>{5, 5, 5}));
 }
 
 TEST_F(CompiledMode, DynamicShapesAreRefused) {
@@ -368,6 +430,45 @@ TEST_F(CompiledMode, ARecompileStormWarnsThenRunsEagerlyOrFails) {
 }
 
 // ---- memory ----
+
+// A producer+row-op chain (linear then RMSNorm) whose result is read only later, through a
+// view: its bytes are live from the chain's own launch, so the planner must not give them to
+// the value the chain reads (y here), which the GEMM would then overwrite while reading it.
+TEST_F(CompiledMode, AChainResultIsLiveFromItsOwnLaunch) {
+  const int64_t M = 16, N = 32, hd = 8;
+  const Tensor x = from_vector(test::random_values(M * N, 1), {M, N});
+  const Tensor w1 = from_vector(test::random_values(N * N, 2), {N, N});
+  const Tensor w2 = from_vector(test::random_values(N * N, 3), {N, N});
+  const Tensor w3 = from_vector(test::random_values(N * N, 4), {N, N}), g = from_vector(test::random_values(hd, 5), {hd});
+  auto fn = [&](const std::vector<Tensor>& a) {
+    const Tensor y = linear(a[0], w1);
+    const Tensor z = rms_norm(reshape(linear(y, w2), {M, N / hd, hd}), g, 1e-6);
+    return std::vector<Tensor>{linear(reshape(z, {M, N}), w3)};
+  };
+  const Tensor want = fn({x})[0];
+  EXPECT_TRUE(same_bits(CompiledFunction("chain", fn, {})({x}, {w1, w2, w3, g})[0], want));
+  // The plan itself: the chain's result and what its GEMM reads never share bytes.
+  const detail::Captured cap = detail::capture("chain", [&] { return fn({x}); });
+  const auto compiled = compile_graph(cap.graph, {}, /*plan_memory=*/true);
+  const Graph& gr = compiled->graph;
+  int checked = 0;
+  for (const LaunchGroup& grp : compiled->groups) {
+    if (grp.kind != LaunchGroup::Kind::epilogue || grp.chain.size() < 2) continue;
+    const int read = gr.nodes[size_t(grp.chain[0])].args[0];
+    const auto range = [&](int v) {
+      const int64_t at = compiled->memory.offset[size_t(v)];
+      return std::make_pair(at, at + int64_t(numel(gr.shape_of(v)) * 4));
+    };
+    ASSERT_GE(compiled->memory.offset[size_t(read)], 0);
+    ASSERT_GE(compiled->memory.offset[size_t(grp.result)], 0);
+    const auto [a0, a1] = range(read);
+    const auto [b0, b1] = range(grp.result);
+    EXPECT_TRUE(a1 <= b0 || b1 <= a0) << "y at [" << a0 << "," << a1 << "), the chain's result at [" << b0 << "," << b1
+                                      << ")";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 1);
+}
 
 // A block's intermediates live in one arena whose bytes are reused by values with disjoint
 // lifetimes; a call allocates that arena and the outputs, nothing per launch.

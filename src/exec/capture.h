@@ -50,8 +50,14 @@ struct Captured {
 bool capturing();
 // Runs `fn` under a fresh capture and returns its graph. `what` names the callable in errors.
 // Nested captures are refused (a compiled callable called inside another's trace is inlined by
-// its caller instead). Throws GraphBreak on a host read of a captured value.
-Captured capture(const std::string& what, const std::function<std::vector<Tensor>()>& fn);
+// its caller instead). Throws GraphBreak on a host read of a captured value, on a host read of
+// one of `runtime_inputs` (tensors whose values change between calls: the callable's args and
+// parameters, each with a name for the message), and on synchronize() inside the region.
+Captured capture(const std::string& what, const std::function<std::vector<Tensor>()>& fn,
+                 const std::vector<std::pair<Tensor, std::string>>& runtime_inputs = {});
+// Called by every host read (exec/host.h) and synchronize(): throws GraphBreak when a capture
+// is active and `t` (or, for a null tensor, any sync) may not be read inside it.
+void check_host_read(const Tensor* t);
 
 }  // namespace detail
 }  // namespace kiln

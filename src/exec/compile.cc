@@ -1,11 +1,13 @@
 #include "exec/compile.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "exec/capture.h"
+#include "exec/deferred.h"
 #include "exec/dispatch.h"
 #include "exec/executable_store.h"
 #include "exec/graph_executor.h"
@@ -71,6 +73,9 @@ std::shared_ptr<const CompiledGraph> executable_for(Graph canonical, CompileEven
   }
   ev.seconds = seconds_since(t0);
   std::lock_guard<std::mutex> lock(g_mu);
+  // Another thread may have obtained the same graph meanwhile: keep one executable.
+  for (const auto& c : executables_locked()[key])
+    if (same_structure(c->graph, compiled->graph)) compiled = c;
   CompileStats& s = stats_locked();
   if (ev.source == "disk") {
     ++s.disk_hits;
@@ -80,7 +85,8 @@ std::shared_ptr<const CompiledGraph> executable_for(Graph canonical, CompileEven
     s.compile_seconds += ev.seconds;
   }
   s.disk_writes += wrote;
-  executables_locked()[key].push_back(compiled);
+  auto& list = executables_locked()[key];
+  if (std::find(list.begin(), list.end(), compiled) == list.end()) list.push_back(compiled);
   return compiled;
 }
 
@@ -98,7 +104,7 @@ Span span_of(const Tensor& t) {
   const int64_t es = int64_t(dtype_size(t.dtype()));
   int64_t lo = t.offset(), hi = t.offset();
   for (size_t d = 0; d < t.shape().size(); ++d) {
-    if (t.shape()[d] == 0) return {t.buffer().get(), 0, 0};
+    if (t.shape()[d] == 0) return {t.buffer().get(), t.offset() * es, t.offset() * es};
     const int64_t ext = (t.shape()[d] - 1) * t.strides()[d];
     (ext > 0 ? hi : lo) += ext;
   }
@@ -247,11 +253,19 @@ std::shared_ptr<const CompiledFunction::Entry> CompiledFunction::entry_for(std::
   CompileEvent ev;
   ev.callable = name_;
   ev.reason = reason;
+  // Anything still pending on this thread (module state computed in deferred mode) is computed
+  // first, so it counts as existing before the trace (see the parameter check below).
+  mark_step();
   const uint64_t serial_before = Buffer::serials_issued();
+  std::vector<std::pair<Tensor, std::string>> runtime_inputs;
+  for (size_t i = 0; i < args.size(); ++i)
+    runtime_inputs.emplace_back(args[i], "argument " + std::to_string(i) +
+                                             (i < arg_names_.size() ? " (" + arg_names_[i] + ")" : ""));
+  for (size_t j = 0; j < params.size(); ++j) runtime_inputs.emplace_back(params[j], "parameter " + std::to_string(j));
   const auto t0 = std::chrono::steady_clock::now();
   detail::Captured cap;
   try {
-    cap = detail::capture(name_, [&] { return fn_(args); });
+    cap = detail::capture(name_, [&] { return fn_(args); }, runtime_inputs);
   } catch (const GraphBreak& e) {
     if (options_.fullgraph) throw;
     entry->eager = true;

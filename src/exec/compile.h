@@ -12,7 +12,8 @@
 // anything is compiled. Only a graph seen for the first time compiles.
 //
 // Signature (a new one traces again, and compiles if its graph is new): every arg's shape, dtype
-// and device; every parameter's shape, dtype and strides; which args/params share a buffer.
+// and device; every parameter's shape, dtype and strides; which parameters overlap (tied
+// weights). Args overlapping another arg or a parameter are copied first.
 // Not part of it: values (sigma, timestep, guidance are 0-d/1-d tensor args), step counts, the
 // prompt text, the weights' contents or residency.
 #pragma once

@@ -171,7 +171,22 @@ class Recorder {
  public:
   Recorder() = default;
   // A capture recorder (exec/capture.h): never flushes; a host read of its values is a graph break.
-  explicit Recorder(std::string capture_of) : capture_(true), what_(std::move(capture_of)) {}
+  explicit Recorder(std::string capture_of, std::vector<std::pair<Tensor, std::string>> runtime_inputs = {})
+      : capture_(true), what_(std::move(capture_of)), runtime_inputs_(std::move(runtime_inputs)) {}
+
+  // Captures: a host read of a runtime input (an arg or parameter) or a sync is a graph break.
+  void check_host_read(const Tensor* t) const {
+    auto fail_break = [&](const std::string& what) {
+      throw GraphBreak(format_error("compile", what_, ": graph break in ",
+                                    ModuleScope::current().empty() ? what_ : ModuleScope::current(), ": ", what,
+                                    " inside the traced region; its value is not known when the graph is traced "
+                                    "(move the read out of forward, or compile with fullgraph=false)"));
+    };
+    if (t == nullptr) fail_break("synchronize()");
+    if (t->is_pending()) return;  // a captured value: materialize() raises with its op
+    for (const auto& [in, name] : runtime_inputs_)
+      if (in.buffer() == t->buffer()) fail_break("the host reads " + name + " (" + t->describe() + ")");
+  }
   ~Recorder() {
     // Thread exit: drop pending work; any tensor still holding a value of it reports the loss.
     size_t held = 0;
@@ -476,6 +491,7 @@ class Recorder {
 
   bool capture_ = false;
   std::string what_;  // captures: the traced callable's name
+  std::vector<std::pair<Tensor, std::string>> runtime_inputs_;  // captures: args and parameters
   Device device_ = Device::cpu();
   std::vector<Tensor> inputs_;
   std::unordered_map<const void*, std::vector<int>> input_index_;
@@ -591,10 +607,15 @@ void flush_before_eager_op() {
 
 bool capturing() { return t_capture != nullptr; }
 
-Captured capture(const std::string& what, const std::function<std::vector<Tensor>()>& fn) {
+void check_host_read(const Tensor* t) {
+  if (t_capture != nullptr) t_capture->check_host_read(t);
+}
+
+Captured capture(const std::string& what, const std::function<std::vector<Tensor>()>& fn,
+                 const std::vector<std::pair<Tensor, std::string>>& runtime_inputs) {
   KILN_CHECK(t_capture == nullptr, "compile", what, ": traced inside another trace; call it directly instead");
   set_materialize_hook(&materialize_hook);
-  Recorder cap(what);
+  Recorder cap(what, runtime_inputs);
   struct Active {
     explicit Active(Recorder* r) { t_capture = r; }
     ~Active() { t_capture = nullptr; }
@@ -609,7 +630,12 @@ Captured capture(const std::string& what, const std::function<std::vector<Tensor
       throw;
     }
   }
-  return cap.finish_capture(outputs);
+  try {
+    return cap.finish_capture(outputs);
+  } catch (...) {
+    cap.abandon();
+    throw;
+  }
 }
 
 }  // namespace detail

@@ -2,9 +2,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <atomic>
 #include <mutex>
+#include <thread>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -157,8 +160,12 @@ json groups_to_json(const std::vector<LaunchGroup>& groups) {
   return out;
 }
 
-// Groups of `g`, with every index checked, so a damaged entry fails here and not in a kernel.
+// Groups of `g`, checked as run_graph will use them, so a damaged or foreign entry fails here
+// and never in a kernel: every index in range, each launch reading only values produced before
+// it, each kind's fields consistent with its node, concat slices inside their concat, every
+// graph output produced.
 std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
+  const auto check = [](bool ok, const char* what) { KILN_CHECK(ok, "compile-cache", what); };
   const auto value = [&](int v) {
     KILN_CHECK(v >= 0 && v < g.num_values(), "compile-cache", "value id ", v, " out of range");
     return v;
@@ -167,6 +174,9 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
     KILN_CHECK(n >= 0 && n < int(g.nodes.size()), "compile-cache", "node index ", n, " out of range");
     return n;
   };
+  const auto bytes = [&](int v) { return numel(g.shape_of(v)) * int64_t(dtype_size(g.dtype_of(v))); };
+  std::vector<char> ready(size_t(g.num_values()), 0);
+  for (int i = 0; i < g.num_inputs(); ++i) ready[size_t(i)] = 1;
   std::vector<LaunchGroup> out;
   for (const json& e : j) {
     LaunchGroup grp;
@@ -175,21 +185,60 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
     grp.kind = LaunchGroup::Kind(kind);
     for (int n : e.at("nodes").get<std::vector<int>>()) grp.nodes.push_back(node(n));
     grp.result = value(e.at("result").get<int>());
-    KILN_CHECK(!g.is_input(grp.result), "compile-cache", "a launch produces graph input ", grp.result);
+    check(!g.is_input(grp.result) && !ready[size_t(grp.result)], "a launch result is a graph input or produced twice");
+    const GraphNode& rnode = g.nodes[size_t(g.node_of(grp.result))];
     for (int v : e.at("inputs").get<std::vector<int>>()) grp.group_inputs.push_back(value(v));
     grp.program = program_from_json(e.at("program"));
-    if (!grp.program.instrs.empty()) cpu::validate(grp.program, grp.group_inputs.size());
     for (int n : e.at("chain").get<std::vector<int>>()) grp.chain.push_back(node(n));
     for (int v : e.at("internal").get<std::vector<int>>()) grp.internal.push_back(value(v));
     grp.into = e.at("into").get<int>();
-    if (grp.into >= 0) value(grp.into);
     grp.into_offset = e.at("into_offset").get<int64_t>();
     grp.alias_base = e.at("alias_base").get<int>();
-    if (grp.alias_base >= 0) value(grp.alias_base);
-    KILN_CHECK(grp.kind != LaunchGroup::Kind::view || grp.group_inputs.size() == 1, "compile-cache",
-               "a view launch without its base");
+    check(grp.alias_base < 0 || (grp.kind == LaunchGroup::Kind::alias && value(grp.alias_base) >= 0),
+          "an alias base on a launch that is not an alias");
+    const auto is_internal = [&](int v) {
+      return std::find(grp.internal.begin(), grp.internal.end(), v) != grp.internal.end();
+    };
+    for (int v : grp.internal) check(!g.is_input(v) && bytes(v) <= bytes(grp.result), "an internal value outside its output");
+    for (int v : grp.group_inputs) check(ready[size_t(v)] || is_internal(v), "a launch reads a value not produced yet");
+    switch (grp.kind) {
+      case LaunchGroup::Kind::view:
+        check(rnode.op == "view" && grp.group_inputs.size() == 1 && grp.group_inputs[0] == rnode.args.at(0),
+              "a view launch that does not match its node");
+        break;
+      case LaunchGroup::Kind::alias:
+        check(grp.alias_base >= 0 && value(grp.alias_base) >= 0 && ready[size_t(grp.alias_base)] &&
+                  bytes(grp.alias_base) == bytes(grp.result),
+              "an alias without a computed base of its size");
+        break;
+      case LaunchGroup::Kind::assembled: check(rnode.op == "concat", "an assembled launch that is not a concat"); break;
+      case LaunchGroup::Kind::single_op:
+        check(grp.group_inputs == rnode.args && grp.chain.empty(), "a single-op launch whose inputs are not its node's");
+        break;
+      case LaunchGroup::Kind::fused_elementwise:
+        check(!grp.program.instrs.empty(), "a fused launch without a program");
+        cpu::validate(grp.program, grp.group_inputs.size());
+        break;
+      case LaunchGroup::Kind::epilogue:
+        check(!grp.chain.empty(), "an epilogue launch without its chain");
+        for (int n : grp.chain)
+          for (int a : g.nodes[size_t(n)].args)
+            check(ready[size_t(a)] || is_internal(a), "an epilogue chain reads a value not produced yet");
+        if (!grp.program.instrs.empty()) cpu::validate(grp.program, grp.group_inputs.size());
+        break;
+    }
+    if (grp.into >= 0) {
+      value(grp.into);
+      check(!g.is_input(grp.into) && g.nodes[size_t(g.node_of(grp.into))].op == "concat" &&
+                g.dtype_of(grp.into) == rnode.dtype && grp.into_offset >= 0 &&
+                grp.into_offset + numel(rnode.shape) <= numel(g.shape_of(grp.into)),
+            "a launch writing outside the concat it writes into");
+    }
+    ready[size_t(grp.result)] = 1;
+    for (int v : grp.internal) ready[size_t(v)] = 1;
     out.push_back(std::move(grp));
   }
+  for (int o : g.outputs) check(ready[size_t(o)], "a graph output no launch produces");
   return out;
 }
 
@@ -294,7 +343,11 @@ std::string store_executable(const std::filesystem::path& dir, const CompiledGra
                     {"graph", graph_to_json(compiled.graph)},
                     {"groups", groups_to_json(compiled.groups)}};
     const std::string body = j.dump();
-    const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+    // Unique per writer (process, thread, call), so concurrent writers never share a temp file.
+    static std::atomic<uint64_t> counter{0};
+    const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
+                                      std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id())) + "." +
+                                      std::to_string(counter.fetch_add(1));
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
       out << hex(fnv1a(body)) << '\n' << body;

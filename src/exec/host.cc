@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "devices/runtime.h"
+#include "exec/capture.h"
 #include "exec/counters.h"
 #include "exec/deferred.h"
 
@@ -34,6 +35,7 @@ Tensor from_ints(const std::vector<int64_t>& values, const Shape& shape, DType d
 
 void wait(const Tensor& t) {
   KILN_CHECK(t.defined(), "sync", "undefined tensor");
+  detail::check_host_read(&t);  // inside a compiled-mode trace, reading an input is a graph break
   DeviceRuntime& rt = runtime(t.device());
   const uint64_t seq = t.buffer()->ready_seq();
   const bool must_wait = seq != 0 && rt.completed() < seq;
@@ -42,6 +44,7 @@ void wait(const Tensor& t) {
 }
 
 void synchronize(const Device& device) {
+  detail::check_host_read(nullptr);
   detail::flush_pending(FlushCause::sync);  // deferred mode: pending work is part of "all work"
   DeviceRuntime& rt = runtime(device);
   const uint64_t seq = rt.last_enqueued();

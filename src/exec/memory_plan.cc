@@ -39,9 +39,11 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<LaunchGroup>& groups) {
       for (int a : g.nodes[size_t(n)].args) reads.push_back(a);
     if (grp.into >= 0) reads.push_back(grp.into);
     if (grp.alias_base >= 0) reads.push_back(grp.alias_base);
-    reads.push_back(grp.result);
+    // Values living inside this launch's output (an epilogue chain's steps) are not separate
+    // reads; the output itself is written here, whether or not it is one of them.
     for (int v : reads)
       if (std::find(grp.internal.begin(), grp.internal.end(), v) == grp.internal.end()) touch(v, when);
+    touch(grp.result, when);
   }
 
   MemoryPlan plan;
