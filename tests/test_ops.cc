@@ -248,6 +248,11 @@ TEST_P(OpConformance, MatchesReference) {
   EXPECT_LE(test::closeness(got.data, expected.data, rtol, atol), 1.0) << c.label << " in " << dtype_name(dtype);
 }
 
+bool same_bits(const HostTensor& a, const HostTensor& b) {
+  return a.shape == b.shape && a.dtype == b.dtype && a.data.size() == b.data.size() &&
+         std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(double)) == 0;
+}
+
 // Deferred-and-fused mode must give exactly strict eager's bits (design.md §1: a fused kernel
 // computes each element with the same operations in the same order), for the op alone and as
 // the producer of an elementwise epilogue (which deferred mode fuses into the op's own launch,
@@ -271,10 +276,6 @@ TEST_P(OpConformance, DeferredEqualsStrictEager) {
   };
   auto run = [&](bool computed_inputs) {
     return std::make_pair(run_one(computed_inputs, false), run_one(computed_inputs, true));
-  };
-  auto same_bits = [](const HostTensor& a, const HostTensor& b) {
-    return a.shape == b.shape && a.dtype == b.dtype && a.data.size() == b.data.size() &&
-           std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(double)) == 0;
   };
   const auto eager = run(false);
   for (bool computed : {false, true}) {
@@ -302,10 +303,6 @@ TEST_P(OpConformance, CompiledEqualsStrictEager) {
   auto op = [&](const std::vector<Tensor>& in, bool with_epilogue) {
     Tensor r = dispatch(c.op, in, attrs);
     return with_epilogue ? cast(r, DType::f32) * 1.5 + 0.25 : r;
-  };
-  auto same_bits = [](const HostTensor& a, const HostTensor& b) {
-    return a.shape == b.shape && a.dtype == b.dtype && a.data.size() == b.data.size() &&
-           std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(double)) == 0;
   };
   for (bool with_epilogue : {false, true}) {
     const HostTensor eager = to_host(op(inputs, with_epilogue));

@@ -44,18 +44,6 @@ struct Options {
   bool compile_given = false;
 };
 
-int64_t parse_int(const std::string& flag, const std::string& v) {
-  size_t used = 0;
-  int64_t x = 0;
-  try {
-    x = std::stoll(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  KILN_CHECK(used == v.size() && !v.empty(), "cli", "flag ", flag, " expects an integer, got '", v, "'");
-  return x;
-}
-
 double parse_float(const std::string& flag, const std::string& v) {
   size_t used = 0;
   double x = 0;
@@ -122,6 +110,18 @@ Options parse(const std::vector<std::string>& args) {
 }
 
 }  // namespace
+
+int64_t parse_int(const std::string& flag, const std::string& v) {
+  size_t used = 0;
+  int64_t x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  KILN_CHECK(used == v.size() && !v.empty(), "cli", "flag ", flag, " expects an integer, got '", v, "'");
+  return x;
+}
 
 void check_compile_flag(const std::string& v) {
   KILN_CHECK(v == "full" || v == "blocks", "cli", "--compile ", v,

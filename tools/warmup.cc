@@ -61,16 +61,8 @@ int warmup(const std::vector<std::string>& args) {
     if (flag == "--model") model = value();
     else if (flag == "--sizes") sizes_text = value();
     else if (flag == "--compile") compile = value();
-    else if (flag == "--max-sequence-length") {
-      const std::string v = value();
-      size_t used = 0;
-      try {
-        max_sequence_length = std::stoll(v, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      KILN_CHECK(used == v.size() && !v.empty(), "cli", "flag ", flag, " expects an integer, got '", v, "'");
-    } else if (flag == "--report") report = value();
+    else if (flag == "--max-sequence-length") max_sequence_length = parse_int(flag, value());
+    else if (flag == "--report") report = value();
     else fail("cli", "unknown flag '", flag, "' for warmup (see kiln --help)");
   }
   KILN_CHECK(!sizes_text.empty(), "cli", "warmup needs --sizes HEIGHTxWIDTH[,...] (e.g. --sizes 512x512,1024x1024)");
