@@ -140,6 +140,29 @@ TEST_F(Cli, CompiledModeWritesTheSameImageAndAWarmCacheCompilesNothing) {
   EXPECT_EQ(after_warmup["compiled"]["compiles"].get<int64_t>(), 0);
 }
 
+// --offload model under a device budget too small for every component at once: the same PNG,
+// one component on the device at a time (the report's event log), the peak within the budget.
+TEST_F(Cli, ModelOffloadFitsABudgetThatAllWeightsOnTheDeviceDoNot) {
+  const fs::path eager = dir_ / "eager.png", png = dir_ / "offload.png", report = dir_ / "offload.json";
+  ASSERT_EQ(kiln_cli("generate --out " + eager.string()).exit_code, 0);
+  const CliRun r = kiln_cli("generate --offload model --device-memory 21MiB --out " + png.string() + " --report " +
+                            report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(io::read_png(png).rgb, io::read_png(eager).rgb);
+  std::ifstream in(report);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["offload"]["placement"], "model offload");
+  EXPECT_EQ(j["offload"]["events"].size(), 8u);  // four onloads, four offloads
+  int resident = 0, most = 0;
+  for (const auto& e : j["offload"]["events"]) {
+    resident += e["action"] == "onload" ? 1 : -1;
+    most = std::max(most, resident);
+  }
+  EXPECT_EQ(most, 1);
+  EXPECT_EQ(resident, 0);
+  EXPECT_LE(j["memory"]["device_peak_bytes"].get<int64_t>(), 21 << 20);
+}
+
 TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
   const fs::path png = dir_ / "out.png";
   struct Case {
@@ -159,6 +182,9 @@ TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
       {"generate --mode compile --compile fast --out " + png.string(), "--compile fast: expected full"},
       {"generate --compile blocks --out " + png.string(), "--compile blocks needs --mode compile"},
       {"warmup", "warmup needs --sizes"},
+      {"generate --offload fast --out " + png.string(), "--offload fast: expected none"},
+      {"generate --device-memory lots --out " + png.string(), "--device-memory expects a size"},
+      {"generate --offload none --device-memory 21MiB --out " + png.string(), "--offload model"},
       {"warmup --sizes 512", "--sizes expects HEIGHTxWIDTH"},
       {"warmup --sizes 8x8", "smaller than 16x16"},
   };

@@ -42,6 +42,8 @@ struct Options {
   bool mode_given = false;
   std::string compile = "full";  // --mode compile: full (transformer.compile) or blocks (compile_repeated_blocks)
   bool compile_given = false;
+  std::string offload;       // "", "none" (pipe.to(device)) or "model" (enable_model_cpu_offload)
+  size_t device_memory = 0;  // --device-memory: the device allocator's capacity (0 = unlimited)
 };
 
 double parse_float(const std::string& flag, const std::string& v) {
@@ -81,6 +83,8 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--device") o.device = value();
     else if (flag == "--mode") o.mode = value(), o.mode_given = true;
     else if (flag == "--compile") o.compile = value(), o.compile_given = true;
+    else if (flag == "--offload") o.offload = value();
+    else if (flag == "--device-memory") o.device_memory = parse_bytes(flag, value());
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
   // Checked here, before minutes of model loading.
@@ -95,6 +99,8 @@ Options parse(const std::vector<std::string>& args) {
              ": expected eager (strict, one kernel per op), defer (deferred-and-fused) or compile (compiled "
              "transformer)");
   check_compile_flag(o.compile);
+  KILN_CHECK(o.offload.empty() || o.offload == "none" || o.offload == "model", "cli", "--offload ", o.offload,
+             ": expected none (every component's weights on the device) or model (one component at a time)");
   KILN_CHECK(!o.compile_given || o.mode == "compile", "cli", "--compile ", o.compile, " needs --mode compile");
   KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");
   if (o.model.empty()) {
@@ -110,6 +116,23 @@ Options parse(const std::vector<std::string>& args) {
 }
 
 }  // namespace
+
+size_t parse_bytes(const std::string& flag, const std::string& v) {
+  size_t used = 0;
+  double x = -1;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = v.substr(std::min(used, v.size()));
+  const std::pair<const char*, double> units[] = {{"", 1},         {"B", 1},         {"KiB", 1024.0},
+                                                  {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3},
+                                                  {"MB", 1e6},     {"GB", 1e9}};
+  for (const auto& [name, scale] : units)
+    if (used > 0 && unit == name && x > 0) return size_t(x * scale);
+  fail("cli", "flag ", flag, " expects a size such as 6GiB, 512MiB or 2GB, got '", v, "'");
+}
 
 int64_t parse_int(const std::string& flag, const std::string& v) {
   size_t used = 0;
@@ -217,7 +240,10 @@ int generate(const std::vector<std::string>& args) {
   reset_compile_stats();
   io::reset_bytes_read();
 
+  if (o.device_memory) runtime(Device::cpu()).set_memory_capacity(o.device_memory);
   FluxPipeline pipe = FluxPipeline::from_pretrained(o.model);
+  if (o.offload == "none") pipe.to(Device::cpu());
+  if (o.offload == "model") pipe.enable_model_cpu_offload(Device::cpu());
   if (o.mode == "compile") compile_transformer(pipe, o.compile);
   double step_total = 0;
   o.call.on_step = [&](int64_t i, int64_t n, double s) { progress(i, n, s, step_total); };
@@ -261,8 +287,18 @@ int generate(const std::vector<std::string>& args) {
                           {"mode", o.mode == "compile" ? std::string("compile") : eager_mode_name(eager_mode())},
                           {"eager_mode", eager_mode_name(eager_mode())},
                           {"compile", o.mode == "compile" ? o.compile : "none"}};
+    nlohmann::json events = nlohmann::json::array();
+    for (const OffloadEvent& e : pipe.offload_events())
+      events.push_back({{"component", e.component},
+                        {"action", e.action},
+                        {"bytes", e.bytes},
+                        {"seconds", e.seconds},
+                        {"device_in_use_bytes", e.device_in_use}});
+    nlohmann::json offload{{"placement", o.offload.empty() ? "host" : o.offload == "none" ? "device" : "model offload"},
+                           {"device_capacity_bytes", o.device_memory},
+                           {"events", events}};
     write_report(o.report, std::move(inputs), std::move(timings),
-                 {{"engine", std::move(engine)}, {"compiled", compile_report()}});
+                 {{"engine", std::move(engine)}, {"compiled", compile_report()}, {"offload", std::move(offload)}});
   }
   return 0;
 }

@@ -24,6 +24,15 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
 
   void* data() const { return data_; }
+
+  // Points this buffer at other bytes of the same size (model offload, exec/residency.h: a
+  // weight's buffer moves between its host copy and a device copy while every tensor viewing it
+  // stays valid). `keep` owns the new bytes (null: they are this buffer's own again). Only
+  // call it when no queued work uses the buffer.
+  void relocate(void* data, std::shared_ptr<void> keep) {
+    data_ = data;
+    relocated_owner_ = std::move(keep);
+  }
   size_t bytes() const { return bytes_; }
   const Device& device() const { return device_; }
 
@@ -40,6 +49,7 @@ class Buffer {
 
  private:
   void* data_;
+  std::shared_ptr<void> relocated_owner_;  // the device copy while relocated
   size_t bytes_;
   Device device_;
   std::function<void()> release_;

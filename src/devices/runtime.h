@@ -44,6 +44,11 @@ class DeviceRuntime {
   virtual void wait_for(uint64_t seq) = 0;
   virtual uint64_t last_enqueued() const = 0;
   virtual uint64_t completed() const = 0;
+  // How many items the host may queue ahead of the device (KILN_MAX_PENDING on the CPU): their
+  // outputs and inputs are all alive at once, which memory estimates must count.
+  virtual size_t max_in_flight() const = 0;
+  // The bytes allocate(bytes) really takes from the capacity (its size class).
+  virtual size_t allocation_size(size_t bytes) const = 0;
 
   // Wall seconds and count of the queued work run so far, by launch name (the op name in strict
   // eager, "fused_elementwise" or "<op>+epilogue" in deferred mode): where a step's time goes.

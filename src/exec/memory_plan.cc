@@ -1,5 +1,7 @@
 #include "exec/memory_plan.h"
 
+#include "devices/runtime.h"
+
 #include <algorithm>
 #include <numeric>
 
@@ -76,6 +78,41 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<LaunchGroup>& groups) {
     placed.push_back(v);
   }
   return plan;
+}
+
+size_t unfused_peak_bytes(const Graph& g, size_t in_flight, const std::function<size_t(size_t)>& allocation_size) {
+  const int n = int(g.nodes.size());
+  // owner[v]: the node whose allocation holds value v (a view's base, recursively).
+  std::vector<int> owner(size_t(g.num_values()), -1), last(size_t(n), -1);
+  for (int i = 0; i < n; ++i) {
+    const GraphNode& node = g.nodes[size_t(i)];
+    const int v = g.value_of_node(i);
+    owner[size_t(v)] = node.op == "view" ? owner[size_t(node.args.at(0))] : i;
+    for (int a : node.args)
+      if (owner[size_t(a)] >= 0) last[size_t(owner[size_t(a)])] = i;
+  }
+  for (int o : g.outputs)
+    if (owner[size_t(o)] >= 0) last[size_t(owner[size_t(o)])] = n;
+  std::vector<size_t> freed_at(size_t(n) + 1, 0);
+  size_t live = 0, peak = 0;
+  for (int i = 0; i < n; ++i) {
+    const GraphNode& node = g.nodes[size_t(i)];
+    if (node.op != "view") {
+      size_t bytes = size_t(numel(node.shape)) * dtype_size(node.dtype);
+      if (allocation_size) bytes = allocation_size(bytes);
+      live += bytes;
+      freed_at[size_t(std::min<int64_t>(n, int64_t(std::max(last[size_t(i)], i)) + int64_t(in_flight)))] += bytes;
+    }
+    peak = std::max(peak, live);
+    live -= freed_at[size_t(i)];
+  }
+  return peak;
+}
+
+size_t unfused_peak_bytes_on(const Graph& g, const Device& device) {
+  DeviceRuntime& rt = runtime(device);
+  // In flight: the queued items, the one running and the one being enqueued.
+  return unfused_peak_bytes(g, rt.max_in_flight() + 2, [&rt](size_t b) { return rt.allocation_size(b); });
 }
 
 }  // namespace kiln

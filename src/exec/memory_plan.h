@@ -9,8 +9,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
+#include "core/device.h"
 #include "graph/fusion.h"
 #include "graph/graph.h"
 
@@ -26,5 +28,17 @@ struct MemoryPlan {
 // Plans the buffers run_graph would allocate for `groups` (graph/fusion.h): launch results that
 // do not write into a concat, and assembled concats. Offsets are aligned to 64 bytes.
 MemoryPlan plan_memory(const Graph& g, const std::vector<LaunchGroup>& groups);
+
+// Peak bytes of the values an op-by-op (strict eager) run of `g` keeps alive at once: every
+// node's result from its op until its last reader has run (views extend their base), graph
+// outputs to the end. The host enqueues up to `in_flight` ops ahead of the device, so a value
+// is counted as freed only `in_flight` ops after its last reader. The activation estimate of
+// model offload's fail-fast check (deferred and compiled runs need less: fusion and the arena
+// remove values).
+// Each value takes allocation_size(bytes) (the allocator's size class).
+size_t unfused_peak_bytes(const Graph& g, size_t in_flight,
+                          const std::function<size_t(size_t)>& allocation_size = nullptr);
+// The same for the device `device` runs on: its queue depth and size classes.
+size_t unfused_peak_bytes_on(const Graph& g, const Device& device);
 
 }  // namespace kiln

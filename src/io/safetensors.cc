@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -138,9 +139,15 @@ void convert_elements(const void* src, DType from, void* dst, DType to, int64_t 
   }
 }
 
+// Host memory for weights that cannot be used in place (a dtype conversion, a misaligned or
+// sliced tensor): like the mmapped bytes, it is the host copy, not device memory (the device
+// allocator counts only what runs on the device; model offload copies weights there).
 BufferPtr allocate_cpu(size_t bytes) {
   // A zero-byte request still gets a real block so every tensor has a valid base pointer.
-  return runtime(Device::cpu()).allocate(std::max<size_t>(bytes, 1));
+  const size_t size = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, size);
+  if (p == nullptr) throw std::bad_alloc();
+  return std::make_shared<Buffer>(p, bytes, Device::cpu(), [p] { std::free(p); });
 }
 
 Tensor convert_tensor(const Tensor& src, DType want) {

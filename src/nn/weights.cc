@@ -1,6 +1,7 @@
 #include "nn/weights.h"
 
 #include "core/error.h"
+#include "exec/residency.h"
 
 namespace kiln::nn {
 
@@ -21,7 +22,9 @@ Tensor Weights::get(const std::string& name, const Shape& shape, DType dtype) co
   const Shape stored = source_->shape(k);
   KILN_CHECK(stored == shape, "weights", describe(), ": tensor '", k, "' has shape ", to_string(stored),
              " but the config implies ", to_string(shape));
-  return source_->load(k, dtype);
+  Tensor t = source_->load(k, dtype);
+  if (ComponentWeights* c = WeightCollector::active()) c->add(t);  // model offload knows its weights
+  return t;
 }
 
 }  // namespace kiln::nn

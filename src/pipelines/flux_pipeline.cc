@@ -3,6 +3,10 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "devices/runtime.h"
+#include "exec/capture.h"
+#include "exec/memory_plan.h"
+#include "exec/residency.h"
 #include "exec/host.h"
 #include "exec/ops.h"
 #include "io/json_config.h"
@@ -37,6 +41,26 @@ fs::path component(const fs::path& dir, const io::JsonConfig& index, const std::
   return p;
 }
 
+// "1.50 GiB", "312.0 MiB", "4.0 KiB", "12 B".
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+// Builds a model while collecting the weights it loads into `weights`.
+template <typename F>
+auto collected(ComponentWeights& weights, F&& build) {
+  WeightCollector collect(weights);
+  return build();
+}
+
+enum class Placement { host, device, model_offload };
+
 }  // namespace
 
 struct FluxPipeline::Components {
@@ -50,6 +74,40 @@ struct FluxPipeline::Components {
   FluxTransformer2DModel transformer;
   AutoencoderKL vae;
   FlowMatchEulerConfig scheduler;
+  // The models' weights in model_cpu_offload_seq order: text_encoder, text_encoder_2,
+  // transformer, vae (runtime.md §4.1.1; FLUX.1 has no image_encoder).
+  std::vector<ComponentWeights> weights;
+  Placement placement = Placement::host;
+  Device device = Device::cpu();
+  std::vector<OffloadEvent> events;
+
+  void onload(size_t i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    weights[i].onload(device);
+    events.push_back({weights[i].name(), "onload", weights[i].bytes(), seconds_since(t0),
+                      runtime(device).memory().in_use_bytes});
+  }
+  void offload(size_t i) {
+    if (!weights[i].resident()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    weights[i].offload();
+    events.push_back({weights[i].name(), "offload", weights[i].bytes(), seconds_since(t0),
+                      runtime(device).memory().in_use_bytes});
+  }
+  // The offload hook before component i runs (§4.1.3): the component before it in the chain
+  // leaves the device, then it arrives (if not there already). Any other resident component
+  // (left by a call that failed half-way) leaves too, so at most one is ever resident.
+  void use(size_t i) {
+    if (placement != Placement::model_offload) return;
+    for (size_t j = 0; j < weights.size(); ++j)
+      if (j != i) offload(j);
+    onload(i);
+  }
+  // maybe_free_model_hooks(): the end of a call under offload releases everything.
+  void free_all() {
+    if (placement != Placement::model_offload) return;
+    for (size_t i = 0; i < weights.size(); ++i) offload(i);
+  }
 };
 
 FluxPipeline::FluxPipeline(std::unique_ptr<Components> c) : c_(std::move(c)) {}
@@ -68,17 +126,23 @@ FluxPipeline FluxPipeline::from_pretrained(const fs::path& dir, const FluxPipeli
                             component(dir, index, "text_encoder"),   component(dir, index, "text_encoder_2"),
                             component(dir, index, "transformer"),    component(dir, index, "vae"),
                             component(dir, index, "scheduler")};
+  std::vector<ComponentWeights> weights{ComponentWeights("text_encoder"), ComponentWeights("text_encoder_2"),
+                                        ComponentWeights("transformer"), ComponentWeights("vae")};
   auto c = std::unique_ptr<Components>(new Components{
       dir,
       options,
       0,
       tokenizers::ClipTokenizer::from_pretrained(paths[0]),
       tokenizers::T5Tokenizer::from_pretrained(paths[1]),
-      ClipTextModel::from_pretrained(paths[2]),
-      T5EncoderModel::from_pretrained(paths[3]),
-      FluxTransformer2DModel::from_pretrained(paths[4]),
-      AutoencoderKL::from_pretrained(paths[5]),
+      collected(weights[0], [&] { return ClipTextModel::from_pretrained(paths[2]); }),
+      collected(weights[1], [&] { return T5EncoderModel::from_pretrained(paths[3]); }),
+      collected(weights[2], [&] { return FluxTransformer2DModel::from_pretrained(paths[4]); }),
+      collected(weights[3], [&] { return AutoencoderKL::from_pretrained(paths[5]); }),
       FlowMatchEulerConfig::load(paths[6] / "scheduler_config.json"),
+      std::move(weights),
+      Placement::host,
+      options.device,
+      {},
   });
   c->load_seconds = seconds_since(t0);
   return FluxPipeline(std::move(c));
@@ -110,6 +174,87 @@ Tensor FluxPipeline::image_ids(int64_t h, int64_t w) {
 
 FluxTransformer2DModel& FluxPipeline::transformer() { return c_->transformer; }
 
+const std::vector<OffloadEvent>& FluxPipeline::offload_events() const { return c_->events; }
+void FluxPipeline::clear_offload_events() { c_->events.clear(); }
+
+FluxPipeline& FluxPipeline::to(const Device& device) {
+  runtime(device);  // "[device] ... not available" for a device this build lacks
+  size_t total = 0;
+  std::string parts;
+  for (const ComponentWeights& w : c_->weights) {
+    total += w.bytes();
+    parts += (parts.empty() ? "" : ", ") + w.name() + " " + format_bytes(w.bytes());
+  }
+  const size_t capacity = runtime(device).memory().capacity_bytes;
+  size_t largest = 0;
+  for (const ComponentWeights& w : c_->weights) largest = std::max(largest, w.bytes());
+  // Fail fast, before copying anything (the rest of the device's memory is what activations get).
+  KILN_CHECK(capacity == 0 || total <= capacity, "memory", "to(", device.str(), "): the weights need ",
+             format_bytes(total), " (", parts, ") but the device's capacity is ", format_bytes(capacity),
+             "; enable_model_cpu_offload() (--offload model) keeps one component at a time on the device (the "
+             "largest weighs ", format_bytes(largest), ")");
+  c_->free_all();
+  c_->placement = Placement::device;
+  c_->device = device;
+  for (size_t i = 0; i < c_->weights.size(); ++i) c_->onload(i);
+  return *this;
+}
+
+FluxPipeline& FluxPipeline::enable_model_cpu_offload(const Device& device) {
+  runtime(device);
+  if (c_->placement == Placement::device)  // §4.1.2 step 4: everything back to the host first
+    for (size_t i = 0; i < c_->weights.size(); ++i) c_->offload(i);
+  c_->placement = Placement::model_offload;
+  c_->device = device;
+  return *this;
+}
+
+MemoryEstimate FluxPipeline::estimate_memory(const FluxCallArgs& args) const {
+  const int64_t multiple = vae_scale_factor() * 2;
+  const int64_t height = args.height.value_or(default_sample_size() * vae_scale_factor()) / multiple * multiple;
+  const int64_t width = args.width.value_or(default_sample_size() * vae_scale_factor()) / multiple * multiple;
+  KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "height and width must be at least ", multiple);
+  const int64_t h = 2 * (height / multiple), w = 2 * (width / multiple), l_img = (h / 2) * (w / 2);
+  MemoryEstimate e;
+  e.capacity = runtime(c_->device).memory().capacity_bytes;
+  // Activations: each forward traced at the call's sizes (nothing runs) and its op-by-op peak.
+  auto traced = [](const char* what, const std::function<Tensor()>& f) {
+    return unfused_peak_bytes_on(detail::capture(what, [&] { return std::vector<Tensor>{f()}; }).graph, Device::cpu());
+  };
+  const Tensor clip_ids = from_ints(std::vector<int64_t>(size_t(c_->tokenizer.model_max_length()), 0),
+                                    {1, c_->tokenizer.model_max_length()});
+  const Tensor t5_ids = from_ints(std::vector<int64_t>(size_t(args.max_sequence_length), 0), {1, args.max_sequence_length});
+  const int64_t latent_channels = c_->vae.config().latent_channels;
+  const Tensor z = zeros({1, latent_channels, h, w});
+  const size_t act[] = {
+      traced("text_encoder", [&] { return c_->text_encoder.forward(clip_ids).pooler_output; }),
+      traced("text_encoder_2", [&] { return c_->text_encoder_2.forward(t5_ids).last_hidden_state; }),
+      c_->transformer.activation_bytes(1, l_img, args.max_sequence_length),
+      traced("vae", [&] { return c_->vae.decode(z); }),
+  };
+  size_t all_weights = 0, max_act = 0, max_component = 0;
+  for (size_t i = 0; i < c_->weights.size(); ++i) {
+    e.components.push_back({c_->weights[i].name(), c_->weights[i].bytes(), act[i]});
+    all_weights += c_->weights[i].bytes();
+    max_act = std::max(max_act, act[i]);
+    max_component = std::max(max_component, c_->weights[i].bytes() + act[i]);
+  }
+  // Carried from stage to stage (f32): prompt embeddings, pooled embedding, latents and the
+  // step's velocity, text/image ids, and the RoPE tables (cos, sin).
+  const auto& tc = c_->transformer.config();
+  const int64_t L_txt = args.max_sequence_length, S = L_txt + l_img;
+  const int64_t carried = L_txt * tc.joint_attention_dim + tc.pooled_projection_dim + 2 * l_img * tc.in_channels +
+                          3 * S + 2 * S * tc.attention_head_dim;
+  e.carried_bytes = size_t(carried) * 4;
+  switch (c_->placement) {
+    case Placement::host: e.placement = "host"; e.required = max_act; break;
+    case Placement::device: e.placement = "device"; e.required = all_weights + max_act; break;
+    case Placement::model_offload: e.placement = "model offload"; e.required = max_component; break;
+  }
+  e.required += e.carried_bytes;
+  return e;
+}
+
 void FluxPipeline::warmup(int64_t height, int64_t width, int64_t max_sequence_length) const {
   const int64_t multiple = vae_scale_factor() * 2;
   KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "warmup: height and width must be at least ",
@@ -124,6 +269,47 @@ void FluxPipeline::warmup(int64_t height, int64_t width, int64_t max_sequence_le
   const int64_t h = 2 * (height / multiple), w = 2 * (width / multiple);
   c_->transformer.warmup(1, (h / 2) * (w / 2), max_sequence_length);
 }
+
+namespace {
+
+// The fail-fast message: what the call needs, per component, and what would fit instead.
+std::string memory_misfit(const FluxPipeline& pipe, const MemoryEstimate& e, const FluxCallArgs& args) {
+  std::string parts;
+  size_t largest = 0;
+  for (const ComponentMemory& m : e.components) {
+    parts += (parts.empty() ? "" : ", ") + m.name + " " + format_bytes(m.weight_bytes) + " weights + " +
+             format_bytes(m.activation_bytes) + " activations";
+    largest = std::max(largest, m.weight_bytes + m.activation_bytes);
+  }
+  largest += e.carried_bytes;
+  const std::string where = e.placement == "host"     ? "with the weights read in place from the host"
+                            : e.placement == "device" ? "with every component's weights on the device"
+                                                      : "with model offload";
+  std::string msg = std::to_string(*args.height) + "x" + std::to_string(*args.width) + " " + where + " needs " +
+                    format_bytes(e.required) + " of device memory but the capacity is " + format_bytes(e.capacity) +
+                    " (" + parts + ", " + format_bytes(e.carried_bytes) + " carried between them)";
+  std::vector<std::string> options;
+  if (e.placement == "device" && largest <= e.capacity)
+    options.push_back("--offload model / enable_model_cpu_offload() needs " + format_bytes(largest));
+  // A smaller image under the same placement (the transformer's and VAE's activations shrink).
+  const int64_t multiple = pipe.vae_scale_factor() * 2;
+  for (int64_t div = 2; *args.height / div >= multiple && *args.width / div >= multiple; div *= 2) {
+    FluxCallArgs smaller = args;
+    smaller.height = *args.height / div / multiple * multiple;
+    smaller.width = *args.width / div / multiple * multiple;
+    const MemoryEstimate s = pipe.estimate_memory(smaller);
+    if (s.fits()) {
+      options.push_back(std::to_string(*smaller.height) + "x" + std::to_string(*smaller.width) + " needs " +
+                        format_bytes(s.required));
+      break;
+    }
+  }
+  msg += options.empty() ? "; nothing smaller fits either: raise --device-memory" : "; would fit: ";
+  for (size_t i = 0; i < options.size(); ++i) msg += (i ? ", or " : "") + options[i];
+  return msg;
+}
+
+}  // namespace
 
 FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   const auto t_start = std::chrono::steady_clock::now();
@@ -156,12 +342,34 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
                "initial latents have shape ", to_string(args.latents.shape()), ", expected packed ", to_string(packed),
                " or unpacked ", to_string(unpacked), " for ", height, "x", width);
 
+  // Fail fast (§4, design.md §4): with a device capacity set, check what this call needs under
+  // the current placement before any work, and say what would fit instead.
+  if (runtime(c_->device).memory().capacity_bytes != 0) {
+    FluxCallArgs sized = args;
+    sized.height = height;
+    sized.width = width;
+    const MemoryEstimate e = estimate_memory(sized);
+    if (!e.fits()) fail("memory", memory_misfit(*this, e, sized));
+  }
+  // Model offload: components are released at the end, also when the call fails.
+  struct FreeAtEnd {
+    Components& c;
+    ~FreeAtEnd() {
+      try {
+        c.free_all();
+      } catch (...) {
+      }
+    }
+  } free_at_end{*c_};
+
   // 1. Text: CLIP pooled embedding, T5 sequence embedding, zero text ids.
   auto t0 = std::chrono::steady_clock::now();
   const auto clip_ids = c_->tokenizer.encode_padded(args.prompt);  // to model_max_length (77)
   const auto t5_ids = c_->tokenizer_2.encode_padded(args.prompt_2.value_or(args.prompt), args.max_sequence_length);
+  c_->use(0);
   const Tensor pooled =
       c_->text_encoder.forward(from_ints(clip_ids, {1, int64_t(clip_ids.size())})).pooler_output;
+  c_->use(1);
   const Tensor prompt_embeds =
       c_->text_encoder_2.forward(from_ints(t5_ids, {1, int64_t(t5_ids.size())})).last_hidden_state;
   const Tensor txt_ids = zeros({int64_t(t5_ids.size()), 3});
@@ -191,6 +399,7 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   // deferred mode the preparation above is flushed as its own graph first, so the first step's
   // graph is the same as every later one's (one compile serves any num_inference_steps).
   mark_step();
+  c_->use(2);  // the transformer arrives once and stays for every step
   for (int64_t i = 0; i < args.num_inference_steps; ++i) {
     t0 = std::chrono::steady_clock::now();
     const float t = scheduler.timesteps()[size_t(i)];
@@ -208,6 +417,7 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   t0 = std::chrono::steady_clock::now();
   const auto& vcfg = c_->vae.config();
   const Tensor z = unpack_latents(latents, h, w) / vcfg.scaling_factor + vcfg.shift_factor;
+  c_->use(3);
   const Tensor image = c_->vae.decode(z);
   out.image = image_processor::to_uint8_hwc(image);
   out.height = image.dim(2);

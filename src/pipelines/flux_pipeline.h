@@ -35,6 +35,30 @@ struct FluxCallArgs {
   std::function<void(const std::string&)> on_warning;
 };
 
+// One move of a component's weights (model offload, runtime.md §4.1.3), for reports and tests.
+struct OffloadEvent {
+  std::string component;  // "text_encoder", "text_encoder_2", "transformer", "vae"
+  std::string action;     // "onload" or "offload"
+  size_t bytes = 0;       // the component's weights
+  double seconds = 0;     // the copy (onload) or release (offload)
+  size_t device_in_use = 0;  // device bytes in use right after it
+};
+
+// What one call needs on the device (model offload's fail-fast check).
+struct ComponentMemory {
+  std::string name;
+  size_t weight_bytes = 0;
+  size_t activation_bytes = 0;  // peak of its forward run op by op, at the call's sizes
+};
+struct MemoryEstimate {
+  std::vector<ComponentMemory> components;  // in model_cpu_offload_seq order
+  std::string placement;                    // "host", "device" or "model offload"
+  size_t carried_bytes = 0;  // what the pipeline keeps across components: embeddings, latents, ids, RoPE tables
+  size_t required = 0;       // for that placement, carried bytes included
+  size_t capacity = 0;                      // the device's (0 = unlimited)
+  bool fits() const { return capacity == 0 || required <= capacity; }
+};
+
 struct FluxTimings {
   double encode = 0, decode = 0, total = 0;
   std::vector<double> steps;
@@ -60,6 +84,24 @@ class FluxPipeline {
   // The denoiser, for compiled mode as in Diffusers: pipe.transformer().compile(options) or
   // pipe.transformer().compile_repeated_blocks(options) (runtime.md §2.4, §5).
   FluxTransformer2DModel& transformer();
+
+  // ---- where the weights live (runtime.md §3–4, design.md §4) ----
+  // By default the weights stay on the host (the mmapped checkpoint) and the CPU device reads
+  // them in place: device memory holds only activations.
+  // to(device): every component's weights are copied into device memory now (fails fast, naming
+  // each component's size, when they exceed the device's capacity).
+  FluxPipeline& to(const Device& device);
+  // Model CPU offload: a component's weights are copied to the device when it is first called
+  // in model_cpu_offload_seq order (text_encoder -> text_encoder_2 -> transformer -> vae) and
+  // released when the next one starts; the transformer stays for all steps; everything is
+  // released at the end of each call. Device peak = the largest component + its activations.
+  FluxPipeline& enable_model_cpu_offload(const Device& device = Device::cpu());
+  // The device memory a call with these arguments needs under the current placement, per
+  // component (weights exactly, activations as traced; nothing runs). operator() checks it
+  // before any work and fails with the numbers and the options that would fit.
+  MemoryEstimate estimate_memory(const FluxCallArgs& args) const;
+  const std::vector<OffloadEvent>& offload_events() const;
+  void clear_offload_events();
   // Traces and compiles the transformer executables a call at this size would use, without
   // running anything, so serving never compiles on a request (kiln warmup). Sizes are rounded
   // as operator() rounds them. Needs a compiled transformer.

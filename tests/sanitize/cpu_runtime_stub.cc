@@ -30,6 +30,8 @@ class StubCpuRuntime final : public DeviceRuntime {
   void wait_for(uint64_t) override {}
   uint64_t last_enqueued() const override { return seq_; }
   uint64_t completed() const override { return seq_; }
+  size_t max_in_flight() const override { return 1; }
+  size_t allocation_size(size_t bytes) const override { return bytes; }
   std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override { return {}; }
   void reset_kernel_times() override {}
   KernelFn kernel(const std::string&) const override { return nullptr; }

@@ -45,6 +45,8 @@ class CpuRuntime final : public DeviceRuntime {
   void wait_for(uint64_t seq) override { queue_.wait_for(seq); }
   uint64_t last_enqueued() const override { return queue_.last_enqueued(); }
   uint64_t completed() const override { return queue_.completed(); }
+  size_t max_in_flight() const override { return queue_.max_pending(); }
+  size_t allocation_size(size_t bytes) const override { return Allocator::round_size(bytes); }
   std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override { return queue_.time_by_name(); }
   void reset_kernel_times() override { queue_.reset_time_by_name(); }
 

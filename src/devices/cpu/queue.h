@@ -18,6 +18,7 @@ namespace kiln::cpu {
 class Queue {
  public:
   explicit Queue(size_t max_pending = 32);
+  size_t max_pending() const { return max_pending_; }
   ~Queue();
   Queue(const Queue&) = delete;
   Queue& operator=(const Queue&) = delete;

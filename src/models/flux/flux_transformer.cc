@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "devices/runtime.h"
 #include "exec/capture.h"
+#include "exec/memory_plan.h"
 
 namespace kiln {
 namespace {
@@ -216,35 +217,53 @@ void FluxTransformer2DModel::compile_repeated_blocks(const CompileOptions& optio
   for (auto& b : core_.single_transformer_blocks) b.compile(options);
 }
 
-void FluxTransformer2DModel::warmup(int64_t batch, int64_t l_img, int64_t l_txt) const {
+std::vector<Tensor> FluxTransformer2DModel::placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt) const {
   const FluxTransformerConfig& c = config_;
-  KILN_CHECK(batch > 0 && l_img > 0 && l_txt > 0, kWhere, "warmup needs positive sizes, got B=", batch, " L_img=",
-             l_img, " L_txt=", l_txt);
-  // Placeholders: right shapes and dtypes, contents never read (nothing runs).
+  KILN_CHECK(batch > 0 && l_img > 0 && l_txt > 0, kWhere, "needs positive sizes, got B=", batch, " L_img=", l_img,
+             " L_txt=", l_txt);
   const DType dt = core_.x_embedder.weight.dtype();
   auto placeholder = [&](const Shape& shape, DType dtype) {
     return Tensor::view_of(runtime(Device::cpu()).allocate(size_t(numel(shape)) * dtype_size(dtype)), shape, dtype);
   };
-  const int64_t D = c.inner_dim(), hd = c.attention_head_dim;
+  const int64_t hd = c.attention_head_dim;
   const flux::RotaryTables rope =
       flux::RotaryTables::of(placeholder({l_txt + l_img, hd}, DType::f32), placeholder({l_txt + l_img, hd}, DType::f32));
   std::optional<Tensor> guidance;
   if (c.guidance_embeds) guidance = placeholder({batch}, DType::f32);
+  return compiled_args(placeholder({batch, l_img, c.in_channels}, dt),
+                       placeholder({batch, l_txt, c.joint_attention_dim}, dt),
+                       placeholder({batch, c.pooled_projection_dim}, dt), placeholder({batch}, DType::f32), rope,
+                       guidance);
+}
+
+void FluxTransformer2DModel::warmup(int64_t batch, int64_t l_img, int64_t l_txt) const {
+  const std::vector<Tensor> a = placeholder_args(batch, l_img, l_txt);
   if (compiled_) {
-    compiled_->prepare(compiled_args(placeholder({batch, l_img, c.in_channels}, dt),
-                                     placeholder({batch, l_txt, c.joint_attention_dim}, dt),
-                                     placeholder({batch, c.pooled_projection_dim}, dt), placeholder({batch}, DType::f32),
-                                     rope, guidance),
-                       core_.parameters());
+    compiled_->prepare(a, core_.parameters());
     return;
   }
-  const Tensor x = placeholder({batch, l_img, D}, dt), ctx = placeholder({batch, l_txt, D}, dt),
-               temb = placeholder({batch, D}, dt);
-  const std::vector<Tensor> args{x, ctx, temb, rope.cos, rope.sin, rope.pair_sign};
+  // Blocks: their args are (x, c, temb, rope tables), all in the model's width.
+  const DType dt = core_.x_embedder.weight.dtype();
+  const int64_t D = config_.inner_dim();
+  auto placeholder = [&](const Shape& shape) {
+    return Tensor::view_of(runtime(Device::cpu()).allocate(size_t(numel(shape)) * dtype_size(dt)), shape, dt);
+  };
+  const std::vector<Tensor> args{placeholder({batch, l_img, D}), placeholder({batch, l_txt, D}),
+                                 placeholder({batch, D}), a[4], a[5], a[6]};
   for (const auto& b : core_.transformer_blocks)
     if (b.compiled()) b.compiled()->prepare(args, b.parameters());
   for (const auto& b : core_.single_transformer_blocks)
     if (b.compiled()) b.compiled()->prepare(args, b.parameters());
+}
+
+size_t FluxTransformer2DModel::activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const {
+  const std::vector<Tensor> a = placeholder_args(batch, l_img, l_txt);
+  std::optional<Tensor> guidance;
+  if (a.size() > 7) guidance = a[7];
+  const detail::Captured cap = detail::capture(kWhere, [&] {
+    return std::vector<Tensor>{core_.forward(a[0], a[1], a[2], a[3], flux::RotaryTables{a[4], a[5], a[6]}, guidance)};
+  });
+  return unfused_peak_bytes_on(cap.graph, Device::cpu());
 }
 
 flux::RotaryTables FluxTransformer2DModel::pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {

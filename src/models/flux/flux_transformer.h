@@ -84,6 +84,9 @@ class FluxTransformer2DModel {
   // Traces and compiles the executables a call with these shapes would use, without running
   // anything (kiln warmup): batch B, l_img image and l_txt text tokens.
   void warmup(int64_t batch, int64_t l_img, int64_t l_txt) const;
+  // Peak activation bytes of one forward at these sizes run op by op (the traced graph's
+  // liveness, exec/memory_plan.h): model offload's fail-fast estimate. Runs nothing.
+  size_t activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const;
 
   // ---- sub-steps of forward (public so tests can compare them with Diffusers' modules) ----
   Tensor x_embedder(const Tensor& hidden_states) const { return core_.x_embedder(hidden_states); }
@@ -123,6 +126,9 @@ class FluxTransformer2DModel {
   std::vector<Tensor> compiled_args(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
                                     const Tensor& pooled_projections, const Tensor& timestep,
                                     const flux::RotaryTables& rope, const std::optional<Tensor>& guidance) const;
+
+  // Inputs with the right shapes and dtypes whose contents are never read (warmup, estimates).
+  std::vector<Tensor> placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt) const;
 
   FluxTransformerConfig config_;
   Core core_;

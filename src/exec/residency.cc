@@ -1,0 +1,54 @@
+#include "exec/residency.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "devices/runtime.h"
+#include "exec/host.h"
+
+namespace kiln {
+
+namespace {
+thread_local ComponentWeights* t_collector = nullptr;
+}  // namespace
+
+void ComponentWeights::add(const Tensor& weight) {
+  const BufferPtr& b = weight.buffer();
+  for (const BufferPtr& have : buffers_)
+    if (have == b) return;
+  KILN_CHECK(!resident_, "offload", name_, ": a weight was added while the component is on the device");
+  buffers_.push_back(b);
+  host_data_.push_back(b->data());
+  bytes_ += b->bytes();
+}
+
+void ComponentWeights::onload(const Device& device) {
+  if (resident_) return;
+  synchronize(device);
+  DeviceRuntime& rt = runtime(device);
+  std::vector<BufferPtr> copies;
+  copies.reserve(buffers_.size());
+  for (const BufferPtr& b : buffers_) {
+    BufferPtr copy = rt.allocate(b->bytes());  // throws "[alloc] out of memory ..." past the capacity
+    std::memcpy(copy->data(), b->data(), b->bytes());
+    copies.push_back(std::move(copy));
+  }
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    void* data = copies[i]->data();
+    buffers_[i]->relocate(data, std::shared_ptr<void>(copies[i], data));
+  }
+  resident_ = true;
+}
+
+void ComponentWeights::offload() {
+  if (!resident_) return;
+  synchronize(Device::cpu());
+  for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i]->relocate(host_data_[i], nullptr);
+  resident_ = false;
+}
+
+WeightCollector::WeightCollector(ComponentWeights& component) : previous_(t_collector) { t_collector = &component; }
+WeightCollector::~WeightCollector() { t_collector = previous_; }
+ComponentWeights* WeightCollector::active() { return t_collector; }
+
+}  // namespace kiln

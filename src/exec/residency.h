@@ -1,0 +1,59 @@
+// Where a model component's weights live (runtime.md §3–4, design.md §4). The host copy — the
+// mmapped safetensors, or host memory when a dtype conversion was needed — is the source of
+// truth. Onload copies every weight into device memory (the device allocator, counted and
+// capacity-limited) and points the weights' buffers at the copies, so the model, its compiled
+// executables and any tensor viewing a weight keep working unchanged; offload points them back
+// at the host bytes and frees the device copies. Weights are immutable, so nothing is ever
+// copied back.
+//
+// A component learns its weights while its model is built: every tensor an nn::Weights hands
+// out inside a WeightCollector scope is added to that component.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+class ComponentWeights {
+ public:
+  explicit ComponentWeights(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const { return name_; }
+
+  void add(const Tensor& weight);  // once per buffer; later adds of the same buffer are ignored
+  size_t bytes() const { return bytes_; }  // what onload allocates on the device
+  size_t count() const { return buffers_.size(); }
+  bool resident() const { return resident_; }
+
+  // Both wait for the device's queued work first (a kernel may still read the weights), and
+  // are no-ops when already in that state. onload throws the allocator's out-of-memory error
+  // (and leaves the component on the host) when the copies do not fit.
+  void onload(const Device& device);
+  void offload();
+
+ private:
+  std::string name_;
+  std::vector<BufferPtr> buffers_;
+  std::vector<void*> host_data_;  // each buffer's own bytes
+  size_t bytes_ = 0;
+  bool resident_ = false;
+};
+
+// While alive, weights loaded through nn::Weights on this thread are added to `component`.
+class WeightCollector {
+ public:
+  explicit WeightCollector(ComponentWeights& component);
+  ~WeightCollector();
+  WeightCollector(const WeightCollector&) = delete;
+  WeightCollector& operator=(const WeightCollector&) = delete;
+  static ComponentWeights* active();
+
+ private:
+  ComponentWeights* previous_;
+};
+
+}  // namespace kiln
