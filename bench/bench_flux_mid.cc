@@ -12,9 +12,11 @@
 //    summary's per-step ratios to strict eager and to the step's matmuls (every linear, and
 //    attention's two GEMMs per head) timed as plain dnnl_sgemm calls of the same shapes
 //    ("raw oneDNN") come from it.
+//  - BM_Offload: a 4-step image with the weights in place against the same with the
+//    transformer onloaded and released around it (model offload's cost per image).
 // KILN_BENCH_KERNEL_TIMES=1 also prints the time per kernel name (BM_Step).
 //
-//   build/bench/bench_flux_mid            # ~5 min on 2 cores
+//   build/bench/bench_flux_mid            # ~6 min on 2 cores
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -37,6 +39,7 @@
 #include "exec/deferred.h"
 #include "exec/host.h"
 #include "exec/mode.h"
+#include "exec/residency.h"
 #include "exec/ops.h"
 #include "io/json_config.h"
 #include "models/flux/flux_transformer.h"
@@ -73,6 +76,7 @@ class SharedWeights final : public kiln::nn::WeightSource {
 struct Mid {
   double build_seconds = 0;
   std::unique_ptr<kiln::FluxTransformer2DModel> models[3];
+  kiln::ComponentWeights weights{"transformer"};  // the (shared) weights, for BM_Offload
 };
 
 Mid& mid() {
@@ -85,6 +89,7 @@ Mid& mid() {
     const auto t0 = std::chrono::steady_clock::now();
     Mid r;
     const auto weights = std::make_shared<const SharedWeights>(shapes);
+    kiln::WeightCollector collect(r.weights);
     for (auto& model : r.models)
       model = std::make_unique<kiln::FluxTransformer2DModel>(
           kiln::FluxTransformerConfig::from_json(kiln::io::JsonConfig(kFixture / "transformer" / "config.json")),
@@ -299,6 +304,57 @@ void BM_Interleaved(benchmark::State& state) {
   state.counters["full/raw_matmuls"] = fastest[2] / raw_matmuls()[size];
 }
 
+// Model offload's cost per image (runtime.md §4.1): a 4-step "image" on the mid transformer with
+// its weights in place, against the same with the transformer onloaded (its 2.6 GiB of weights
+// copied into device memory) before the steps and released after, as model offload does once
+// per call. Rounds alternate; best of 3 each.
+void BM_Offload(benchmark::State& state) {
+  const int64_t size = state.range(0), grid = size / 16, img = grid * grid;
+  kiln::TorchGenerator gen(0);
+  const kiln::Tensor latents = kiln::from_vector(gen.randn(img * 64), {1, img, 64});
+  const kiln::Tensor text = kiln::from_vector(gen.randn(kTextTokens * 4096), {1, kTextTokens, 4096});
+  const kiln::Tensor pooled = kiln::from_vector(gen.randn(768), {1, 768});
+  const kiln::Tensor img_ids = kiln::FluxPipeline::image_ids(2 * grid, 2 * grid);
+  const kiln::Tensor txt_ids = kiln::zeros({kTextTokens, 3});
+  const auto& model = *mid().models[0];
+  kiln::EagerModeGuard guard(kiln::EagerMode::DeferNever);
+  auto image = [&](bool offload, double* copy_seconds) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (offload) mid().weights.onload(kiln::Device::cpu());
+    const auto t1 = std::chrono::steady_clock::now();
+    kiln::FlowMatchEulerDiscreteScheduler scheduler{kiln::FlowMatchEulerConfig{}};
+    scheduler.set_timesteps(4, 0.5);
+    kiln::Tensor x = latents;
+    for (int i = 0; i < 4; ++i) {
+      const kiln::Tensor t = kiln::from_vector({scheduler.timesteps()[size_t(i)] / 1000.0f}, {1});
+      x = scheduler.step(model.forward(x, text, pooled, t, img_ids, txt_ids), x);
+    }
+    kiln::wait(x);
+    const auto t2 = std::chrono::steady_clock::now();
+    if (offload) mid().weights.offload();
+    const auto t3 = std::chrono::steady_clock::now();
+    *copy_seconds = std::chrono::duration<double>(t1 - t0).count() + std::chrono::duration<double>(t3 - t2).count();
+    return std::chrono::duration<double>(t3 - t0).count();
+  };
+  double unused = 0, copy = 0, best_copy = 1e30;
+  image(false, &unused);  // warm
+  double fastest[2] = {1e30, 1e30};
+  for (auto _ : state)
+    for (int offload = 0; offload < 2; ++offload) {
+      fastest[offload] = std::min(fastest[offload], image(offload == 1, &copy));
+      if (offload) best_copy = std::min(best_copy, copy);
+    }
+  state.counters["in_place_s"] = fastest[0];
+  state.counters["offload_s"] = fastest[1];
+  state.counters["offload/in_place"] = fastest[1] / fastest[0];
+  state.counters["onload_offload_s"] = best_copy;
+  state.counters["weights_GiB"] = double(mid().weights.bytes()) / double(1 << 30);
+  std::printf("offload overhead, %lldx%lld, 4 steps: in place %.3f s, model offload %.3f s (onload + release %.3f s "
+              "of %.2f GiB): offload/in place = %.3f\n",
+              static_cast<long long>(size), static_cast<long long>(size), fastest[0], fastest[1], best_copy,
+              double(mid().weights.bytes()) / double(1 << 30), fastest[1] / fastest[0]);
+}
+
 BENCHMARK(BM_Step)
     ->ArgNames({"size", "mode"})
     ->Args({256, 0})
@@ -314,6 +370,7 @@ BENCHMARK(BM_Step)
     ->Iterations(2);
 
 BENCHMARK(BM_Interleaved)->ArgNames({"size"})->Arg(256)->Arg(512)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(5);
+BENCHMARK(BM_Offload)->ArgNames({"size"})->Arg(256)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(3);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
