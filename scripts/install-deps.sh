@@ -14,6 +14,7 @@ packages=(
   libpng-dev             # PNG output
   libsentencepiece-dev   # T5 tokenizer (spiece.model)
   libpcre2-dev           # CLIP pre-tokenisation pattern (Unicode classes)
+  libopenmpi-dev openmpi-bin  # tensor parallelism: ProcessGroup on MPI, mpirun
 )
 
 missing=()

@@ -59,13 +59,34 @@ class GeneratedWeights final : public nn::WeightSource {
   std::string describe() const override { return "generated weights"; }
   bool contains(const std::string& key) const override { return shapes_.count(key) != 0; }
   Shape shape(const std::string& key) const override { return shapes_.at(key); }
-  // Generated straight into device memory (f32; these weights are only used in f32).
+  // Generated into host memory, like a checkpoint's weights (f32; only used in f32).
   Tensor load(const std::string& key, DType dtype) const override {
     KILN_CHECK(dtype == DType::f32, "weights", "generated weights are f32, asked for ", dtype_name(dtype));
     const Shape& s = shapes_.at(key);
-    BufferPtr buf = runtime(Device::cpu()).allocate(size_t(numel(s)) * 4);
+    BufferPtr buf = host_allocate(size_t(numel(s)) * 4);
     det_param_values(key, s, static_cast<float*>(buf->data()));
     return Tensor::view_of(std::move(buf), s, DType::f32);
+  }
+  // Only the slice's elements are generated (each value depends on its index alone), as a
+  // checkpoint reads only a shard's bytes.
+  Tensor load_slice(const std::string& key, int dim, int64_t start, int64_t length, DType dtype) const override {
+    KILN_CHECK(dtype == DType::f32, "weights", "generated weights are f32, asked for ", dtype_name(dtype));
+    const Shape& s = shapes_.at(key);
+    const int64_t rows = s.size() == 1 ? s[0] : s[0], cols = s.size() == 1 ? 1 : s[1];
+    const int64_t out_rows = dim == 0 ? length : rows, out_cols = dim == 1 ? length : cols;
+    KILN_CHECK(start >= 0 && length >= 0 && start + length <= (dim == 0 ? rows : cols), "weights", "slice out of range");
+    BufferPtr buf = host_allocate(size_t(out_rows * out_cols) * 4);
+    float* out = static_cast<float*>(buf->data());
+    const uint64_t seed = fnv1a64(key);
+    const bool is_bias = key.size() >= 4 && key.compare(key.size() - 4, 4, "bias") == 0;
+    const double inv = 1.0 / std::sqrt(s.size() >= 2 ? double(cols) : 1.0);
+    for (int64_t r = 0; r < out_rows; ++r)
+      for (int64_t c = 0; c < out_cols; ++c) {
+        const int64_t j = (dim == 0 ? start + r : r) * cols + (dim == 1 ? start + c : c);
+        const double v = det_unit(seed, j);
+        out[r * out_cols + c] = float(s.size() >= 2 ? v * inv : is_bias ? 0.02 * v : 1.0 + 0.1 * v);
+      }
+    return Tensor::view_of(std::move(buf), s.size() == 1 ? Shape{out_rows} : Shape{out_rows, out_cols}, DType::f32);
   }
 
  private:

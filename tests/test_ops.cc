@@ -183,6 +183,10 @@ const std::vector<OpCase>& cases() {
     c.push_back({"pad/2d", "pad", {in({3, 4, 5}, L::transposed)},
                  Attrs{{"pads", std::vector<int64_t>{0, 0, 1, 2, 3, 0}}, {"value", -1.5}}});
     c.push_back({"gather/embedding", "gather", {in({11, 6}), indices({2, 7}, 11)}});
+    // Collectives in a world of one rank (the multi-rank cases are test_tensor_parallel.cc's).
+    c.push_back({"all_reduce/strided", "all_reduce", {in({4, 6}, L::strided)}, {}, 1e-5, 1e-5, false});
+    c.push_back({"all_gather/last", "all_gather", {in({3, 5}, L::transposed)},
+                 Attrs{{"axis", int64_t(1)}, {"world_size", int64_t(1)}}});
     c.push_back({"upsample_nearest2x/nchw", "upsample_nearest2x", {in({2, 3, 4, 5}, L::transposed)}});
     c.push_back({"arange/float", "arange", {}, Attrs{{"start", 0.5}, {"end", 9.0}, {"step", 0.75}, {"dtype", int64_t(DType::f32)}}});
     c.push_back({"arange/int", "arange", {}, Attrs{{"start", -3.0}, {"end", 20.0}, {"step", 2.0}, {"dtype", int64_t(DType::i64)}},

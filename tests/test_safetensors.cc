@@ -452,8 +452,17 @@ TEST_F(SliceTest, OutOfRangeSlicesAreErrors) {
   expect_error([&] { file.load_slice("w", 1, 2, INT64_MAX, DType::f32); },
                {"tensor 'w'", "dim 1", "size 5"});
   expect_error([&] { file.load_slice("w", 2, 0, 1, DType::f32); }, {"tensor 'w'", "dim 2"});
-  expect_error([&] { file.load_slice("v", 0, 0, 1, DType::f32); }, {"tensor 'v'", "[5]", "2-D"});
+  expect_error([&] { file.load_slice("v", 1, 0, 1, DType::f32); }, {"tensor 'v'", "[5]", "2-D"});
   EXPECT_EQ(kiln::io::bytes_read(), 0u);
+}
+
+// A 1-D tensor (a bias) is sliced by rows: a colwise shard's bias.
+TEST_F(SliceTest, RowsOfAVector) {
+  const SafetensorsFile file(path_);
+  const kiln::Tensor all = file.load("v"), part = file.load_slice("v", 0, 1, 3, kiln::DType::f32);
+  EXPECT_EQ(part.shape(), kiln::Shape({3}));
+  const std::vector<float> a = kiln::to_vector(all), p = kiln::to_vector(part);
+  EXPECT_EQ(p, (std::vector<float>{a[1], a[2], a[3]}));
 }
 
 // ---- sharded checkpoints --------------------------------------------------------------------

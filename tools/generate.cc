@@ -1,4 +1,5 @@
 // `kiln generate`: text to image with a FLUX.1 checkpoint, like diffusers' FluxPipeline.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,6 +12,8 @@
 #include "commands.h"
 #include "core/error.h"
 #include "devices/runtime.h"
+#include "distributed/process_group.h"
+#include "distributed/tensor_parallel.h"
 #include "exec/compile.h"
 #include "exec/counters.h"
 #include "exec/executable_store.h"
@@ -43,6 +46,7 @@ struct Options {
   std::string compile = "full";  // --mode compile: full (transformer.compile) or blocks (compile_repeated_blocks)
   bool compile_given = false;
   std::string offload;       // "", "none" (pipe.to(device)) or "model" (enable_model_cpu_offload)
+  int64_t tp = 0;            // --tp N: tensor parallel over N processes (mpirun -np N)
   size_t device_memory = 0;  // --device-memory: the device allocator's capacity (0 = unlimited)
 };
 
@@ -84,6 +88,7 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--mode") o.mode = value(), o.mode_given = true;
     else if (flag == "--compile") o.compile = value(), o.compile_given = true;
     else if (flag == "--offload") o.offload = value();
+    else if (flag == "--tp") o.tp = parse_int(flag, value());
     else if (flag == "--device-memory") o.device_memory = parse_bytes(flag, value());
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
@@ -101,6 +106,14 @@ Options parse(const std::vector<std::string>& args) {
   check_compile_flag(o.compile);
   KILN_CHECK(o.offload.empty() || o.offload == "none" || o.offload == "model", "cli", "--offload ", o.offload,
              ": expected none (every component's weights on the device) or model (one component at a time)");
+  // Checked before anything loads: the launch must match --tp (runtime.md §6.2).
+  const int world = ProcessGroup::world()->size();
+  KILN_CHECK(o.tp == 0 || o.tp >= 1, "cli", "--tp must be at least 1, got ", o.tp);
+  KILN_CHECK(o.tp == 0 || o.tp == world, "cli", "--tp ", o.tp, " needs ", o.tp, " processes (mpirun -np ", o.tp,
+             " kiln generate --tp ", o.tp, " ...), but this job has ", world);
+  KILN_CHECK(o.tp != 0 || world == 1, "cli", "launched as ", world, " processes: pass --tp ", world,
+             " to shard the transformer over them");
+  KILN_CHECK(o.tp <= 1 || o.offload != "model", "cli", "--offload model with --tp is not supported");
   KILN_CHECK(!o.compile_given || o.mode == "compile", "cli", "--compile ", o.compile, " needs --mode compile");
   KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");
   if (o.model.empty()) {
@@ -130,7 +143,7 @@ size_t parse_bytes(const std::string& flag, const std::string& v) {
                                                   {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3},
                                                   {"MB", 1e6},     {"GB", 1e9}};
   for (const auto& [name, scale] : units)
-    if (used > 0 && unit == name && x > 0) return size_t(x * scale);
+    if (used > 0 && unit == name && x * scale >= 1 && x * scale < 9.0e18) return size_t(x * scale);
   fail("cli", "flag ", flag, " expects a size such as 6GiB, 512MiB or 2GB, got '", v, "'");
 }
 
@@ -230,8 +243,10 @@ void progress(int64_t i, int64_t n, double step_seconds, double& total) {
 
 int generate(const std::vector<std::string>& args) {
   Options o = parse(args);
-  check_writable(o.out);
-  if (!o.report.empty()) check_writable(o.report);
+  const std::shared_ptr<ProcessGroup> world = ProcessGroup::world();
+  const bool writer = world->rank() == 0;  // under --tp only rank 0 writes the image and report
+  if (writer) check_writable(o.out);
+  if (writer && !o.report.empty()) check_writable(o.report);
   if (!o.latents_file.empty()) o.call.latents = load_latents(o.latents_file);
   // --mode overrides KILN_DEFER_AND_FUSE; without it the environment's default stands.
   if (o.mode_given) set_default_eager_mode(o.mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
@@ -241,12 +256,16 @@ int generate(const std::vector<std::string>& args) {
   io::reset_bytes_read();
 
   if (o.device_memory) runtime(Device::cpu()).set_memory_capacity(o.device_memory);
-  FluxPipeline pipe = FluxPipeline::from_pretrained(o.model);
+  FluxPipelineOptions pipe_options;
+  if (o.tp > 1) pipe_options.tensor_parallel = TensorParallelConfig{DeviceMesh(world)};
+  FluxPipeline pipe = FluxPipeline::from_pretrained(o.model, pipe_options);
   if (o.offload == "none") pipe.to(Device::cpu());
   if (o.offload == "model") pipe.enable_model_cpu_offload(Device::cpu());
   if (o.mode == "compile") compile_transformer(pipe, o.compile);
   double step_total = 0;
-  o.call.on_step = [&](int64_t i, int64_t n, double s) { progress(i, n, s, step_total); };
+  o.call.on_step = [&](int64_t i, int64_t n, double s) {
+    if (writer) progress(i, n, s, step_total);
+  };
   o.call.on_warning = [](const std::string& w) { std::fprintf(stderr, "kiln: warning: %s\n", w.c_str()); };
   const FluxOutput result = pipe(o.call);
 
@@ -257,6 +276,17 @@ int generate(const std::vector<std::string>& args) {
       {"size", std::to_string(result.width) + "x" + std::to_string(result.height)},
       {"model", o.model.string()},
       {"software", std::string("kiln ") + KILN_VERSION}};
+  // Per-rank figures for the report (every rank takes part in the gather).
+  struct RankFigures {
+    uint64_t bytes_read, device_peak, host_rss;
+  };
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const RankFigures mine{io::bytes_read(), runtime(Device::cpu()).memory().peak_bytes,
+                         uint64_t(usage.ru_maxrss) * 1024};
+  std::vector<RankFigures> ranks(size_t(world->size()));
+  world->all_gather(&mine, ranks.data(), sizeof(RankFigures));
+  if (!writer) return 0;
   io::write_png(o.out, result.image.data(), result.height, result.width, meta);
   std::fprintf(stderr, "kiln: wrote %s (%lldx%lld, %lld steps, %.2f s)\n", o.out.c_str(),
                static_cast<long long>(result.width), static_cast<long long>(result.height),
@@ -297,8 +327,18 @@ int generate(const std::vector<std::string>& args) {
     nlohmann::json offload{{"placement", o.offload.empty() ? "host" : o.offload == "none" ? "device" : "model offload"},
                            {"device_capacity_bytes", o.device_memory},
                            {"events", events}};
+    nlohmann::json per_rank = nlohmann::json::array();
+    for (size_t r = 0; r < ranks.size(); ++r)
+      per_rank.push_back({{"rank", r},
+                          {"bytes_read", ranks[r].bytes_read},
+                          {"device_peak_bytes", ranks[r].device_peak},
+                          {"host_peak_rss_bytes", ranks[r].host_rss}});
+    nlohmann::json tp{{"world_size", world->size()}, {"ranks", per_rank}};
     write_report(o.report, std::move(inputs), std::move(timings),
-                 {{"engine", std::move(engine)}, {"compiled", compile_report()}, {"offload", std::move(offload)}});
+                 {{"engine", std::move(engine)},
+                  {"compiled", compile_report()},
+                  {"offload", std::move(offload)},
+                  {"tensor_parallel", std::move(tp)}});
   }
   return 0;
 }

@@ -65,4 +65,9 @@ class Buffer {
 
 using BufferPtr = std::shared_ptr<Buffer>;
 
+// Host memory (64-byte aligned, freed with the buffer): weights that cannot be used in place
+// from their checkpoint (converted, sliced, packed). Not device memory: the device allocator
+// does not count it (exec/residency.h copies weights to the device when they must be there).
+BufferPtr host_allocate(size_t bytes);
+
 }  // namespace kiln

@@ -1,5 +1,9 @@
 #include "core/tensor.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
 #include <atomic>
 
 #include "core/error.h"
@@ -90,6 +94,14 @@ void* Tensor::data_ptr() const {
 std::string Tensor::describe() const {
   if (!defined()) return "undefined tensor";
   return std::string(dtype_name(dtype())) + to_string(shape()) + " on " + device().str();
+}
+
+BufferPtr host_allocate(size_t bytes) {
+  // A zero-byte request still gets a real block so every tensor has a valid base pointer.
+  const size_t size = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, size);
+  if (p == nullptr) throw std::bad_alloc();
+  return std::make_shared<Buffer>(p, bytes, Device::cpu(), [p] { std::free(p); });
 }
 
 }  // namespace kiln

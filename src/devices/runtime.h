@@ -38,6 +38,8 @@ class DeviceRuntime {
   virtual MemoryStats memory() const = 0;
   virtual void set_memory_capacity(size_t bytes) = 0;
   virtual void reset_peak_memory() = 0;
+  // Returns the allocator's cached free blocks to the system.
+  virtual void release_cached_memory() = 0;
 
   // Queue: enqueue returns at once with a sequence number; wait_for blocks the host.
   virtual uint64_t enqueue(std::string what, std::function<void()> work) = 0;

@@ -44,6 +44,9 @@ struct Captured {
   std::vector<Tensor> inputs;   // canonical input i was this tensor (a view, with canonical unit strides)
   std::vector<int> output_index;  // returned tensor k is canonical output output_index[k]
   size_t nodes_recorded = 0;
+  // Every recorded node in the order the callable issued it (dead ones too; outputs = the
+  // returned tensors): what an op-by-op run would allocate, in its order (memory estimates).
+  Graph recorded;
 };
 
 // Whether a capture is active on this thread (ops record, whatever the eager mode).

@@ -174,8 +174,8 @@ std::shared_ptr<const CompiledFunction::Entry> CompiledFunction::entry_for(std::
   // Inputs are dense buffers of their own (§2.4.2): pending work runs, views are copied, and an
   // arg sharing a buffer with an earlier arg or a parameter gets a copy, so the executable's
   // argument list depends only on shapes and dtypes.
-  // Tensors are told apart by the bytes they span, not by buffer: the weights of an mmapped
-  // checkpoint all live in one buffer, and a block's two outputs are slices of one.
+  // Tensors are told apart by the bytes they span, not by buffer: views of one buffer (a block's
+  // two outputs are slices of one) are different arguments.
   auto entry = std::make_shared<Entry>();
   std::vector<Span> param_spans;
   for (size_t j = 0; j < params.size(); ++j) {

@@ -262,6 +262,7 @@ class Recorder {
     for (const Ref& r : out_refs) g.outputs.push_back(value_id(g, value_of, r));
     detail::Captured c;
     c.nodes_recorded = nodes_.size();
+    c.recorded = g;
     CanonicalMap map;
     c.graph = canonicalize(g, &map);
     for (int i : map.input_order) c.inputs.push_back(inputs_[size_t(i)]);

@@ -1,5 +1,7 @@
 #include "exec/ops.h"
 
+#include "distributed/process_group.h"
+
 #include "core/error.h"
 #include "exec/dispatch.h"
 #include "exec/host.h"
@@ -202,6 +204,13 @@ Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
   s.insert(s.end(), x.shape().begin() + s1 + 1, x.shape().end());
   return reshape(x, s);
 }
+Tensor all_reduce(const Tensor& x) { return dispatch("all_reduce", {x}); }
+Tensor all_gather(const Tensor& x, int64_t axis) {
+  if (axis < 0) axis += x.rank();
+  return dispatch("all_gather", {x},
+                  Attrs{{"axis", axis}, {"world_size", int64_t(ProcessGroup::world()->size())}});
+}
+
 Tensor contiguous(const Tensor& x) { return x.is_contiguous() ? x : dispatch("copy", {x}); }
 Tensor concat(const std::vector<Tensor>& xs, int64_t axis) {
   KILN_CHECK(!xs.empty(), "concat", "needs at least one tensor");

@@ -22,6 +22,13 @@ void ComponentWeights::add(const Tensor& weight) {
   bytes_ += b->bytes();
 }
 
+size_t ComponentWeights::device_bytes(const Device& device) const {
+  const DeviceRuntime& rt = runtime(device);
+  size_t n = 0;
+  for (const BufferPtr& b : buffers_) n += rt.allocation_size(b->bytes());
+  return n;
+}
+
 void ComponentWeights::onload(const Device& device) {
   if (resident_) return;
   synchronize(device);
@@ -38,13 +45,15 @@ void ComponentWeights::onload(const Device& device) {
     buffers_[i]->relocate(data, std::shared_ptr<void>(copies[i], data));
   }
   resident_ = true;
+  device_ = device;
 }
 
 void ComponentWeights::offload() {
   if (!resident_) return;
-  synchronize(Device::cpu());
+  synchronize(device_);
   for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i]->relocate(host_data_[i], nullptr);
   resident_ = false;
+  runtime(device_).release_cached_memory();
 }
 
 WeightCollector::WeightCollector(ComponentWeights& component) : previous_(t_collector) { t_collector = &component; }

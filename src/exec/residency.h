@@ -25,13 +25,16 @@ class ComponentWeights {
   const std::string& name() const { return name_; }
 
   void add(const Tensor& weight);  // once per buffer; later adds of the same buffer are ignored
-  size_t bytes() const { return bytes_; }  // what onload allocates on the device
+  size_t bytes() const { return bytes_; }  // the weights' own bytes
+  // What onload takes from `device`'s capacity (each copy rounded to the allocator's size class).
+  size_t device_bytes(const Device& device) const;
   size_t count() const { return buffers_.size(); }
   bool resident() const { return resident_; }
 
   // Both wait for the device's queued work first (a kernel may still read the weights), and
   // are no-ops when already in that state. onload throws the allocator's out-of-memory error
-  // (and leaves the component on the host) when the copies do not fit.
+  // (and leaves the component on the host) when the copies do not fit. offload also returns the
+  // device's cached free blocks to the system, so the process really shrinks.
   void onload(const Device& device);
   void offload();
 
@@ -41,6 +44,7 @@ class ComponentWeights {
   std::vector<void*> host_data_;  // each buffer's own bytes
   size_t bytes_ = 0;
   bool resident_ = false;
+  Device device_ = Device::cpu();  // where it is while resident
 };
 
 // While alive, weights loaded through nn::Weights on this thread are added to `component`.

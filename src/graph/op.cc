@@ -13,6 +13,7 @@ void register_elementwise_ops();
 void register_reduction_ops();
 void register_movement_ops();
 void register_contraction_ops();
+void register_collective_ops();
 
 namespace {
 
@@ -28,6 +29,7 @@ void ensure_registered() {
     register_reduction_ops();
     register_movement_ops();
     register_contraction_ops();
+    register_collective_ops();
   });
 }
 

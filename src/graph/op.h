@@ -42,6 +42,7 @@ enum class OpKind {
   contraction,  // matmul, linear, conv2d
   attention,
   factory,      // no tensor inputs (arange, full)
+  collective,   // all_reduce, all_gather across this process's world
 };
 
 struct OpDef {

@@ -139,16 +139,8 @@ void convert_elements(const void* src, DType from, void* dst, DType to, int64_t 
   }
 }
 
-// Host memory for weights that cannot be used in place (a dtype conversion, a misaligned or
-// sliced tensor): like the mmapped bytes, it is the host copy, not device memory (the device
-// allocator counts only what runs on the device; model offload copies weights there).
-BufferPtr allocate_cpu(size_t bytes) {
-  // A zero-byte request still gets a real block so every tensor has a valid base pointer.
-  const size_t size = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, size);
-  if (p == nullptr) throw std::bad_alloc();
-  return std::make_shared<Buffer>(p, bytes, Device::cpu(), [p] { std::free(p); });
-}
+// Weights that cannot be used in place (converted, misaligned, sliced) live in host memory.
+BufferPtr allocate_cpu(size_t bytes) { return host_allocate(bytes); }
 
 Tensor convert_tensor(const Tensor& src, DType want) {
   BufferPtr buf = allocate_cpu(size_t(src.numel()) * dtype_size(want));
@@ -458,20 +450,23 @@ Tensor SafetensorsFile::load_slice(const std::string& name, int dim, int64_t sta
                                    DType want) const {
   DType dt;
   const TensorInfo& ti = supported_info(name, &dt);
-  if (ti.shape.size() != 2)
+  // A 1-D tensor (a bias) is sliced as the rows of an [N, 1] matrix.
+  const bool vector = ti.shape.size() == 1 && dim == 0;
+  if (ti.shape.size() != 2 && !vector)
     file_fail(path_, "tensor '", name, "' has shape ", to_string(ti.shape),
-              "; load_slice needs a 2-D tensor");
+              "; load_slice needs a 2-D tensor (or rows of a 1-D one)");
   if (dim != 0 && dim != 1)
     file_fail(path_, "tensor '", name, "': slice dim ", dim, " must be 0 (rows) or 1 (columns)");
-  const int64_t size = ti.shape[size_t(dim)];
+  const Shape shape = vector ? Shape{ti.shape[0], 1} : ti.shape;
+  const int64_t size = shape[size_t(dim)];
   if (start < 0 || length < 0 || start > size || length > size - start)
     file_fail(path_, "tensor '", name, "': slice ", range_text(start, length), " of dim ", dim,
               " is out of range: dim ", dim, " has size ", size);
 
   const size_t elem = dtype_size(dt);
-  const int64_t rows = dim == 0 ? length : ti.shape[0];
-  const int64_t cols = dim == 0 ? ti.shape[1] : length;
-  const size_t row_bytes = size_t(ti.shape[1]) * elem;  // a full row in the file
+  const int64_t rows = dim == 0 ? length : shape[0];
+  const int64_t cols = dim == 0 ? shape[1] : length;
+  const size_t row_bytes = size_t(shape[1]) * elem;  // a full row in the file
   const size_t out_row_bytes = size_t(cols) * elem;
   BufferPtr buf = allocate_cpu(size_t(rows) * out_row_bytes);
   auto* dst = static_cast<char*>(buf->data());
@@ -483,7 +478,7 @@ Tensor SafetensorsFile::load_slice(const std::string& name, int dim, int64_t sta
       pread_exact(dst + size_t(r) * out_row_bytes, out_row_bytes,
                   ti.byte_begin + uint64_t(r) * row_bytes + uint64_t(start) * elem, name);
   }
-  Tensor t = Tensor::view_of(std::move(buf), {rows, cols}, dt);
+  Tensor t = Tensor::view_of(std::move(buf), vector ? Shape{rows} : Shape{rows, cols}, dt);
   return dt == want ? t : convert_tensor(t, want);
 }
 

@@ -1,10 +1,92 @@
 #include "nn/layers.h"
 
+#include <cstring>
+
+#include "core/error.h"
+#include "exec/host.h"
+
 namespace kiln::nn {
 
-Linear::Linear(const Weights& w, int64_t in_features, int64_t out_features, bool has_bias)
-    : weight(w.get("weight", {out_features, in_features})),
-      bias(has_bias ? w.get("bias", {out_features}) : Tensor()) {}
+namespace {
+
+// 2-D (or 1-D) host tensors joined along `dim` into one host tensor (packed shards).
+Tensor join_host(const std::vector<Tensor>& parts, int dim) {
+  if (parts.size() == 1) return parts[0];
+  const bool vec = parts[0].rank() == 1;
+  const int64_t rows_each = vec ? 1 : parts[0].dim(0);
+  int64_t rows = 0, cols = 0;
+  for (const Tensor& p : parts) {
+    wait(p);
+    if (dim == 0) rows += vec ? p.dim(0) : p.dim(0);
+    else cols += p.dim(1);
+  }
+  if (dim == 0) cols = vec ? 1 : parts[0].dim(1);
+  else rows = rows_each;
+  const size_t es = dtype_size(parts[0].dtype());
+  BufferPtr buf = host_allocate(size_t(rows * cols) * es);
+  char* dst = static_cast<char*>(buf->data());
+  if (dim == 0) {
+    for (const Tensor& p : parts) {
+      std::memcpy(dst, p.data_ptr(), p.nbytes());
+      dst += p.nbytes();
+    }
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (const Tensor& p : parts) {
+        const size_t run = size_t(p.dim(1)) * es;
+        std::memcpy(dst, static_cast<const char*>(p.data_ptr()) + size_t(r) * run, run);
+        dst += run;
+      }
+  }
+  return Tensor::view_of(std::move(buf), vec ? Shape{rows} : Shape{rows, cols}, parts[0].dtype());
+}
+
+}  // namespace
+
+Linear::Linear(const Weights& w, int64_t in_features, int64_t out_features, bool has_bias) {
+  const TensorParallelEntry* e = w.plan() ? w.plan()->find(w.path()) : nullptr;
+  const int ws = e ? w.plan()->group->size() : 1, rank = e ? w.plan()->group->rank() : 0;
+  if (e == nullptr || ws == 1) {
+    weight = w.get("weight", {out_features, in_features});
+    bias = has_bias ? w.get("bias", {out_features}) : Tensor();
+    return;
+  }
+  const bool by_rows = e->style == "colwise" || e->style == "packed_colwise" || e->style == "colwise_gather";
+  parallel = e->style == "colwise_gather" ? Parallel::colwise_gather : by_rows ? Parallel::colwise : Parallel::rowwise;
+  const int64_t size = by_rows ? out_features : in_features;
+  const std::vector<int64_t> blocks = e->blocks.empty() ? std::vector<int64_t>{1} : e->blocks;
+  int64_t total = 0;
+  for (int64_t b : blocks) total += b;
+  const char* what = by_rows ? "out_features" : "in_features";
+  KILN_CHECK(size % total == 0, "tp", w.path(), ": ", e->style, " needs ", what, " (", size,
+             ") to split into blocks ", to_string(Shape(blocks)));
+  std::vector<Tensor> w_parts, b_parts;
+  int64_t offset = 0;
+  for (int64_t b : blocks) {
+    const int64_t block = size / total * b;
+    KILN_CHECK(block % ws == 0, "tp", w.path(), ": ", e->style, " splits ", what, " ",
+               blocks.size() > 1 ? "block " : "", block, " across ", ws, " ranks, which does not divide it");
+    const int64_t piece = block / ws, start = offset + rank * piece;
+    w_parts.push_back(w.get_slice("weight", {out_features, in_features}, by_rows ? 0 : 1, start, piece));
+    if (has_bias && by_rows) b_parts.push_back(w.get_slice("bias", {out_features}, 0, start, piece));
+    offset += block;
+  }
+  weight = join_host(w_parts, by_rows ? 0 : 1);
+  if (has_bias) bias = by_rows ? join_host(b_parts, 0) : w.get("bias", {out_features});  // rowwise: added once, whole
+}
+
+Tensor Linear::operator()(const Tensor& x) const {
+  switch (parallel) {
+    case Parallel::none:
+    case Parallel::colwise: return linear(x, weight, bias);
+    case Parallel::rowwise: {
+      const Tensor y = all_reduce(linear(x, weight));
+      return bias.defined() ? y + bias : y;
+    }
+    case Parallel::colwise_gather: return all_gather(linear(x, weight, bias), x.rank() - 1);
+  }
+  return Tensor();
+}
 
 LayerNorm::LayerNorm(const Weights& w, int64_t dim, double eps_, bool affine, bool has_bias)
     : weight(affine ? w.get("weight", {dim}) : Tensor()),

@@ -9,15 +9,20 @@
 
 namespace kiln::nn {
 
-// y = x W^T + b, W [out, in].
+// y = x W^T + b, W [out, in]. Under a tensor-parallel plan (Weights::plan, runtime.md §6.5) the
+// layer loads only this rank's shard and computes its part: colwise keeps a slice of the output
+// features; rowwise a slice of the input features, all-reduces the partial products, then adds
+// the bias; colwise_gather all-gathers its output slices back to the whole output.
 struct Linear {
+  enum class Parallel { none, colwise, rowwise, colwise_gather };
   Linear() = default;
   Linear(const Weights& w, int64_t in_features, int64_t out_features, bool bias = true);
-  Tensor operator()(const Tensor& x) const { return linear(x, weight, bias); }
+  Tensor operator()(const Tensor& x) const;
   // Appends the tensors the layer reads (weight, then bias if any): the parameter list of
   // compiled modules (exec/compile.h).
   void append_parameters(std::vector<Tensor>& out) const;
   Tensor weight, bias;
+  Parallel parallel = Parallel::none;
 };
 
 // LayerNorm over the last dim; `affine` = elementwise_affine (weight and bias).

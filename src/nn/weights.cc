@@ -10,7 +10,17 @@ Weights::Weights(const std::filesystem::path& checkpoint) : source_(open_checkpo
 Weights::Weights(std::shared_ptr<const WeightSource> source, std::string prefix)
     : source_(std::move(source)), prefix_(std::move(prefix)) {}
 
-Weights Weights::sub(const std::string& name) const { return Weights(source_, prefix_ + name + "."); }
+Weights Weights::sub(const std::string& name) const {
+  Weights w(source_, prefix_ + name + ".");
+  w.plan_ = plan_;
+  return w;
+}
+
+Weights Weights::with_plan(std::shared_ptr<const ShardPlan> plan) const {
+  Weights w = *this;
+  w.plan_ = std::move(plan);
+  return w;
+}
 
 bool Weights::has(const std::string& name) const { return source_ && source_->contains(key(name)); }
 
@@ -24,6 +34,20 @@ Tensor Weights::get(const std::string& name, const Shape& shape, DType dtype) co
              " but the config implies ", to_string(shape));
   Tensor t = source_->load(k, dtype);
   if (ComponentWeights* c = WeightCollector::active()) c->add(t);  // model offload knows its weights
+  return t;
+}
+
+Tensor Weights::get_slice(const std::string& name, const Shape& shape, int dim, int64_t start, int64_t length,
+                          DType dtype) const {
+  KILN_CHECK(source_ != nullptr, "weights", "no checkpoint loaded for '", key(name), "'");
+  const std::string k = key(name);
+  KILN_CHECK(source_->contains(k), "weights", describe(), ": tensor '", k,
+             "' is missing (the model's config expects it with shape ", to_string(shape), ")");
+  const Shape stored = source_->shape(k);
+  KILN_CHECK(stored == shape, "weights", describe(), ": tensor '", k, "' has shape ", to_string(stored),
+             " but the config implies ", to_string(shape));
+  Tensor t = source_->load_slice(k, dim, start, length, dtype);
+  if (ComponentWeights* c = WeightCollector::active()) c->add(t);
   return t;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "distributed/tensor_parallel.h"
 #include "nn/weight_source.h"
 
 namespace kiln::nn {
@@ -28,10 +29,22 @@ class Weights {
   Tensor get(const std::string& name, const Shape& shape, DType dtype = DType::f32) const;
   std::string key(const std::string& name) const { return prefix_ + name; }
   std::string describe() const { return source_ ? source_->describe() : "(no checkpoint)"; }
+  // This module's path: the prefix without its trailing '.' ("transformer_blocks.3.attn.to_q").
+  std::string path() const { return prefix_.empty() ? prefix_ : prefix_.substr(0, prefix_.size() - 1); }
+
+  // Tensor parallelism: the plan the model is loaded under (children inherit it; null: every
+  // tensor whole). Layers look their own path up in it.
+  Weights with_plan(std::shared_ptr<const ShardPlan> plan) const;
+  const ShardPlan* plan() const { return plan_.get(); }
+  // Rows (dim 0) or columns (dim 1) [start, start+length) of `name`, whose full shape must be
+  // `shape`; only the slice's bytes are read from a checkpoint.
+  Tensor get_slice(const std::string& name, const Shape& shape, int dim, int64_t start, int64_t length,
+                   DType dtype = DType::f32) const;
 
  private:
   std::shared_ptr<const WeightSource> source_;
   std::string prefix_;
+  std::shared_ptr<const ShardPlan> plan_;
 };
 
 }  // namespace kiln::nn

@@ -1,6 +1,7 @@
 #include "pipelines/flux_pipeline.h"
 
 #include <chrono>
+#include <mutex>
 
 #include "core/error.h"
 #include "devices/runtime.h"
@@ -80,8 +81,11 @@ struct FluxPipeline::Components {
   Placement placement = Placement::host;
   Device device = Device::cpu();
   std::vector<OffloadEvent> events;
+  // One call at a time: a call moves weights (offload) that another call's kernels may be using.
+  mutable std::mutex call_mu;
 
   void onload(size_t i) {
+    if (weights[i].resident()) return;
     const auto t0 = std::chrono::steady_clock::now();
     weights[i].onload(device);
     events.push_back({weights[i].name(), "onload", weights[i].bytes(), seconds_since(t0),
@@ -136,12 +140,17 @@ FluxPipeline FluxPipeline::from_pretrained(const fs::path& dir, const FluxPipeli
       tokenizers::T5Tokenizer::from_pretrained(paths[1]),
       collected(weights[0], [&] { return ClipTextModel::from_pretrained(paths[2]); }),
       collected(weights[1], [&] { return T5EncoderModel::from_pretrained(paths[3]); }),
-      collected(weights[2], [&] { return FluxTransformer2DModel::from_pretrained(paths[4]); }),
+      collected(weights[2],
+                [&] {
+                  return options.tensor_parallel ? FluxTransformer2DModel::from_pretrained(paths[4], *options.tensor_parallel)
+                                                 : FluxTransformer2DModel::from_pretrained(paths[4]);
+                }),
       collected(weights[3], [&] { return AutoencoderKL::from_pretrained(paths[5]); }),
       FlowMatchEulerConfig::load(paths[6] / "scheduler_config.json"),
       std::move(weights),
       Placement::host,
       options.device,
+      {},
       {},
   });
   c->load_seconds = seconds_since(t0);
@@ -182,26 +191,37 @@ FluxPipeline& FluxPipeline::to(const Device& device) {
   size_t total = 0;
   std::string parts;
   for (const ComponentWeights& w : c_->weights) {
-    total += w.bytes();
-    parts += (parts.empty() ? "" : ", ") + w.name() + " " + format_bytes(w.bytes());
+    total += w.device_bytes(device);
+    parts += (parts.empty() ? "" : ", ") + w.name() + " " + format_bytes(w.device_bytes(device));
   }
   const size_t capacity = runtime(device).memory().capacity_bytes;
   size_t largest = 0;
-  for (const ComponentWeights& w : c_->weights) largest = std::max(largest, w.bytes());
+  for (const ComponentWeights& w : c_->weights) largest = std::max(largest, w.device_bytes(device));
   // Fail fast, before copying anything (the rest of the device's memory is what activations get).
   KILN_CHECK(capacity == 0 || total <= capacity, "memory", "to(", device.str(), "): the weights need ",
              format_bytes(total), " (", parts, ") but the device's capacity is ", format_bytes(capacity),
              "; enable_model_cpu_offload() (--offload model) keeps one component at a time on the device (the "
              "largest weighs ", format_bytes(largest), ")");
+  std::lock_guard<std::mutex> lock(c_->call_mu);
   c_->free_all();
   c_->placement = Placement::device;
   c_->device = device;
-  for (size_t i = 0; i < c_->weights.size(); ++i) c_->onload(i);
+  try {
+    for (size_t i = 0; i < c_->weights.size(); ++i) c_->onload(i);
+  } catch (...) {  // nothing half-placed: back to the host
+    for (size_t i = 0; i < c_->weights.size(); ++i) c_->offload(i);
+    c_->placement = Placement::host;
+    throw;
+  }
   return *this;
 }
 
 FluxPipeline& FluxPipeline::enable_model_cpu_offload(const Device& device) {
+  std::lock_guard<std::mutex> lock(c_->call_mu);
   runtime(device);
+  KILN_CHECK(!c_->options.tensor_parallel, "pipeline",
+             "model CPU offload with tensor parallelism is not supported (runtime.md §4.1.4): the sharded "
+             "transformer already fits each rank");
   if (c_->placement == Placement::device)  // §4.1.2 step 4: everything back to the host first
     for (size_t i = 0; i < c_->weights.size(); ++i) c_->offload(i);
   c_->placement = Placement::model_offload;
@@ -219,13 +239,16 @@ MemoryEstimate FluxPipeline::estimate_memory(const FluxCallArgs& args) const {
   e.capacity = runtime(c_->device).memory().capacity_bytes;
   // Activations: each forward traced at the call's sizes (nothing runs) and its op-by-op peak.
   auto traced = [](const char* what, const std::function<Tensor()>& f) {
-    return unfused_peak_bytes_on(detail::capture(what, [&] { return std::vector<Tensor>{f()}; }).graph, Device::cpu());
+    return unfused_peak_bytes_on(detail::capture(what, [&] { return std::vector<Tensor>{f()}; }).recorded,
+                                 Device::cpu());
   };
   const Tensor clip_ids = from_ints(std::vector<int64_t>(size_t(c_->tokenizer.model_max_length()), 0),
                                     {1, c_->tokenizer.model_max_length()});
   const Tensor t5_ids = from_ints(std::vector<int64_t>(size_t(args.max_sequence_length), 0), {1, args.max_sequence_length});
   const int64_t latent_channels = c_->vae.config().latent_channels;
-  const Tensor z = zeros({1, latent_channels, h, w});
+  // The VAE's input only needs its shape (nothing runs): host memory, not the device's budget.
+  const Tensor z = Tensor::view_of(host_allocate(size_t(latent_channels * h * w) * 4), {1, latent_channels, h, w},
+                                   DType::f32);
   const size_t act[] = {
       traced("text_encoder", [&] { return c_->text_encoder.forward(clip_ids).pooler_output; }),
       traced("text_encoder_2", [&] { return c_->text_encoder_2.forward(t5_ids).last_hidden_state; }),
@@ -234,10 +257,11 @@ MemoryEstimate FluxPipeline::estimate_memory(const FluxCallArgs& args) const {
   };
   size_t all_weights = 0, max_act = 0, max_component = 0;
   for (size_t i = 0; i < c_->weights.size(); ++i) {
-    e.components.push_back({c_->weights[i].name(), c_->weights[i].bytes(), act[i]});
-    all_weights += c_->weights[i].bytes();
+    const size_t wb = c_->weights[i].device_bytes(c_->device);
+    e.components.push_back({c_->weights[i].name(), wb, act[i]});
+    all_weights += wb;
     max_act = std::max(max_act, act[i]);
-    max_component = std::max(max_component, c_->weights[i].bytes() + act[i]);
+    max_component = std::max(max_component, wb + act[i]);
   }
   // Carried from stage to stage (f32): prompt embeddings, pooled embedding, latents and the
   // step's velocity, text/image ids, and the RoPE tables (cos, sin).
@@ -312,6 +336,7 @@ std::string memory_misfit(const FluxPipeline& pipe, const MemoryEstimate& e, con
 }  // namespace
 
 FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
+  std::lock_guard<std::mutex> lock(c_->call_mu);
   const auto t_start = std::chrono::steady_clock::now();
   FluxOutput out;
   KILN_CHECK(args.num_inference_steps >= 1, "pipeline", "num_inference_steps must be at least 1, got ",

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "distributed/tensor_parallel.h"
 
 namespace kiln {
 
@@ -17,6 +18,9 @@ class FluxTransformer2DModel;
 
 struct FluxPipelineOptions {
   Device device = Device::cpu();
+  // Tensor parallelism (runtime.md §6): the transformer is sharded over the mesh (each rank
+  // loads only its slices); text encoders and VAE are replicated; every rank runs the pipeline.
+  std::optional<TensorParallelConfig> tensor_parallel;
 };
 
 struct FluxCallArgs {

@@ -22,6 +22,7 @@ class StubCpuRuntime final : public DeviceRuntime {
   MemoryStats memory() const override { return {}; }
   void set_memory_capacity(size_t) override {}
   void reset_peak_memory() override {}
+  void release_cached_memory() override {}
 
   uint64_t enqueue(std::string, std::function<void()> work) override {
     work();

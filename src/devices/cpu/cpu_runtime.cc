@@ -28,6 +28,7 @@ class CpuRuntime final : public DeviceRuntime {
     add_reduction_kernels(kernels_);
     add_movement_kernels(kernels_);
     add_contraction_kernels(kernels_);
+    add_collective_kernels(kernels_);
   }
   Device device() const override { return Device::cpu(); }
 
@@ -38,6 +39,7 @@ class CpuRuntime final : public DeviceRuntime {
   }
   void set_memory_capacity(size_t bytes) override { allocator_.set_capacity(bytes); }
   void reset_peak_memory() override { allocator_.reset_peak(); }
+  void release_cached_memory() override { allocator_.release_pool(); }
 
   uint64_t enqueue(std::string what, std::function<void()> work) override {
     return queue_.enqueue(std::move(what), std::move(work));

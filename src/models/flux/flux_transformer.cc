@@ -71,10 +71,10 @@ const std::vector<std::string>& FluxTransformer2DModel::repeated_blocks() {
   return names;
 }
 
-const std::vector<TensorParallelEntry>& FluxTransformer2DModel::tp_plan() {
+std::vector<TensorParallelEntry> FluxTransformer2DModel::tp_plan(bool shard_modulation) {
   // Colwise producers feed rowwise consumers (one all-reduce per rowwise Linear). The single
   // block's proj_out reads [attn (D) | mlp (4D)], each sharded on its own: packed rowwise [1, 4].
-  static const std::vector<TensorParallelEntry> plan{
+  std::vector<TensorParallelEntry> plan{
       {"transformer_blocks.*.attn.to_q", "colwise", {}},
       {"transformer_blocks.*.attn.to_k", "colwise", {}},
       {"transformer_blocks.*.attn.to_v", "colwise", {}},
@@ -93,6 +93,10 @@ const std::vector<TensorParallelEntry>& FluxTransformer2DModel::tp_plan() {
       {"single_transformer_blocks.*.proj_mlp", "colwise", {}},
       {"single_transformer_blocks.*.proj_out", "packed_rowwise", {1, 4}},
   };
+  if (shard_modulation)
+    for (const char* p : {"transformer_blocks.*.norm1.linear", "transformer_blocks.*.norm1_context.linear",
+                          "single_transformer_blocks.*.norm.linear", "norm_out.linear"})
+      plan.push_back({p, "colwise_gather", {}});
   return plan;
 }
 
@@ -101,6 +105,16 @@ const std::vector<TensorParallelEntry>& FluxTransformer2DModel::tp_plan() {
 FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir) {
   return FluxTransformer2DModel(FluxTransformerConfig::from_json(io::JsonConfig(dir / "config.json")),
                                 nn::Weights(dir));
+}
+
+FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir,
+                                                               const TensorParallelConfig& tp) {
+  FluxTransformerConfig config = FluxTransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
+  const int n = tp.mesh.size();
+  KILN_CHECK(config.num_attention_heads % n == 0, "tp", "tp_degree (", n, ") must divide the number of attention heads (",
+             config.num_attention_heads, ") of ", (dir / "config.json").string());
+  return FluxTransformer2DModel(
+      std::move(config), nn::Weights(dir).with_plan(ShardPlan::make(tp_plan(tp.shard_modulation), tp.mesh)));
 }
 
 FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, const nn::Weights& w)
@@ -222,8 +236,9 @@ std::vector<Tensor> FluxTransformer2DModel::placeholder_args(int64_t batch, int6
   KILN_CHECK(batch > 0 && l_img > 0 && l_txt > 0, kWhere, "needs positive sizes, got B=", batch, " L_img=", l_img,
              " L_txt=", l_txt);
   const DType dt = core_.x_embedder.weight.dtype();
+  // Host memory: placeholders are never read, and must not count against the device's budget.
   auto placeholder = [&](const Shape& shape, DType dtype) {
-    return Tensor::view_of(runtime(Device::cpu()).allocate(size_t(numel(shape)) * dtype_size(dtype)), shape, dtype);
+    return Tensor::view_of(host_allocate(size_t(numel(shape)) * dtype_size(dtype)), shape, dtype);
   };
   const int64_t hd = c.attention_head_dim;
   const flux::RotaryTables rope =
@@ -246,7 +261,7 @@ void FluxTransformer2DModel::warmup(int64_t batch, int64_t l_img, int64_t l_txt)
   const DType dt = core_.x_embedder.weight.dtype();
   const int64_t D = config_.inner_dim();
   auto placeholder = [&](const Shape& shape) {
-    return Tensor::view_of(runtime(Device::cpu()).allocate(size_t(numel(shape)) * dtype_size(dt)), shape, dt);
+    return Tensor::view_of(host_allocate(size_t(numel(shape)) * dtype_size(dt)), shape, dt);
   };
   const std::vector<Tensor> args{placeholder({batch, l_img, D}), placeholder({batch, l_txt, D}),
                                  placeholder({batch, D}), a[4], a[5], a[6]};
@@ -263,7 +278,7 @@ size_t FluxTransformer2DModel::activation_bytes(int64_t batch, int64_t l_img, in
   const detail::Captured cap = detail::capture(kWhere, [&] {
     return std::vector<Tensor>{core_.forward(a[0], a[1], a[2], a[3], flux::RotaryTables{a[4], a[5], a[6]}, guidance)};
   });
-  return unfused_peak_bytes_on(cap.graph, Device::cpu());
+  return unfused_peak_bytes_on(cap.recorded, Device::cpu());
 }
 
 flux::RotaryTables FluxTransformer2DModel::pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/json_config.h"
+#include "distributed/tensor_parallel.h"
 #include "models/flux/flux_blocks.h"
 
 namespace kiln {
@@ -37,24 +38,19 @@ struct FluxTransformerConfig {
   int64_t mlp_hidden() const { return 4 * inner_dim(); }
 };
 
-// One entry of the tensor-parallel plan (runtime.md §6.4/§6.7): a module path pattern where
-// "*" stands for every block index, and its style. `blocks` is only set for packed styles:
-// proportional block sizes of the packed dimension (for proj_out: [D, 4D] -> {1, 4}).
-struct TensorParallelEntry {
-  std::string pattern;
-  std::string style;  // "colwise", "rowwise", "packed_colwise" or "packed_rowwise"
-  std::vector<int64_t> blocks;
-};
-
 class FluxTransformer2DModel {
  public:
   // Class names of the repeated blocks (what compile_repeated_blocks compiles separately).
   static const std::vector<std::string>& repeated_blocks();
-  // Diffusers' _tp_plan for this model; every Linear not listed is replicated.
-  static const std::vector<TensorParallelEntry>& tp_plan();
+  // Diffusers' _tp_plan for this model (runtime.md §6.7); every Linear not listed is
+  // replicated. With shard_modulation the AdaLN modulation linears are added as colwise_gather.
+  static std::vector<TensorParallelEntry> tp_plan(bool shard_modulation = false);
 
   // `dir` is the transformer folder (config.json and diffusion_pytorch_model*.safetensors).
   static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir);
+  // Tensor parallel: this rank loads (and reads from disk) only its shard of every planned
+  // weight. Errors before any load when the mesh does not divide the heads or a planned width.
+  static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir, const TensorParallelConfig& tp);
   // Builds from an explicit config and checkpoint (shapes checked against the config).
   FluxTransformer2DModel(FluxTransformerConfig config, const nn::Weights& weights);
 

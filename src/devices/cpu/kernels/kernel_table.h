@@ -13,5 +13,6 @@ void add_elementwise_kernels(KernelTable& table);
 void add_reduction_kernels(KernelTable& table);
 void add_movement_kernels(KernelTable& table);
 void add_contraction_kernels(KernelTable& table);
+void add_collective_kernels(KernelTable& table);
 
 }  // namespace kiln::cpu

@@ -1,0 +1,44 @@
+// Processes that compute together (runtime.md §6.1, design.md §5): one process per device,
+// launched by mpirun (OpenMPI), ranks 0..size-1. Collectives here are blocking host calls on
+// f32/byte buffers; models use them through the graph ops all_reduce / all_gather
+// (exec/ops.h), which run them as kernels in every execution mode.
+//
+// A collective that does not complete within KILN_COLLECTIVE_TIMEOUT seconds (default 300;
+// read once) prints an error naming the rank and the collective and aborts the whole job
+// (MPI_Abort), so a rank that died or stopped answering never leaves the others hanging. A rank
+// that exits is also noticed by mpirun, which then ends the others.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace kiln {
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  // This process's world: MPI's COMM_WORLD when launched by mpirun (OMPI_COMM_WORLD_SIZE set),
+  // else a single rank (no MPI initialised). Created on first use; MPI is finalised at exit.
+  static std::shared_ptr<ProcessGroup> world();
+  // A group that only knows its rank and size and cannot communicate: for loading and
+  // checking a plan for another world size without launching it (tests, tools).
+  static std::shared_ptr<ProcessGroup> detached(int rank, int size);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  virtual void all_reduce_sum(float* data, size_t count) = 0;  // in place
+  // `in` (bytes_per_rank) from every rank, concatenated in rank order into `out`.
+  virtual void all_gather(const void* in, void* out, size_t bytes_per_rank) = 0;
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+  std::string describe() const;  // "rank 1 of 2"
+
+ protected:
+  ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
+
+ private:
+  int rank_, size_;
+};
+
+}  // namespace kiln
