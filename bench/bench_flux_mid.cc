@@ -165,6 +165,19 @@ double step_flops(int64_t img, int64_t txt) {
   return dbl + 2 * single + 2.0 * double(txt) * 4096 * d + 2.0 * double(img) * 64 * d;
 }
 
+// The inputs of one step on a grid x grid latent (seeded noise, a 512-token prompt).
+struct StepInputs {
+  StepInputs(int64_t grid, int64_t img) {
+    kiln::TorchGenerator gen(0);
+    latents = kiln::from_vector(gen.randn(img * 64), {1, img, 64});
+    text = kiln::from_vector(gen.randn(kTextTokens * 4096), {1, kTextTokens, 4096});
+    pooled = kiln::from_vector(gen.randn(768), {1, 768});
+    img_ids = kiln::FluxPipeline::image_ids(2 * grid, 2 * grid);
+    txt_ids = kiln::zeros({kTextTokens, 3});
+  }
+  kiln::Tensor latents, text, pooled, img_ids, txt_ids;
+};
+
 // Best steady-state seconds per step, by (size, mode), for the summary.
 std::map<std::pair<int64_t, int64_t>, double>& best() {
   static std::map<std::pair<int64_t, int64_t>, double> m;
@@ -176,12 +189,9 @@ void BM_Step(benchmark::State& state) {
   const int64_t mode = state.range(1);
   kiln::EagerModeGuard guard(mode == 1 ? kiln::EagerMode::DeferAndFuse : kiln::EagerMode::DeferNever);
   const auto& model = model_for(mode);
-  kiln::TorchGenerator gen(0);
-  kiln::Tensor latents = kiln::from_vector(gen.randn(img * 64), {1, img, 64});
-  const kiln::Tensor text = kiln::from_vector(gen.randn(kTextTokens * 4096), {1, kTextTokens, 4096});
-  const kiln::Tensor pooled = kiln::from_vector(gen.randn(768), {1, 768});
-  const kiln::Tensor img_ids = kiln::FluxPipeline::image_ids(2 * grid, 2 * grid);
-  const kiln::Tensor txt_ids = kiln::zeros({kTextTokens, 3});
+  const StepInputs in(grid, img);
+  const kiln::Tensor &latents = in.latents, &text = in.text, &pooled = in.pooled, &img_ids = in.img_ids,
+                     &txt_ids = in.txt_ids;
   kiln::FlowMatchEulerDiscreteScheduler scheduler{kiln::FlowMatchEulerConfig{}};
   auto step = [&] {
     scheduler.set_timesteps(4, 0.5);
@@ -268,12 +278,9 @@ void BM_Step(benchmark::State& state) {
 // mode alike.
 void BM_Interleaved(benchmark::State& state) {
   const int64_t size = state.range(0), grid = size / 16, img = grid * grid;
-  kiln::TorchGenerator gen(0);
-  const kiln::Tensor latents = kiln::from_vector(gen.randn(img * 64), {1, img, 64});
-  const kiln::Tensor text = kiln::from_vector(gen.randn(kTextTokens * 4096), {1, kTextTokens, 4096});
-  const kiln::Tensor pooled = kiln::from_vector(gen.randn(768), {1, 768});
-  const kiln::Tensor img_ids = kiln::FluxPipeline::image_ids(2 * grid, 2 * grid);
-  const kiln::Tensor txt_ids = kiln::zeros({kTextTokens, 3});
+  const StepInputs in(grid, img);
+  const kiln::Tensor &latents = in.latents, &text = in.text, &pooled = in.pooled, &img_ids = in.img_ids,
+                     &txt_ids = in.txt_ids;
   kiln::FlowMatchEulerDiscreteScheduler scheduler{kiln::FlowMatchEulerConfig{}};
   scheduler.set_timesteps(4, 0.5);
   const kiln::Tensor t = kiln::from_vector({scheduler.timesteps()[0] / 1000.0f}, {1});
@@ -310,12 +317,9 @@ void BM_Interleaved(benchmark::State& state) {
 // per call. Rounds alternate; best of 3 each.
 void BM_Offload(benchmark::State& state) {
   const int64_t size = state.range(0), grid = size / 16, img = grid * grid;
-  kiln::TorchGenerator gen(0);
-  const kiln::Tensor latents = kiln::from_vector(gen.randn(img * 64), {1, img, 64});
-  const kiln::Tensor text = kiln::from_vector(gen.randn(kTextTokens * 4096), {1, kTextTokens, 4096});
-  const kiln::Tensor pooled = kiln::from_vector(gen.randn(768), {1, 768});
-  const kiln::Tensor img_ids = kiln::FluxPipeline::image_ids(2 * grid, 2 * grid);
-  const kiln::Tensor txt_ids = kiln::zeros({kTextTokens, 3});
+  const StepInputs in(grid, img);
+  const kiln::Tensor &latents = in.latents, &text = in.text, &pooled = in.pooled, &img_ids = in.img_ids,
+                     &txt_ids = in.txt_ids;
   const auto& model = *mid().models[0];
   kiln::EagerModeGuard guard(kiln::EagerMode::DeferNever);
   auto image = [&](bool offload, double* copy_seconds) {

@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# A rank that dies or stops answering must end the job with an error within a bounded time,
-# never a hang (runtime.md §6.11). Usage: tp_fault.sh exit|hang|ok PROBE MPIRUN-ARGS...
+# A rank that dies, stops answering or fails must end the job with an error within a bounded
+# time, never a hang (runtime.md §6.11). Usage: tp_fault.sh MODE PROGRAM MPIRUN-ARGS...
+#   ok | exit | hang: PROGRAM is tests/tp_probe.cc (collective timeout 3 s);
+#   cli-error: PROGRAM is the kiln CLI, whose rank 0 alone fails (an unwritable --out) while
+#   rank 1 would go on to its first collective: the job must end at once, well before the
+#   60 s collective timeout.
 set -u
-mode=$1; probe=$2; shift 2
+mode=$1; program=$2; shift 2
 start=$(date +%s)
-out=$(KILN_COLLECTIVE_TIMEOUT=3 timeout 90 "$@" -x KILN_COLLECTIVE_TIMEOUT "$probe" "$mode" 2>&1)
+if [ "$mode" = cli-error ]; then
+  out=$(KILN_COLLECTIVE_TIMEOUT=60 timeout 90 "$@" -x KILN_COLLECTIVE_TIMEOUT "$program" generate --tp 2 \
+        --out /nonexistent-dir/x.png 2>&1)
+else
+  out=$(KILN_COLLECTIVE_TIMEOUT=3 timeout 90 "$@" -x KILN_COLLECTIVE_TIMEOUT "$program" "$mode" 2>&1)
+fi
 rc=$?
 took=$(( $(date +%s) - start ))
 echo "$out"
@@ -17,5 +26,9 @@ fi
 [ $rc -eq 0 ] && { echo "the job succeeded although a rank failed"; exit 1; }
 if [ "$mode" = hang ]; then
   echo "$out" | grep -q "did not complete within 3 s" || { echo "no timeout message naming the collective"; exit 1; }
+fi
+if [ "$mode" = cli-error ]; then
+  echo "$out" | grep -q "cannot write /nonexistent-dir/x.png" || { echo "rank 0's error is missing"; exit 1; }
+  [ $took -lt 30 ] || { echo "the other rank waited for its collective timeout"; exit 1; }
 fi
 exit 0

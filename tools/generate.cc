@@ -18,6 +18,7 @@
 #include "exec/counters.h"
 #include "exec/executable_store.h"
 #include "exec/deferred.h"
+#include "exec/host.h"
 #include "exec/mode.h"
 #include "io/png.h"
 #include "io/safetensors.h"
@@ -88,7 +89,10 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--mode") o.mode = value(), o.mode_given = true;
     else if (flag == "--compile") o.compile = value(), o.compile_given = true;
     else if (flag == "--offload") o.offload = value();
-    else if (flag == "--tp") o.tp = parse_int(flag, value());
+    else if (flag == "--tp") {
+      o.tp = parse_int(flag, value());
+      KILN_CHECK(o.tp >= 1, "cli", "--tp must be at least 1, got ", o.tp);
+    }
     else if (flag == "--device-memory") o.device_memory = parse_bytes(flag, value());
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
@@ -108,7 +112,7 @@ Options parse(const std::vector<std::string>& args) {
              ": expected none (every component's weights on the device) or model (one component at a time)");
   // Checked before anything loads: the launch must match --tp (runtime.md §6.2).
   const int world = ProcessGroup::world()->size();
-  KILN_CHECK(o.tp == 0 || o.tp >= 1, "cli", "--tp must be at least 1, got ", o.tp);
+  KILN_CHECK(o.tp >= 0, "cli", "--tp must be at least 1, got ", o.tp);
   KILN_CHECK(o.tp == 0 || o.tp == world, "cli", "--tp ", o.tp, " needs ", o.tp, " processes (mpirun -np ", o.tp,
              " kiln generate --tp ", o.tp, " ...), but this job has ", world);
   KILN_CHECK(o.tp != 0 || world == 1, "cli", "launched as ", world, " processes: pass --tp ", world,
@@ -285,6 +289,7 @@ int generate(const std::vector<std::string>& args) {
   const RankFigures mine{io::bytes_read(), runtime(Device::cpu()).memory().peak_bytes,
                          uint64_t(usage.ru_maxrss) * 1024};
   std::vector<RankFigures> ranks(size_t(world->size()));
+  synchronize(Device::cpu());  // no graph collective may still be queued when the host issues one
   world->all_gather(&mine, ranks.data(), sizeof(RankFigures));
   if (!writer) return 0;
   io::write_png(o.out, result.image.data(), result.height, result.width, meta);

@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "distributed/process_group.h"
 
 namespace {
 
@@ -48,6 +49,16 @@ void usage(std::FILE* out) {
                KILN_VERSION);
 }
 
+// Under mpirun an error on one rank ends the whole job at once (instead of the others waiting
+// in their next collective until its timeout).
+void abort_other_ranks() {
+  try {
+    const auto world = kiln::ProcessGroup::world();
+    if (world->size() > 1) world->abort(1);
+  } catch (...) {
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,9 +81,11 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "kiln: %s\n", e.what());
+    abort_other_ranks();
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kiln: internal error: %s\n", e.what());
+    abort_other_ranks();
     return 1;
   }
 }

@@ -69,6 +69,11 @@ class MpiWorld final : public ProcessGroup {
   void barrier() override {
     wait("barrier", [&](MPI_Request* r) { return MPI_Ibarrier(MPI_COMM_WORLD, r); });
   }
+  void abort(int code) override {
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
 
  private:
   // Starts a non-blocking collective and polls it until done or the deadline, then aborts the job.
@@ -117,7 +122,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::detached(int rank, int size) {
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::world() {
-  static std::shared_ptr<ProcessGroup> w = []() -> std::shared_ptr<ProcessGroup> {
+  // Leaked on purpose: queued collective kernels may still use it while the process exits.
+  static auto* w = new std::shared_ptr<ProcessGroup>([]() -> std::shared_ptr<ProcessGroup> {
     if (!launched_by_mpi()) {
       // torchrun-style variables without mpirun: kiln's process group rendezvous is MPI's, so
       // say so instead of silently running N independent single-rank jobs.
@@ -133,9 +139,12 @@ std::shared_ptr<ProcessGroup> ProcessGroup::world() {
     KILN_CHECK(provided >= MPI_THREAD_SERIALIZED, "distributed",
                "this MPI library cannot be called from kiln's device thread (thread level ", provided, ")");
     std::atexit([] {
-      // Queued kernels may still run collectives: let them finish first.
-      DeviceRuntime& rt = runtime(Device::cpu());
-      rt.wait_for(rt.last_enqueued());
+      try {
+        // Queued kernels may still run collectives: let them finish first.
+        DeviceRuntime& rt = runtime(Device::cpu());
+        rt.wait_for(rt.last_enqueued());
+      } catch (...) {
+      }
       int finalized = 0;
       MPI_Finalized(&finalized);
       if (!finalized) MPI_Finalize();
@@ -144,8 +153,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::world() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     return std::make_shared<MpiWorld>(rank, size);
-  }();
-  return w;
+  }());
+  return *w;
 }
 
 }  // namespace kiln

@@ -32,6 +32,9 @@ class ProcessGroup {
   virtual void all_gather(const void* in, void* out, size_t bytes_per_rank) = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  // Ends every rank of the job now (an error on one rank must not leave the others waiting in
+  // a collective); a no-op for a single rank.
+  virtual void abort(int code) { (void)code; }
   std::string describe() const;  // "rank 1 of 2"
 
  protected:

@@ -67,12 +67,20 @@ Linear::Linear(const Weights& w, int64_t in_features, int64_t out_features, bool
     KILN_CHECK(block % ws == 0, "tp", w.path(), ": ", e->style, " splits ", what, " ",
                blocks.size() > 1 ? "block " : "", block, " across ", ws, " ranks, which does not divide it");
     const int64_t piece = block / ws, start = offset + rank * piece;
-    w_parts.push_back(w.get_slice("weight", {out_features, in_features}, by_rows ? 0 : 1, start, piece));
-    if (has_bias && by_rows) b_parts.push_back(w.get_slice("bias", {out_features}, 0, start, piece));
+    // Pieces of a packed weight are joined into one: that one is the weight offload moves.
+    const bool one_piece = blocks.size() == 1;
+    w_parts.push_back(
+        w.get_slice("weight", {out_features, in_features}, by_rows ? 0 : 1, start, piece, DType::f32, one_piece));
+    if (has_bias && by_rows)
+      b_parts.push_back(w.get_slice("bias", {out_features}, 0, start, piece, DType::f32, one_piece));
     offset += block;
   }
   weight = join_host(w_parts, by_rows ? 0 : 1);
   if (has_bias) bias = by_rows ? join_host(b_parts, 0) : w.get("bias", {out_features});  // rowwise: added once, whole
+  if (blocks.size() > 1) {
+    Weights::collect_weight(weight);
+    if (by_rows && has_bias) Weights::collect_weight(bias);
+  }
 }
 
 Tensor Linear::operator()(const Tensor& x) const {

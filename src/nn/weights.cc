@@ -24,7 +24,7 @@ Weights Weights::with_plan(std::shared_ptr<const ShardPlan> plan) const {
 
 bool Weights::has(const std::string& name) const { return source_ && source_->contains(key(name)); }
 
-Tensor Weights::get(const std::string& name, const Shape& shape, DType dtype) const {
+std::string Weights::checked_key(const std::string& name, const Shape& shape) const {
   KILN_CHECK(source_ != nullptr, "weights", "no checkpoint loaded for '", key(name), "'");
   const std::string k = key(name);
   KILN_CHECK(source_->contains(k), "weights", describe(), ": tensor '", k,
@@ -32,22 +32,23 @@ Tensor Weights::get(const std::string& name, const Shape& shape, DType dtype) co
   const Shape stored = source_->shape(k);
   KILN_CHECK(stored == shape, "weights", describe(), ": tensor '", k, "' has shape ", to_string(stored),
              " but the config implies ", to_string(shape));
-  Tensor t = source_->load(k, dtype);
-  if (ComponentWeights* c = WeightCollector::active()) c->add(t);  // model offload knows its weights
+  return k;
+}
+
+void Weights::collect_weight(const Tensor& weight) {
+  if (ComponentWeights* c = WeightCollector::active()) c->add(weight);  // model offload knows its weights
+}
+
+Tensor Weights::get(const std::string& name, const Shape& shape, DType dtype) const {
+  Tensor t = source_->load(checked_key(name, shape), dtype);
+  collect_weight(t);
   return t;
 }
 
 Tensor Weights::get_slice(const std::string& name, const Shape& shape, int dim, int64_t start, int64_t length,
-                          DType dtype) const {
-  KILN_CHECK(source_ != nullptr, "weights", "no checkpoint loaded for '", key(name), "'");
-  const std::string k = key(name);
-  KILN_CHECK(source_->contains(k), "weights", describe(), ": tensor '", k,
-             "' is missing (the model's config expects it with shape ", to_string(shape), ")");
-  const Shape stored = source_->shape(k);
-  KILN_CHECK(stored == shape, "weights", describe(), ": tensor '", k, "' has shape ", to_string(stored),
-             " but the config implies ", to_string(shape));
-  Tensor t = source_->load_slice(k, dim, start, length, dtype);
-  if (ComponentWeights* c = WeightCollector::active()) c->add(t);
+                          DType dtype, bool collect) const {
+  Tensor t = source_->load_slice(checked_key(name, shape), dim, start, length, dtype);
+  if (collect) collect_weight(t);
   return t;
 }
 

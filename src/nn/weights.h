@@ -38,10 +38,17 @@ class Weights {
   const ShardPlan* plan() const { return plan_.get(); }
   // Rows (dim 0) or columns (dim 1) [start, start+length) of `name`, whose full shape must be
   // `shape`; only the slice's bytes are read from a checkpoint.
+  // `collect`: whether model offload learns the slice as one of the component's weights (false
+  // for pieces a layer joins into one weight, which it then reports with collect_weight).
   Tensor get_slice(const std::string& name, const Shape& shape, int dim, int64_t start, int64_t length,
-                   DType dtype = DType::f32) const;
+                   DType dtype = DType::f32, bool collect = true) const;
+  // Reports a weight a layer built itself (joined shards) to model offload (exec/residency.h).
+  static void collect_weight(const Tensor& weight);
 
  private:
+  // key(name), after checking the tensor exists with `shape` (errors name the checkpoint and key).
+  std::string checked_key(const std::string& name, const Shape& shape) const;
+
   std::shared_ptr<const WeightSource> source_;
   std::string prefix_;
   std::shared_ptr<const ShardPlan> plan_;
