@@ -45,7 +45,9 @@ void usage(std::FILE* out) {
                "  KILN_DEFER_AND_FUSE=1   deferred-and-fused mode by default (--mode overrides it)\n"
                "  KILN_LAUNCH_BLOCKING=1  debug eager: wait for every kernel, so errors name the op\n"
                "  KILN_CACHE_DIR=DIR      persistent compile cache (default $XDG_CACHE_HOME/kiln or\n"
-               "                          ~/.cache/kiln; 'none' turns it off)\n",
+               "                          ~/.cache/kiln; 'none' turns it off)\n"
+               "  KILN_COLLECTIVE_TIMEOUT=S  --tp: seconds a collective waits for the other ranks before\n"
+               "                          the job is aborted with an error naming it (default 300)\n",
                KILN_VERSION);
 }
 
