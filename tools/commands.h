@@ -4,8 +4,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 namespace kiln {
 class FluxPipeline;
 }
@@ -21,6 +19,5 @@ int64_t parse_int(const std::string& flag, const std::string& value);  // "[cli]
 size_t parse_bytes(const std::string& flag, const std::string& value);  // "6GiB", "512MiB", "2GB", bytes
 void check_compile_flag(const std::string& value);                      // "full" or "blocks"
 void compile_transformer(FluxPipeline& pipe, const std::string& how);   // --compile full|blocks
-nlohmann::json compile_report();  // compiled-mode counters and one entry per executable obtained
 
 }  // namespace kiln::cli

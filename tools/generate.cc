@@ -16,7 +16,6 @@
 #include "distributed/tensor_parallel.h"
 #include "exec/compile.h"
 #include "exec/counters.h"
-#include "exec/executable_store.h"
 #include "exec/deferred.h"
 #include "exec/host.h"
 #include "exec/mode.h"
@@ -174,39 +173,6 @@ void compile_transformer(FluxPipeline& pipe, const std::string& how) {
   options.fullgraph = true;  // FLUX's forward has no graph break; any would be a bug worth an error
   if (how == "blocks") pipe.transformer().compile_repeated_blocks(options);
   else pipe.transformer().compile(options);
-}
-
-nlohmann::json compile_report() {
-  const CompileStats s = compile_stats();
-  nlohmann::json events = nlohmann::json::array();
-  for (const CompileEvent& e : s.events) {
-    char key[17];
-    std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(e.fingerprint));
-    events.push_back({{"kind", "executable"},
-                      {"callable", e.callable},
-                      {"reason", e.reason},
-                      {"source", e.source},
-                      {"fingerprint", key},
-                      {"trace_seconds", e.trace_seconds},
-                      {"seconds", e.seconds},
-                      {"nodes", e.nodes},
-                      {"launches", e.launches},
-                      {"arena_bytes", e.arena_bytes}});
-  }
-  return {{"calls", s.calls},
-          {"traces", s.traces},
-          {"compiles", s.compiles},
-          {"shared_hits", s.shared_hits},
-          {"disk_hits", s.disk_hits},
-          {"disk_writes", s.disk_writes},
-          {"disk_rejects", s.disk_rejects},
-          {"graph_breaks", s.graph_breaks},
-          {"eager_fallbacks", s.eager_fallbacks},
-          {"trace_seconds", s.trace_seconds},
-          {"compile_seconds", s.compile_seconds},
-          {"load_seconds", s.load_seconds},
-          {"cache_dir", executable_cache_dir().string()},
-          {"executables", events}};
 }
 
 namespace {

@@ -7,12 +7,23 @@
 
 #include "core/error.h"
 #include "devices/runtime.h"
+#include "exec/compile.h"
 #include "exec/counters.h"
+#include "exec/executable_store.h"
 #include "exec/deferred.h"
 #include "exec/mode.h"
 #include "io/safetensors.h"
 
 namespace kiln::cli {
+
+namespace {
+std::string hex64(uint64_t v) {  // graph fingerprints as in KILN_DEFER_LOG
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+}  // namespace
+
 
 void write_report(const std::filesystem::path& file, nlohmann::json inputs, nlohmann::json timings,
                   nlohmann::json extra) {
@@ -23,10 +34,8 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
   // One entry per graph compiled in this process (deferred mode: one per distinct fingerprint).
   nlohmann::json compiles = nlohmann::json::array();
   for (const GraphCacheEntryStats& e : d.entries) {
-    char key[17];
-    std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(e.fingerprint));
     compiles.push_back({{"kind", "deferred_graph"},
-                        {"fingerprint", key},
+                        {"fingerprint", hex64(e.fingerprint)},
                         {"reason", "new graph fingerprint"},
                         {"seconds", e.compile_seconds},
                         {"nodes", e.nodes},
@@ -65,6 +74,37 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
     KILN_CHECK(out.good(), "report", "failed writing ", file.string());
   }
   std::filesystem::rename(tmp, file);
+}
+
+nlohmann::json compile_report() {
+  const CompileStats s = compile_stats();
+  nlohmann::json events = nlohmann::json::array();
+  for (const CompileEvent& e : s.events) {
+    events.push_back({{"kind", "executable"},
+                      {"callable", e.callable},
+                      {"reason", e.reason},
+                      {"source", e.source},
+                      {"fingerprint", hex64(e.fingerprint)},
+                      {"trace_seconds", e.trace_seconds},
+                      {"seconds", e.seconds},
+                      {"nodes", e.nodes},
+                      {"launches", e.launches},
+                      {"arena_bytes", e.arena_bytes}});
+  }
+  return {{"calls", s.calls},
+          {"traces", s.traces},
+          {"compiles", s.compiles},
+          {"shared_hits", s.shared_hits},
+          {"disk_hits", s.disk_hits},
+          {"disk_writes", s.disk_writes},
+          {"disk_rejects", s.disk_rejects},
+          {"graph_breaks", s.graph_breaks},
+          {"eager_fallbacks", s.eager_fallbacks},
+          {"trace_seconds", s.trace_seconds},
+          {"compile_seconds", s.compile_seconds},
+          {"load_seconds", s.load_seconds},
+          {"cache_dir", executable_cache_dir().string()},
+          {"executables", events}};
 }
 
 }  // namespace kiln::cli

@@ -7,6 +7,9 @@
 
 namespace kiln::cli {
 
+// Compiled mode's counters and one entry per executable obtained (the report's `compiled`).
+nlohmann::json compile_report();
+
 void write_report(const std::filesystem::path& file, nlohmann::json inputs, nlohmann::json timings,
                   nlohmann::json extra = nlohmann::json::object());
 
