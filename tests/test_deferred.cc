@@ -166,6 +166,23 @@ TEST(DeferredMode, ProducersWriteStraightIntoAConcat) {
   EXPECT_EQ(launches.count("rms_norm"), 0u);
 }
 
+TEST(DeferredMode, AttentionWritesStraightIntoItsTransposedCopy) {
+  // [B,H,L,D] attention, then back to [B,L,H*D] as every DiT does: the transpose's copy is not a
+  // launch; sdpa writes its rows at their [B,L,H,D] places. Also with B = 2 and a mask.
+  for (const int64_t B : {1, 2}) {
+    const Tensor q = test::random_tensor({B, 3, 7, 8}, 31), k = test::random_tensor({B, 3, 5, 8}, 32);
+    const Tensor v = test::random_tensor({B, 3, 5, 8}, 33), mask = test::random_tensor({1, 1, 7, 5}, 34);
+    const auto launches = deferred_launches_equal_eager([&] {
+      const Tensor a = scaled_dot_product_attention(q * 2.0, k, v, Tensor(), 0.3);
+      const Tensor b = scaled_dot_product_attention(q, k, v, mask, 0.5);
+      return flatten(transpose(a, 1, 2), 2) + flatten(transpose(b, 1, 2), 2);
+    });
+    EXPECT_EQ(launches.at("sdpa"), 2u);
+    EXPECT_EQ(launches.count("copy"), 0u);
+    EXPECT_EQ(launches.at("fused_elementwise"), 2u) << "q * 2 and the sum; no copy of either attention";
+  }
+}
+
 TEST(DeferredMode, NestedConcatsAreWrittenCompletely) {
   const Tensor x = test::random_tensor({1, 3, 8}, 17), w = test::random_tensor({8, 8}, 18);
   const Tensor w2 = test::random_tensor({8, 8}, 20), w3 = test::random_tensor({8, 8}, 23);

@@ -156,7 +156,8 @@ json groups_to_json(const std::vector<LaunchGroup>& groups) {
   for (const LaunchGroup& g : groups)
     out.push_back({{"kind", int(g.kind)}, {"nodes", g.nodes}, {"result", g.result}, {"inputs", g.group_inputs},
                    {"program", program_to_json(g.program)}, {"chain", g.chain}, {"internal", g.internal},
-                   {"into", g.into}, {"into_offset", g.into_offset}, {"alias_base", g.alias_base}});
+                   {"into", g.into}, {"into_offset", g.into_offset}, {"into_strides", g.into_strides},
+                   {"alias_base", g.alias_base}});
   return out;
 }
 
@@ -193,6 +194,7 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
     for (int v : e.at("internal").get<std::vector<int>>()) grp.internal.push_back(value(v));
     grp.into = e.at("into").get<int>();
     grp.into_offset = e.at("into_offset").get<int64_t>();
+    grp.into_strides = e.at("into_strides").get<std::vector<int64_t>>();
     grp.alias_base = e.at("alias_base").get<int>();
     check(grp.alias_base < 0 || (grp.kind == LaunchGroup::Kind::alias && value(grp.alias_base) >= 0),
           "an alias base on a launch that is not an alias");
@@ -211,7 +213,9 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
                   bytes(grp.alias_base) == bytes(grp.result),
               "an alias without a computed base of its size");
         break;
-      case LaunchGroup::Kind::assembled: check(rnode.op == "concat", "an assembled launch that is not a concat"); break;
+      case LaunchGroup::Kind::assembled:
+        check(rnode.op == "concat" || rnode.op == "copy", "an assembled launch that is not a concat or copy");
+        break;
       case LaunchGroup::Kind::single_op:
         check(grp.group_inputs == rnode.args && grp.chain.empty(), "a single-op launch whose inputs are not its node's");
         break;
@@ -227,12 +231,28 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
         if (!grp.program.instrs.empty()) cpu::validate(grp.program, grp.group_inputs.size());
         break;
     }
-    if (grp.into >= 0) {
+    if (grp.into >= 0 && grp.into_strides.empty()) {
       value(grp.into);
       check(!g.is_input(grp.into) && g.nodes[size_t(g.node_of(grp.into))].op == "concat" &&
                 g.dtype_of(grp.into) == rnode.dtype && grp.into_offset >= 0 &&
                 grp.into_offset + numel(rnode.shape) <= numel(g.shape_of(grp.into)),
             "a launch writing outside the concat it writes into");
+    } else if (grp.into >= 0) {  // a transposed write: sdpa into the copy of its permuted view
+      value(grp.into);
+      check(grp.kind == LaunchGroup::Kind::single_op && rnode.op == "sdpa" && rnode.dtype == DType::f32 &&
+                !g.is_input(grp.into) && g.nodes[size_t(g.node_of(grp.into))].op == "copy" &&
+                g.dtype_of(grp.into) == DType::f32 && grp.into_offset == 0 &&
+                grp.into_strides.size() == rnode.shape.size() && grp.into_strides.back() == 1,
+            "a transposed write that does not fit its copy");
+      int64_t last = 0;  // the highest element written must lie inside the copy
+      for (size_t d = 0; d < rnode.shape.size(); ++d) {
+        check(grp.into_strides[d] >= 0, "a transposed write with a negative stride");
+        last += (rnode.shape[d] - 1) * grp.into_strides[d];
+      }
+      check(numel(rnode.shape) == numel(g.shape_of(grp.into)) && last < numel(g.shape_of(grp.into)),
+            "a transposed write outside the copy it writes into");
+    } else {
+      check(grp.into_strides.empty(), "strides without a buffer to write into");
     }
     ready[size_t(grp.result)] = 1;
     for (int v : grp.internal) ready[size_t(v)] = 1;

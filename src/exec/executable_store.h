@@ -15,7 +15,7 @@
 namespace kiln {
 
 // Bumped whenever the serialised form or the meaning of a launch partition changes.
-constexpr int kExecutableFormatVersion = 1;
+constexpr int kExecutableFormatVersion = 2;
 
 // KILN_CACHE_DIR (read once); unset: $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln. Empty when
 // the variable is "none" (persistence off) or no home directory is known.

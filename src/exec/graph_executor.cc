@@ -97,6 +97,7 @@ std::string describe_launches(const CompiledGraph& compiled) {
         os << " " << name_of(v) << "%" << v;
     os << " -> " << to_string(g.shape_of(grp.result));
     if (grp.into >= 0) os << " into %" << grp.into << "+" << grp.into_offset;
+    if (!grp.into_strides.empty()) os << " strides " << to_string(grp.into_strides);
     os << "\n";
   }
   return os.str();
@@ -184,7 +185,7 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
   auto output_of = [&](const LaunchGroup& grp, const GraphNode& node) {
     if (grp.into < 0) return fresh(grp.result);
     const Tensor& whole = target(grp.into);
-    return Tensor::view_of(whole.buffer(), node.shape, node.dtype, {}, whole.offset() + grp.into_offset);
+    return Tensor::view_of(whole.buffer(), node.shape, node.dtype, grp.into_strides, whole.offset() + grp.into_offset);
   };
 
   for (size_t gi = 0; gi < compiled->groups.size(); ++gi) {

@@ -34,6 +34,9 @@
 //    place. Such a chain, or a lone producer, whose value only feeds one fused elementwise
 //    group of the same shape and dtype takes that group as its epilogue, run in place over
 //    the output tile by tile. The producer's value never gets a buffer of its own.
+//  - transposed writes: a dense copy of a permuted view of an sdpa result (the [B,H,L,D] ->
+//    [B,L,H,D] transpose after attention), where that view is the result's only reader, is
+//    written by the sdpa launch itself through the inverse permutation; the copy launches nothing.
 //  - concat elimination: when a concat's slices are dense blocks of its output (every dim
 //    before the axis is 1, as for B=1 sequences) and each input is a launch result read only
 //    by the concat, those launches write straight into the concat's buffer and the concat
@@ -75,6 +78,9 @@ struct LaunchGroup {
   std::vector<int> internal;
   int into = -1;             // the output is a dense slice of this value's buffer (concat elimination)
   int64_t into_offset = 0;   // element offset of that slice
+  // Non-empty: the output is instead a strided view of `into`'s buffer with these strides (a
+  // single op writing straight into the dense copy of a transposed view of its result).
+  std::vector<int64_t> into_strides;
   int alias_base = -1;       // alias: the value whose buffer this group's result reinterprets
 
   bool launches() const { return kind != Kind::view && kind != Kind::assembled && kind != Kind::alias; }

@@ -39,6 +39,7 @@ class Merger {
     alias_adjacent_views();
     absorb_row_ops();
     absorb_elementwise_epilogues();
+    write_transposed();
     eliminate_concats();
   }
 
@@ -181,6 +182,65 @@ class Merger {
       }
     }
     drop(dead);
+  }
+
+  // Ops whose kernels write any output whose last dim is contiguous (rows placed by strides).
+  static bool writes_strided_rows(const std::string& op) { return op == "sdpa"; }
+
+  // copy(view(p)) where the view permutes p's dims and is p's only reader: p's launch writes
+  // straight into the copy's buffer through the inverse permutation (transposed_write_strides).
+  void write_transposed() {
+    const std::vector<int> owner = by_result();
+    std::vector<char> dead(groups_.size(), 0);
+    for (LaunchGroup& grp : groups_) {
+      if (grp.kind != Kind::fused_elementwise || grp.into >= 0 || grp.nodes.size() != 1) continue;
+      const GraphNode& copy = g_.nodes[size_t(grp.nodes[0])];
+      if (copy.op != "copy" || is_out_[size_t(grp.result)]) continue;
+      const int v = copy.args.at(0), vn = g_.node_of(v);
+      if (vn < 0 || is_out_[size_t(v)] || !only_consumer(v, grp.nodes[0])) continue;
+      const GraphNode& view = g_.nodes[size_t(vn)];
+      const int p = view.args.empty() ? -1 : view.args[0], pn = view.op == "view" ? g_.node_of(p) : -1;
+      // f32: the kernels write other dtypes through a dense f32 staging copy.
+      if (pn < 0 || is_out_[size_t(p)] || !only_consumer(p, vn) || g_.dtype_of(p) != DType::f32 ||
+          copy.dtype != DType::f32 || numel(g_.shape_of(p)) != numel(view.shape))
+        continue;
+      const int pg = owner[size_t(p)];
+      if (pg < 0 || groups_[size_t(pg)].kind != Kind::single_op || groups_[size_t(pg)].into >= 0 ||
+          !writes_strided_rows(g_.nodes[size_t(pn)].op))
+        continue;
+      const std::vector<int64_t> strides = transposed_write_strides(g_.shape_of(p), view);
+      if (strides.empty() || strides.back() != 1) continue;
+      LaunchGroup& prod = groups_[size_t(pg)];
+      prod.into = grp.result;
+      prod.into_offset = 0;
+      prod.into_strides = strides;
+      dead[size_t(owner[size_t(v)])] = 1;  // the view: nothing reads it any more
+      grp.kind = Kind::assembled;
+      grp.group_inputs.clear();
+      grp.program = {};
+    }
+    drop(dead);
+  }
+
+  // For a view that permutes the dims of a dense value of shape `base` (offset 0, each dim of the
+  // view one dim of base): the strides at which base's elements sit in a dense copy of the view.
+  // Empty when the view is not such a permutation.
+  static std::vector<int64_t> transposed_write_strides(const Shape& base, const GraphNode& view) {
+    const std::vector<int64_t>& vs = view.attrs.get_ints("strides");
+    if (view.attrs.get_int("offset") != 0 || view.shape.size() != base.size() || vs.size() != base.size()) return {};
+    const Strides bs = contiguous_strides(base), cs = contiguous_strides(view.shape);
+    std::vector<int64_t> out(base.size(), 0);
+    std::vector<char> used(base.size(), 0);
+    for (size_t j = 0; j < base.size(); ++j) {
+      if (base[j] == 1) continue;  // any stride: never stepped along
+      size_t d = 0;
+      while (d < vs.size() && (used[d] || view.shape[d] != base[j] || vs[d] != bs[j])) ++d;
+      if (d == vs.size()) return {};
+      used[d] = 1;
+      out[j] = cs[d];
+    }
+    if (base.back() == 1) out.back() = 1;
+    return out;
   }
 
   // Every dim before the concat axis is 1: each input is one dense block of the output.

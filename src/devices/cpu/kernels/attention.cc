@@ -129,7 +129,8 @@ struct Head {
   int64_t ldq, ldk, ldv;
   const float* mask;  // mask + b*ms[0] + h*ms[1], or null
   int64_t mask_row_stride, mask_col_stride;
-  float* out;  // [Lq,Dv]
+  float* out;  // [Lq,Dv], rows ldo apart
+  int64_t ldo;
   int64_t Lk, D, Dv;
   float scale;
 };
@@ -170,7 +171,7 @@ void attend_query_block(const Head& h, int64_t i0, int64_t nq, const Tiles& t, f
   std::fill(st.max, st.max + nq, kNegInf);
   std::fill(st.sum, st.sum + nq, 0.0f);
   const float* q = h.q + i0 * h.ldq;
-  float* o = h.out + i0 * h.Dv;
+  float* o = h.out + i0 * h.ldo;
   for (int64_t j0 = 0; j0 < h.Lk; j0 += t.bk) {
     const int64_t nk = std::min(t.bk, h.Lk - j0);
     sgemm(false, true, nq, nk, h.D, h.scale, q, h.ldq, h.k + j0 * h.ldk, h.ldk, 0.0f, s, t.ld);
@@ -178,14 +179,14 @@ void attend_query_block(const Head& h, int64_t i0, int64_t nq, const Tiles& t, f
     const bool first = j0 == 0;
     if (!first) {
       for (int64_t r = 0; r < nq; ++r) {
-        if (st.corr[r] != 1.0f) scale_row(o + r * h.Dv, h.Dv, st.corr[r]);
+        if (st.corr[r] != 1.0f) scale_row(o + r * h.ldo, h.Dv, st.corr[r]);
       }
     }
     sgemm(false, false, nq, h.Dv, nk, 1.0f, s, t.ld, h.v + j0 * h.ldv, h.ldv, first ? 0.0f : 1.0f,
-          o, h.Dv);
+          o, h.ldo);
   }
   for (int64_t r = 0; r < nq; ++r) {
-    scale_row(o + r * h.Dv, h.Dv, st.sum[r] > 0.0f ? 1.0f / st.sum[r] : 0.0f);
+    scale_row(o + r * h.ldo, h.Dv, st.sum[r] > 0.0f ? 1.0f / st.sum[r] : 0.0f);
   }
 }
 
@@ -213,18 +214,20 @@ void attention_f32(const float* q, const float* k, const float* v, const float* 
                    const int64_t mask_strides[4], float* out, int64_t B, int64_t H, int64_t Lq,
                    int64_t Lk, int64_t D, int64_t Dv, float scale) {
   attention_f32(q, RowLayout::dense(H, Lq, D), k, RowLayout::dense(H, Lk, D), v, RowLayout::dense(H, Lk, Dv), mask,
-                mask_strides, out, B, H, Lq, Lk, D, Dv, scale);
+                mask_strides, out, RowLayout::dense(H, Lq, Dv), B, H, Lq, Lk, D, Dv, scale);
 }
 
 void attention_f32(const float* q, RowLayout ql, const float* k, RowLayout kl, const float* v, RowLayout vl,
-                   const float* mask, const int64_t mask_strides[4], float* out, int64_t B, int64_t H, int64_t Lq,
-                   int64_t Lk, int64_t D, int64_t Dv, float scale) {
-  KILN_CHECK(ql.row >= D && kl.row >= D && vl.row >= Dv, kWhere, "row strides ", ql.row, "/", kl.row, "/", vl.row,
-             " are shorter than the rows (", D, "/", Dv, ")");
+                   const float* mask, const int64_t mask_strides[4], float* out, RowLayout ol, int64_t B, int64_t H,
+                   int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, float scale) {
+  KILN_CHECK(ql.row >= D && kl.row >= D && vl.row >= Dv && ol.row >= Dv, kWhere, "row strides ", ql.row, "/", kl.row,
+             "/", vl.row, "/", ol.row, " are shorter than the rows (", D, "/", Dv, ")");
   check_args(q, k, v, mask, mask_strides, out, B, H, Lq, Lk, D, Dv);
   if (B * H * Lq == 0 || Dv == 0) return;
   if (Lk == 0) {  // empty softmax: treated like a fully masked row
-    std::fill(out, out + B * H * Lq * Dv, 0.0f);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t hh = 0; hh < H; ++hh)
+        for (int64_t i = 0; i < Lq; ++i) std::fill_n(out + b * ol.batch + hh * ol.head + i * ol.row, Dv, 0.0f);
     return;
   }
   const Tiles t = choose_tiles(Lq, Lk);
@@ -256,7 +259,8 @@ void attention_f32(const float* q, RowLayout ql, const float* k, RowLayout kl, c
                       mask ? mask + b * mask_strides[0] + hh * mask_strides[1] : nullptr,
                       mask ? mask_strides[2] : 0,
                       mask ? mask_strides[3] : 0,
-                      out + bh * Lq * Dv,
+                      out + b * ol.batch + hh * ol.head,
+                      ol.row,
                       Lk,
                       D,
                       Dv,

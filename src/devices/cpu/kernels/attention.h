@@ -27,9 +27,11 @@ struct RowLayout {
   int64_t batch = 0, head = 0, row = 0;
   static RowLayout dense(int64_t H, int64_t L, int64_t D) { return {H * L * D, L * D, D}; }
 };
+// `ol` places the output rows the same way, so a [B,H,L,Dv] result can be written straight into
+// a [B,L,H,Dv] buffer (deferred mode folds the transpose that follows attention into it).
 void attention_f32(const float* q, RowLayout ql, const float* k, RowLayout kl, const float* v, RowLayout vl,
-                   const float* mask, const int64_t mask_strides[4], float* out, int64_t B, int64_t H, int64_t Lq,
-                   int64_t Lk, int64_t D, int64_t Dv, float scale);
+                   const float* mask, const int64_t mask_strides[4], float* out, RowLayout ol, int64_t B, int64_t H,
+                   int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, float scale);
 
 // Upper bound of the scratch attention_f32 allocates (all threads together) for these
 // sizes: a few query-block x key-block tiles, far below Lq*Lk*4 bytes per head. Excludes

@@ -142,9 +142,18 @@ void sdpa_kernel(const KernelArgs& args) {
     const Strides s = broadcast_strides(m.shape, st, {B, H, Lq, Lk});
     std::copy(s.begin(), s.end(), ms);
   }
-  F32Out fo(args.out);
-  attention_f32(fq.get(), fq.layout(), fk.get(), fk.layout(), fv.get(), fv.layout(),
-                mask, ms, fo.get(), B, H, Lq, Lk, D, Dv, scale);
+  // An f32 output whose rows are contiguous is written in place through its strides (deferred
+  // mode hands sdpa a [B,L,H,Dv] buffer viewed as [B,H,L,Dv]); anything else is dense.
+  const TensorView& o = args.out;
+  if (o.dtype == DType::f32 && (Dv <= 1 || o.strides[3] == 1)) {
+    const RowLayout ol{o.strides[0], o.strides[1], Lq <= 1 ? Dv : o.strides[2]};
+    attention_f32(fq.get(), fq.layout(), fk.get(), fk.layout(), fv.get(), fv.layout(), mask, ms, o.as<float>(), ol,
+                  B, H, Lq, Lk, D, Dv, scale);
+    return;
+  }
+  F32Out fo(o);
+  attention_f32(fq.get(), fq.layout(), fk.get(), fk.layout(), fv.get(), fv.layout(), mask, ms, fo.get(),
+                RowLayout::dense(H, Lq, Dv), B, H, Lq, Lk, D, Dv, scale);
 }
 
 }  // namespace
