@@ -183,6 +183,37 @@ TEST(DeferredMode, AttentionWritesStraightIntoItsTransposedCopy) {
   }
 }
 
+TEST(DeferredMode, RotaryEmbeddingRunsInTheLaunchOfEachPerHeadNorm) {
+  // FLUX's joint attention: per-stream q = rms_norm(heads(linear(x))), concatenated along the
+  // sequence, then RoPE (x * cos + pair-swapped x * sin). RoPE reads the norm's rows in place
+  // inside each stream's launch: no concat, no RoPE launch. Also one stream alone (the single
+  // blocks), and sizes whose RoPE runs over many threads' tiles.
+  for (const auto& [txt, img, heads] : {std::tuple{5, 7, 2}, std::tuple{150, 600, 4}}) {
+    const int64_t hd = 16, D = heads * hd, S = txt + img;
+    const Tensor x = test::random_tensor({1, txt, D}, 41), y = test::random_tensor({1, img, D}, 42);
+    const Tensor w1 = test::random_tensor({D, D}, 43), w2 = test::random_tensor({D, D}, 44);
+    const Tensor nw = test::random_tensor({hd}, 45);
+    std::vector<float> ids(size_t(S) * 3);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = float(i % 17);
+    const flux::RotaryTables rope = flux::flux_pos_embed(from_vector(ids, {S, 3}), {4, 6, 6}, 10000.0);
+    const Tensor one_ids = from_vector(std::vector<float>(ids.begin(), ids.begin() + img * 3), {img, 3});
+    const flux::RotaryTables rope_img = flux::flux_pos_embed(one_ids, {4, 6, 6}, 10000.0);
+    const auto launches = deferred_launches_equal_eager([&] {
+      const Tensor q = concat({rms_norm(reshape(linear(x, w1), {1, txt, heads, hd}), nw, 1e-6),
+                               rms_norm(reshape(linear(y, w2), {1, img, heads, hd}), nw, 1e-6)},
+                              1);
+      const Tensor single = rms_norm(reshape(linear(y, w1), {1, img, heads, hd}), nw, 1e-6);
+      // Read by a non-elementwise op, as attention reads them.
+      return concat({sum(flux::apply_rotary_emb(q, rope), {-1}), sum(flux::apply_rotary_emb(single, rope_img), {-1})},
+                    1);
+    });
+    EXPECT_EQ(launches.at("linear+rms_norm+epilogue"), 3u);
+    EXPECT_EQ(launches.at("sum"), 2u);
+    EXPECT_EQ(launches.count("fused_elementwise"), 0u);
+    EXPECT_EQ(launches.count("linear+rms_norm"), 0u);
+  }
+}
+
 TEST(DeferredMode, NestedConcatsAreWrittenCompletely) {
   const Tensor x = test::random_tensor({1, 3, 8}, 17), w = test::random_tensor({8, 8}, 18);
   const Tensor w2 = test::random_tensor({8, 8}, 20), w3 = test::random_tensor({8, 8}, 23);

@@ -157,7 +157,7 @@ json groups_to_json(const std::vector<LaunchGroup>& groups) {
     out.push_back({{"kind", int(g.kind)}, {"nodes", g.nodes}, {"result", g.result}, {"inputs", g.group_inputs},
                    {"program", program_to_json(g.program)}, {"chain", g.chain}, {"internal", g.internal},
                    {"into", g.into}, {"into_offset", g.into_offset}, {"into_strides", g.into_strides},
-                   {"alias_base", g.alias_base}});
+                   {"slice", {g.slice_axis, g.slice_begin, g.slice_len}}, {"alias_base", g.alias_base}});
   return out;
 }
 
@@ -195,13 +195,20 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
     grp.into = e.at("into").get<int>();
     grp.into_offset = e.at("into_offset").get<int64_t>();
     grp.into_strides = e.at("into_strides").get<std::vector<int64_t>>();
+    const auto slice = e.at("slice").get<std::vector<int64_t>>();
+    check(slice.size() == 3, "a malformed slice");
+    grp.slice_axis = int(slice[0]);
+    grp.slice_begin = slice[1];
+    grp.slice_len = slice[2];
     grp.alias_base = e.at("alias_base").get<int>();
     check(grp.alias_base < 0 || (grp.kind == LaunchGroup::Kind::alias && value(grp.alias_base) >= 0),
           "an alias base on a launch that is not an alias");
     const auto is_internal = [&](int v) {
       return std::find(grp.internal.begin(), grp.internal.end(), v) != grp.internal.end();
     };
-    for (int v : grp.internal) check(!g.is_input(v) && bytes(v) <= bytes(grp.result), "an internal value outside its output");
+    // A sliced epilogue's internal views span its consumer's whole output (it reads its rows).
+    const int64_t room = grp.slice_axis >= 0 && grp.into >= 0 ? bytes(value(grp.into)) : bytes(grp.result);
+    for (int v : grp.internal) check(!g.is_input(v) && bytes(v) <= room, "an internal value outside its output");
     for (int v : grp.group_inputs) check(ready[size_t(v)] || is_internal(v), "a launch reads a value not produced yet");
     switch (grp.kind) {
       case LaunchGroup::Kind::view:
@@ -214,7 +221,8 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
               "an alias without a computed base of its size");
         break;
       case LaunchGroup::Kind::assembled:
-        check(rnode.op == "concat" || rnode.op == "copy", "an assembled launch that is not a concat or copy");
+        check(rnode.op == "concat" || rnode.op == "copy" || is_fusable_op(rnode.op),
+              "an assembled launch that is not a concat, copy or elementwise op");
         break;
       case LaunchGroup::Kind::single_op:
         check(grp.group_inputs == rnode.args && grp.chain.empty(), "a single-op launch whose inputs are not its node's");
@@ -231,7 +239,28 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
         if (!grp.program.instrs.empty()) cpu::validate(grp.program, grp.group_inputs.size());
         break;
     }
-    if (grp.into >= 0 && grp.into_strides.empty()) {
+    if (grp.slice_axis >= 0) {  // rows of an elementwise consumer, rewritten by the program
+      value(grp.into);
+      check(grp.kind == LaunchGroup::Kind::epilogue && !grp.program.instrs.empty() && grp.into_strides.empty() &&
+                !g.is_input(grp.into) && is_fusable_op(g.nodes[size_t(g.node_of(grp.into))].op) &&
+                g.dtype_of(grp.into) == rnode.dtype,
+            "a sliced epilogue that does not write an elementwise consumer");
+      const Shape& whole = g.shape_of(grp.into);
+      check(size_t(grp.slice_axis) < whole.size() && grp.slice_begin >= 0 && grp.slice_len >= 0 &&
+                grp.slice_begin + grp.slice_len <= whole[size_t(grp.slice_axis)],
+            "a slice outside its consumer");
+      int64_t row = 1;
+      for (size_t d = size_t(grp.slice_axis) + 1; d < whole.size(); ++d) row *= whole[d];
+      for (int64_t d = 0; d < grp.slice_axis; ++d) check(whole[size_t(d)] == 1, "a slice that is not dense");
+      check(grp.into_offset == grp.slice_begin * row && numel(rnode.shape) == grp.slice_len * row,
+            "a sliced epilogue whose chain does not fill its rows");
+      for (int v : grp.internal) {  // what the program loads from the chain's rows: views in whole's shape
+        const bool loaded = std::find(grp.group_inputs.begin(), grp.group_inputs.end(), v) != grp.group_inputs.end();
+        const int vn = g.node_of(v);
+        check(!loaded || (vn >= 0 && is_row_local_view(g.nodes[size_t(vn)], whole)),
+              "a sliced epilogue loading a value that is not a view of its rows");
+      }
+    } else if (grp.into >= 0 && grp.into_strides.empty()) {
       value(grp.into);
       check(!g.is_input(grp.into) && g.nodes[size_t(g.node_of(grp.into))].op == "concat" &&
                 g.dtype_of(grp.into) == rnode.dtype && grp.into_offset >= 0 &&

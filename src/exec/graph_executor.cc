@@ -252,9 +252,42 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
           steps.push_back(std::move(st));
         }
         std::vector<Tensor> ins;
-        for (int v : grp.group_inputs) ins.push_back(bind(v));
+        Tensor program_out = out;
+        if (grp.slice_axis < 0) {
+          for (int v : grp.group_inputs) ins.push_back(bind(v));
+        } else {
+          // The program computes rows [begin, begin + len) along the axis of `into`: its output is
+          // those rows (where the chain just wrote), its inputs are cut to the same rows, and the
+          // chain's value is read through the (row-local) views the program loads it by.
+          const auto axis = size_t(grp.slice_axis);
+          auto rows = [&](Shape s) {
+            s[axis] = grp.slice_len;
+            return s;
+          };
+          const Shape& whole = g.shape_of(grp.into);
+          program_out = Tensor::view_of(out.buffer(), rows(whole), node.dtype, {}, out.offset());
+          for (int v : grp.group_inputs) {
+            const int vn = g.node_of(v);
+            if (std::find(grp.internal.begin(), grp.internal.end(), v) != grp.internal.end()) {
+              const GraphNode& view = g.nodes[size_t(vn)];
+              ins.push_back(Tensor::view_of(out.buffer(), rows(view.shape), view.dtype, view.attrs.get_ints("strides"),
+                                            out.offset() + view.attrs.get_int("offset")));
+              continue;
+            }
+            const Tensor& t = val[size_t(v)];
+            const int64_t d = int64_t(axis) - int64_t(whole.size() - t.shape().size());
+            if (d < 0 || t.shape()[size_t(d)] == 1) {
+              ins.push_back(t);
+              continue;
+            }
+            Shape shape = t.shape();
+            shape[size_t(d)] = grp.slice_len;
+            ins.push_back(Tensor::view_of(t.buffer(), shape, t.dtype(), t.strides(),
+                                          t.offset() + grp.slice_begin * t.strides()[size_t(d)]));
+          }
+        }
         launch(rt, grp.launch_name(g), out,
-               [compiled, steps = std::move(steps), &program = grp.program, ins = std::move(ins), out] {
+               [compiled, steps = std::move(steps), &program = grp.program, ins = std::move(ins), out, program_out] {
                  for (const Step& st : steps) {
                    KernelArgs args;
                    args.in = views_of(st.in);
@@ -262,7 +295,8 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
                    args.attrs = st.attrs;
                    st.kernel(args);
                  }
-                 if (!program.instrs.empty()) cpu::fused_elementwise(program, views_of(ins), TensorView::of(out));
+                 if (!program.instrs.empty())
+                   cpu::fused_elementwise(program, views_of(ins), TensorView::of(program_out));
                });
         val[size_t(grp.result)] = out;
         break;

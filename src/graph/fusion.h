@@ -37,6 +37,10 @@
 //  - transposed writes: a dense copy of a permuted view of an sdpa result (the [B,H,L,D] ->
 //    [B,L,H,D] transpose after attention), where that view is the result's only reader, is
 //    written by the sdpa launch itself through the inverse permutation; the copy launches nothing.
+//  - row-local consumers (RoPE after the per-head norm): a fused group that reads a chain's value,
+//    or a concat assembled from chains, only through views that reorder elements within the last
+//    dim (x and the pair-reversed x), runs as the epilogue of each chain over that chain's rows;
+//    the concat and the group launch nothing.
 //  - concat elimination: when a concat's slices are dense blocks of its output (every dim
 //    before the axis is 1, as for B=1 sequences) and each input is a launch result read only
 //    by the concat, those launches write straight into the concat's buffer and the concat
@@ -81,6 +85,13 @@ struct LaunchGroup {
   // Non-empty: the output is instead a strided view of `into`'s buffer with these strides (a
   // single op writing straight into the dense copy of a transposed view of its result).
   std::vector<int64_t> into_strides;
+  // epilogue, slice_axis >= 0: the program computes rows [slice_begin, slice_begin + slice_len)
+  // along slice_axis of `into` (an elementwise consumer of this chain's value, or of the concat
+  // the chain writes a slice of): the chain writes its value there (at into_offset) and the
+  // program rewrites it in place, reading its other inputs sliced the same way and the chain's
+  // value through the view values listed in `internal` (row-local: see fusion_merge.cc).
+  int slice_axis = -1;
+  int64_t slice_begin = 0, slice_len = 0;
   int alias_base = -1;       // alias: the value whose buffer this group's result reinterprets
 
   bool launches() const { return kind != Kind::view && kind != Kind::assembled && kind != Kind::alias; }
@@ -94,6 +105,12 @@ bool is_fusable_op(const std::string& op);
 
 // Whether a non-elementwise op may produce into a fused group's output (epilogue fusion).
 bool can_take_epilogue(const std::string& op);
+
+// A view of a dense value as `shape` (its consumer's shape, same element count) that keeps every
+// element within its row of the last dim: the plain reshape, or the reshape with the last dim
+// reversed (RoPE's pair swap). A fused kernel, whose tiles hold whole rows, may read such a view
+// of the very buffer it rewrites in place.
+bool is_row_local_view(const GraphNode& v, const Shape& shape);
 
 // Groups in an executable order (every group after the groups whose results it reads).
 std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits = {});

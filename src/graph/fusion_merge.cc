@@ -4,6 +4,18 @@
 
 namespace kiln {
 
+bool is_row_local_view(const GraphNode& v, const Shape& shape) {
+  if (v.op != "view" || v.shape != shape || shape.empty()) return false;
+  const std::vector<int64_t>& st = v.attrs.get_ints("strides");
+  const Strides cs = contiguous_strides(shape);
+  const size_t last = shape.size() - 1;
+  for (size_t d = 0; d < last; ++d)
+    if (shape[d] != 1 && st[d] != cs[d]) return false;
+  const int64_t off = v.attrs.get_int("offset"), n = shape[last];
+  if (n == 1 || (st[last] == 1 && off == 0)) return off == 0;
+  return st[last] == -1 && off == n - 1 && n <= 64;  // reversed; short, so a row never spans two tiles
+}
+
 namespace {
 
 using Kind = LaunchGroup::Kind;
@@ -41,6 +53,7 @@ class Merger {
     absorb_elementwise_epilogues();
     write_transposed();
     eliminate_concats();
+    absorb_row_local_consumers();
   }
 
  private:
@@ -241,6 +254,93 @@ class Merger {
     }
     if (base.back() == 1) out.back() = 1;
     return out;
+  }
+
+  // A fused group E reading a chain's value B (or a concat B assembled from chains) only through
+  // row-local views, B read by nothing else: E's program becomes the epilogue of each chain, over
+  // that chain's rows of E's output; B is never materialised apart from E.
+  void absorb_row_local_consumers() {
+    const std::vector<int> owner = by_result();
+    std::vector<int> group_of_node(g_.nodes.size(), -1);
+    for (size_t i = 0; i < groups_.size(); ++i)
+      for (int n : groups_[i].nodes) group_of_node[size_t(n)] = int(i);
+    std::vector<char> dead(groups_.size(), 0);
+    for (size_t ei = 0; ei < groups_.size(); ++ei) {
+      LaunchGroup& e = groups_[ei];
+      if (e.kind != Kind::fused_elementwise || e.into >= 0) continue;
+      const Shape& es = g_.shape_of(e.result);
+      // B: the base of the first input that is a view.
+      int base = -1;
+      for (int v : e.group_inputs) {
+        const int vn = g_.node_of(v);
+        if (vn >= 0 && g_.nodes[size_t(vn)].op == "view") {
+          base = g_.nodes[size_t(vn)].args.at(0);
+          break;
+        }
+      }
+      if (base < 0 || g_.is_input(base) || is_out_[size_t(base)] || owner[size_t(base)] < 0 ||
+          dead[size_t(owner[size_t(base)])] || g_.dtype_of(base) != g_.dtype_of(e.result) ||
+          numel(g_.shape_of(base)) != numel(es))
+        continue;
+      // Every reader of B is a row-local view read only by E.
+      std::vector<int> views;
+      bool ok = true;
+      for (int c : consumers(base)) {
+        const int v = g_.value_of_node(c);
+        ok = ok && is_row_local_view(g_.nodes[size_t(c)], es) && !is_out_[size_t(v)];
+        for (int cc : ok ? consumers(v) : std::vector<int>{}) ok = ok && group_of_node[size_t(cc)] == int(ei);
+        views.push_back(v);
+      }
+      if (!ok || views.empty()) continue;
+      // The launches writing B's bytes: the chains a concat was assembled from, or B's own chain.
+      const LaunchGroup& bg = groups_[size_t(owner[size_t(base)])];
+      std::vector<int> producers;
+      int axis = 0;
+      if (bg.kind == Kind::assembled && g_.nodes[size_t(g_.node_of(base))].op == "concat") {
+        const GraphNode& c = g_.nodes[size_t(g_.node_of(base))];
+        axis = int(c.attrs.get_int("axis"));
+        if (axis < 0) axis += int(c.shape.size());
+        if (size_t(axis) >= es.size() || !std::equal(es.begin(), es.begin() + axis + 1, c.shape.begin())) continue;
+        for (size_t i = 0; i < groups_.size(); ++i)
+          if (groups_[i].into == base) producers.push_back(int(i));
+        if (producers.size() != c.args.size()) continue;
+      } else {
+        producers.push_back(owner[size_t(base)]);
+      }
+      for (int pi : producers) {
+        const LaunchGroup& p = groups_[size_t(pi)];
+        const bool chain = p.kind == Kind::epilogue && p.program.instrs.empty();
+        const bool single = p.kind == Kind::single_op && can_take_epilogue(g_.nodes[size_t(g_.node_of(p.result))].op);
+        ok = ok && !dead[size_t(pi)] && (chain || single) && p.into_strides.empty() && p.slice_axis < 0 &&
+             (p.into == base || (p.into < 0 && p.result == base));
+        // E's other inputs must exist before the chain runs (groups run in result order).
+        for (int v : e.group_inputs)
+          if (std::find(views.begin(), views.end(), v) == views.end()) ok = ok && v < p.result;
+      }
+      if (!ok) continue;
+      const int64_t row = numel(es) / std::max<int64_t>(es[size_t(axis)], 1);
+      for (int pi : producers) {
+        LaunchGroup& p = groups_[size_t(pi)];
+        LaunchGroup m = as_chain(p);
+        m.result = p.result;
+        m.nodes = e.nodes;
+        m.group_inputs = e.group_inputs;
+        m.program = e.program;
+        m.internal.insert(m.internal.end(), views.begin(), views.end());
+        m.into = e.result;
+        m.into_offset = p.into == base ? p.into_offset : 0;
+        m.slice_axis = axis;
+        m.slice_begin = m.into_offset / row;
+        m.slice_len = numel(g_.shape_of(p.result)) / row;
+        p = std::move(m);
+      }
+      if (bg.kind == Kind::assembled) dead[size_t(owner[size_t(base)])] = 1;
+      for (int v : views) dead[size_t(owner[size_t(v)])] = 1;
+      e.kind = Kind::assembled;
+      e.group_inputs.clear();
+      e.program = {};
+    }
+    drop(dead);
   }
 
   // Every dim before the concat axis is 1: each input is one dense block of the output.
