@@ -214,6 +214,48 @@ TEST(DeferredMode, RotaryEmbeddingRunsInTheLaunchOfEachPerHeadNorm) {
   }
 }
 
+TEST(DeferredMode, TheTimestepSinusoidIsOneLaunchPerHalf) {
+  // Diffusers' timestep embedding: exp(arange * c) (an index computation, fused), an outer
+  // product through [N] -> [1,N] views, then cos and sin written into the two halves of a concat.
+  // The small shared argument is recomputed in both halves' launches instead of materialised.
+  for (const int64_t B : {1, 2}) {
+    const Tensor t = test::random_tensor({B}, 50);
+    for (const double start : {0.0, 3.0}) {
+      const auto launches = deferred_launches_equal_eager([&] {
+        const Tensor freqs = exp(arange(start, start + 64, 1, DType::f32, Device::cpu()) * -0.143);
+        const Tensor arg = unsqueeze(t * 1000.0, 1) * unsqueeze(freqs, 0);
+        return concat({cos(arg), sin(arg)}, 1);
+      });
+      EXPECT_EQ(launches.count("arange"), 0u);
+      if (B == 1) {  // [1] -> [1,1] only adds a leading unit dim: t * 1000 joins both halves
+        EXPECT_EQ(launches.at("fused_elementwise"), 2u);
+        EXPECT_EQ(launches.size(), 1u);
+      } else {  // [2] -> [2,1] changes how it broadcasts: t * 1000 is materialised, as is the concat
+        EXPECT_EQ(launches.at("fused_elementwise"), 3u);
+        EXPECT_EQ(launches.at("concat"), 1u);
+      }
+    }
+  }
+  // An arange broadcast along the inner dim of a large output (many tiles, many threads).
+  const auto launches = deferred_launches_equal_eager([&] {
+    return test::random_tensor({7, 5000}, 51) * arange(2.0, 5002.0, 1, DType::f32, Device::cpu()) + 0.5;
+  });
+  EXPECT_EQ(launches.at("fused_elementwise"), 1u);
+  EXPECT_EQ(launches.size(), 1u);
+}
+
+TEST(DeferredMode, OnlySmallValuesAreRecomputedInEachReader) {
+  // exp(x) read by two groups: recomputed in both when small, materialised once when large.
+  for (const int64_t n : {64, 100000}) {
+    const Tensor x = test::random_tensor({1, n}, 52), w = test::random_tensor({8, n}, 53);
+    const auto launches = deferred_launches_equal_eager([&] {
+      const Tensor e = exp(x);
+      return concat({linear(e * 2.0, w), linear(e + 1.0, w)}, 1);
+    });
+    EXPECT_EQ(launches.at("fused_elementwise"), n == 64 ? 2u : 3u) << n;
+  }
+}
+
 TEST(DeferredMode, NestedConcatsAreWrittenCompletely) {
   const Tensor x = test::random_tensor({1, 3, 8}, 17), w = test::random_tensor({8, 8}, 18);
   const Tensor w2 = test::random_tensor({8, 8}, 20), w3 = test::random_tensor({8, 8}, 23);

@@ -127,7 +127,7 @@ json program_to_json(const cpu::FusedProgram& p) {
   json instrs = json::array();
   for (const cpu::FusedInstr& i : p.instrs)
     instrs.push_back({int(i.kind), i.input, int(i.unary), bits_of(i.lo), bits_of(i.hi), int(i.binary), i.a, i.b, i.c,
-                      int(i.dtype)});
+                      int(i.dtype), bits_of(i.start), bits_of(i.step), i.count});
   return {{"instrs", instrs}, {"result", p.result}};
 }
 
@@ -145,6 +145,9 @@ cpu::FusedProgram program_from_json(const json& j) {
     f.b = i.at(7).get<int>();
     f.c = i.at(8).get<int>();
     f.dtype = dtype_from(i.at(9));
+    f.start = double_of(i.at(10).get<uint64_t>());
+    f.step = double_of(i.at(11).get<uint64_t>());
+    f.count = i.at(12).get<int64_t>();
     p.instrs.push_back(f);
   }
   p.result = j.at("result").get<int>();

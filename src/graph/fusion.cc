@@ -53,7 +53,13 @@ cpu::FusedProgram build_program(const Graph& g, const LaunchGroup& grp) {
     for (int v : node.args) a.push_back(reg[size_t(v)]);
     int r = -1;
     FusedInstr in;
-    if (auto u = unary_from_name(node.op)) {
+    if (node.op == "arange") {
+      in.kind = FusedInstr::Kind::iota;
+      in.start = node.attrs.get_float("start");
+      in.step = node.attrs.get_float("step");
+      in.count = node.shape.at(0);
+      r = emit(in);
+    } else if (auto u = unary_from_name(node.op)) {
       in.kind = FusedInstr::Kind::unary;
       in.unary = *u;
       in.a = a.at(0);
@@ -74,8 +80,9 @@ cpu::FusedProgram build_program(const Graph& g, const LaunchGroup& grp) {
       in.c = a.at(2);
       r = emit(in);
     } else {
-      // cast / copy: no arithmetic; a cast's effect is entirely the round below (loads already
-      // widen any storage dtype to f32 exactly as eager's kernels do).
+      // cast / copy / a leading-unit reshape: no arithmetic; a cast's effect is entirely the round
+      // below (loads already widen any storage dtype to f32 exactly as eager's kernels do), and
+      // such a reshape broadcasts to the result exactly as its argument does.
       r = a.at(0);
     }
     if (node.dtype != DType::f32) {
@@ -91,6 +98,40 @@ cpu::FusedProgram build_program(const Graph& g, const LaunchGroup& grp) {
   cpu::validate(p, grp.group_inputs.size());  // a fuser bug should fail here, not in a kernel
   return p;
 }
+
+}  // namespace
+
+namespace {
+
+Shape without_leading_ones(const Shape& s) {
+  size_t i = 0;
+  while (i < s.size() && s[i] == 1) ++i;
+  return Shape(s.begin() + int64_t(i), s.end());
+}
+
+// A view that only adds or drops leading unit dims of a dense value ([C] <-> [1,C]): under
+// right-aligned broadcasting it reads every element exactly as its argument does.
+bool is_leading_unit_reshape(const Graph& g, const GraphNode& v) {
+  if (v.op != "view" || v.attrs.get_int("offset") != 0) return false;
+  const Shape& base = g.shape_of(v.args.at(0));
+  return v.attrs.get_ints("strides") == canonical_unit_strides(v.shape, contiguous_strides(v.shape)) &&
+         numel(base) == numel(v.shape) && without_leading_ones(base) == without_leading_ones(v.shape);
+}
+
+// Whether node n may be a member of a fused group: an elementwise op, an f32 arange (an index
+// computation, FusedInstr::iota), or a leading-unit reshape (never a group's result: a view
+// launches nothing).
+bool is_fusable_node(const Graph& g, size_t n) {
+  const GraphNode& node = g.nodes[n];
+  if (node.op == "arange") return node.dtype == DType::f32;
+  if (node.op == "view") return is_leading_unit_reshape(g, node);
+  return is_fusable_op(node.op);
+}
+
+// Small values (timestep and guidance embeddings, per-block modulation vectors) are recomputed
+// inside every group that reads them rather than materialised between launches, when those
+// groups are small too (duplication never multiplies real work).
+constexpr int64_t kDuplicateMaxElements = 4096;
 
 }  // namespace
 
@@ -125,7 +166,7 @@ std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits) {
   std::vector<std::vector<int>> consumers(size_t(g.num_values()));  // distinct consumer nodes
   std::vector<char> branches(nn, 0);  // node joins two or more distinct fusable nodes
   for (int o : g.outputs) is_out[size_t(o)] = 1;
-  for (size_t n = 0; n < nn; ++n) fusable[n] = is_fusable_op(g.nodes[n].op);
+  for (size_t n = 0; n < nn; ++n) fusable[n] = is_fusable_node(g, n);
   for (size_t n = 0; n < nn; ++n) {
     std::vector<int> fused_args;
     for (int a : g.nodes[n].args) {
@@ -140,17 +181,32 @@ std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits) {
     branches[n] = fused_args.size() >= 2;
   }
 
+  // A node can be recomputed in each group that reads it (see kDuplicateMaxElements) when it is
+  // small, not an output, and every reader is itself fusable.
+  std::vector<char> duplicable(nn, 0);
+  for (size_t n = 0; n < nn; ++n) {
+    const int v = g.value_of_node(int(n));
+    bool ok = fusable[n] && !is_out[size_t(v)] && numel(g.nodes[n].shape) <= kDuplicateMaxElements;
+    for (int c : consumers[size_t(v)]) ok = ok && fusable[size_t(c)];
+    duplicable[n] = ok;
+  }
+  std::vector<char> read_by_a_group(size_t(g.num_values()), 0);  // some group loads it: materialise it
+
   std::vector<int> group_of(nn, -1);
   std::vector<LaunchGroup> groups;
   // Roots are taken from the last node down: when a node is reached unclaimed, every consumer
-  // of it is already placed, so it must be materialised and roots a group.
+  // of it is already placed, so it must be materialised and roots a group, unless it was
+  // recomputed inside every group that reads it.
   for (int r = int(nn) - 1; r >= 0; --r) {
     if (group_of[size_t(r)] >= 0) continue;
+    if (duplicable[size_t(r)] && !read_by_a_group[size_t(g.value_of_node(r))] &&
+        !consumers[size_t(g.value_of_node(r))].empty())
+      continue;  // computed inside each of its readers' groups
     const int gid = int(groups.size());
     LaunchGroup grp;
     grp.result = g.value_of_node(r);
     group_of[size_t(r)] = gid;
-    if (!fusable[size_t(r)]) {
+    if (!fusable[size_t(r)] || g.nodes[size_t(r)].op == "view") {
       grp.kind = g.nodes[size_t(r)].op == "view" ? LaunchGroup::Kind::view : LaunchGroup::Kind::single_op;
       grp.nodes = {r};
       grp.group_inputs = g.nodes[size_t(r)].args;
@@ -165,6 +221,8 @@ std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits) {
     std::vector<int> level(nn, 0);
     level[size_t(r)] = 1;
     std::vector<char> queued(nn, 0);
+    std::vector<char> copy_here(nn, 0);  // joined as a recomputed copy (other groups may hold it too)
+    const bool small_group = numel(out_shape) <= kDuplicateMaxElements;
     // Candidates in descending order: when p is popped, every node that will ever join with a
     // higher index (so every possible in-group consumer of p) has already joined, so "all
     // consumers inside" is decided exactly, once.
@@ -185,13 +243,20 @@ std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits) {
       if (group_of[size_t(p)] >= 0 || is_out[size_t(g.value_of_node(p))]) continue;
       if (int(members.size()) >= limits.max_nodes) continue;
       if (!broadcasts_to(g.nodes[size_t(p)].shape, out_shape)) continue;
-      bool inside = true;
+      bool inside = true, below_copy = false;
       int lvl = 0;
       for (int c : consumers[size_t(g.value_of_node(p))]) {
-        inside = inside && in_group[size_t(c)];
-        if (inside) lvl = std::max(lvl, level[size_t(c)] + branches[size_t(c)]);
+        if (in_group[size_t(c)]) {
+          lvl = std::max(lvl, level[size_t(c)] + branches[size_t(c)]);
+          below_copy = below_copy || copy_here[size_t(c)];
+        } else {
+          inside = false;
+        }
       }
-      if (!inside || lvl > limits.max_depth) continue;
+      // Read from outside the group, or by a node other groups recompute too: p can only join
+      // as a recomputed copy.
+      const bool as_copy = !inside || below_copy;
+      if ((as_copy && !(duplicable[size_t(p)] && small_group)) || lvl > limits.max_depth) continue;
       in_group[size_t(p)] = 1;
       members.push_back(p);
       if (int(reads_of(g, members, in_group).size()) > limits.max_inputs) {
@@ -200,11 +265,16 @@ std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits) {
         continue;
       }
       level[size_t(p)] = lvl;
-      group_of[size_t(p)] = gid;
+      if (as_copy) {
+        copy_here[size_t(p)] = 1;
+      } else {
+        group_of[size_t(p)] = gid;
+      }
       offer_args(p);
     }
     std::sort(members.begin(), members.end());
     grp.group_inputs = reads_of(g, members, in_group);
+    for (int v : grp.group_inputs) read_by_a_group[size_t(v)] = 1;
     grp.nodes = std::move(members);
     grp.program = build_program(g, grp);
     groups.push_back(std::move(grp));

@@ -1,6 +1,7 @@
 #include "devices/cpu/kernels/fused_elementwise.h"
 
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -21,6 +22,7 @@ const char* kind_name(Kind k) {
     case Kind::binary: return "binary";
     case Kind::where: return "where";
     case Kind::round: return "round";
+    case Kind::iota: return "iota";
   }
   return "?";
 }
@@ -28,7 +30,8 @@ const char* kind_name(Kind k) {
 // The registers an instruction reads (-1 = none), in the order the kernel passes them.
 std::array<int, 3> operands(const FusedInstr& in) {
   switch (in.kind) {
-    case Kind::load: return {-1, -1, -1};
+    case Kind::load:
+    case Kind::iota: return {-1, -1, -1};
     case Kind::unary:
     case Kind::round: return {in.a, -1, -1};
     case Kind::binary: return {in.a, in.b, -1};
@@ -38,13 +41,14 @@ std::array<int, 3> operands(const FusedInstr& in) {
 }
 
 int arity(Kind k) {
-  return k == Kind::load ? 0 : k == Kind::binary ? 2 : k == Kind::where ? 3 : 1;
+  return k == Kind::load || k == Kind::iota ? 0 : k == Kind::binary ? 2 : k == Kind::where ? 3 : 1;
 }
 
 std::string describe_instr(const FusedInstr& in) {
   std::ostringstream os;
   switch (in.kind) {
     case Kind::load: os << "load in" << in.input; break;
+    case Kind::iota: os << "iota " << in.start << " + i * " << in.step << " [" << in.count << "]"; break;
     case Kind::unary:
       os << (int(in.unary) >= 0 && in.unary <= UnaryOp::clamp ? unary_name(in.unary) : "unary?") << " %" << in.a;
       if (in.unary == UnaryOp::clamp) os << " [" << in.lo << ", " << in.hi << "]";
@@ -173,11 +177,14 @@ void validate(const FusedProgram& program, size_t num_inputs) {
   for (size_t i = 0; i < ins.size(); ++i) {
     const FusedInstr& in = ins[i];
     const int kind = int(in.kind);
-    KILN_CHECK(kind >= int(Kind::load) && kind <= int(Kind::round), "fused", "instr %", i, " has unknown kind ", kind,
+    KILN_CHECK(kind >= int(Kind::load) && kind <= int(Kind::iota), "fused", "instr %", i, " has unknown kind ", kind,
                "\n", program.describe());
     if (in.kind == Kind::load)
       KILN_CHECK(in.input >= 0 && size_t(in.input) < num_inputs, "fused", "instr %", i, " loads input ", in.input,
                  " but the kernel has ", num_inputs, " inputs\n", program.describe());
+    if (in.kind == Kind::iota)
+      KILN_CHECK(in.count >= 0 && std::isfinite(in.start) && std::isfinite(in.step), "fused", "instr %", i,
+                 " is an iota of ", in.count, " elements from ", in.start, " by ", in.step, "\n", program.describe());
     if (in.kind == Kind::unary)
       KILN_CHECK(int(in.unary) >= 0 && in.unary <= UnaryOp::clamp, "fused", "instr %", i, " has unknown unary op ",
                  int(in.unary), "\n", program.describe());
@@ -201,8 +208,27 @@ void validate(const FusedProgram& program, size_t num_inputs) {
 
 void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs, const TensorView& out) {
   validate(program, inputs.size());
-  check_shapes(inputs, out);
-  const TileGrid grid(inputs, out);
+  // Each iota is one more operand of the tile grid: a dense [count] vector, broadcast like an
+  // input, whose values come from the offsets the grid computes for it.
+  std::vector<TensorView> operands = inputs;
+  std::vector<size_t> iota_operand(program.instrs.size(), 0);
+  static const float kNeverRead = 0;
+  for (size_t i = 0; i < program.instrs.size(); ++i) {
+    const FusedInstr& in = program.instrs[i];
+    if (in.kind != Kind::iota) continue;
+    iota_operand[i] = operands.size();
+    TensorView v;
+    v.data = const_cast<float*>(&kNeverRead);
+    v.dtype = DType::f32;
+    v.shape = {in.count};
+    v.strides = {1};
+    operands.push_back(v);
+  }
+  check_shapes(operands, out);
+  TileGrid grid(operands, out);
+  for (size_t i = 0; i < program.instrs.size(); ++i)
+    if (program.instrs[i].kind == Kind::iota)
+      grid.set_iota(iota_operand[i], program.instrs[i].start, program.instrs[i].step);
   const Plan plan = make_plan(program, grid, out.dtype);
   const size_t n_regs = program.instrs.size();
   const int result = program.result;
@@ -228,6 +254,7 @@ void fused_elementwise(const FusedProgram& program, const std::vector<TensorView
                                                       : nullptr;  // a view load: load_tile leaves buf alone
           switch (in.kind) {
             case Kind::load: s.regs[size_t(i)] = grid.load(size_t(in.input), tile, dst); continue;
+            case Kind::iota: s.regs[size_t(i)] = grid.load(iota_operand[size_t(i)], tile, dst); continue;
             case Kind::unary: unary_f32(in.unary, s.regs[size_t(in.a)], dst, n, in.lo, in.hi); break;
             case Kind::binary: binary_f32(in.binary, s.regs[size_t(in.a)], s.regs[size_t(in.b)], dst, n); break;
             case Kind::where:

@@ -22,9 +22,13 @@ namespace kiln::cpu {
 // One instruction of a fused elementwise program. Registers are tiles of f32 values indexed by
 // instruction number; every instruction writes its own register.
 struct FusedInstr {
-  enum class Kind { load, unary, binary, where, round };
+  enum class Kind { load, unary, binary, where, round, iota };
   Kind kind = Kind::load;
   int input = -1;  // load: index of the kernel input to read (broadcast to the output shape)
+  // iota (a fused arange): element i of a [count] vector broadcast to the output shape is
+  // float(start + i * step), exactly the f32 the arange kernel stores.
+  double start = 0, step = 1;
+  int64_t count = 0;
   UnaryOp unary{};
   float lo = -std::numeric_limits<float>::infinity();  // unary: clamp bounds (eager: float(attr))
   float hi = std::numeric_limits<float>::infinity();

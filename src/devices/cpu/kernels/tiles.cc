@@ -3,6 +3,10 @@
 namespace kiln::cpu {
 
 const float* load_tile(const Operand& op, int64_t off, int64_t stride, int64_t n, float* buf) {
+  if (op.iota) {
+    for (int64_t i = 0; i < n; ++i) buf[i] = float(op.start + double(off + i * stride) * op.step);
+    return buf;
+  }
   const size_t es = dtype_size(op.dtype);
   if (op.dtype == DType::f32 && stride == 1) return reinterpret_cast<const float*>(op.base) + off;
   if (stride == 1) {
@@ -69,7 +73,7 @@ const float* TileGrid::load_rows(size_t k, const Tile& tile, float* buf) const {
     pos /= outer[size_t(d)];
   }
   int64_t off = own.offset(0, row);
-  const bool f32 = ops_[k].dtype == DType::f32;
+  const bool f32 = ops_[k].dtype == DType::f32 && !ops_[k].iota;
   const float* base = reinterpret_cast<const float*>(ops_[k].base);
   for (int64_t done = 0; done < tile.n;) {
     const int64_t m = std::min(run - j, tile.n - done);

@@ -21,6 +21,10 @@ constexpr int64_t kParallelMin = 1 << 15;  // elements below which threads cost 
 struct Operand {
   const char* base;
   DType dtype;
+  // An index operand (a fused arange): its "value" at element offset o is float(start + o * step);
+  // base is never read.
+  bool iota = false;
+  double start = 0, step = 1;
 };
 
 // Loads `n` elements of an operand starting at element offset `off` with stride `stride`
@@ -41,6 +45,12 @@ class TileGrid {
  public:
   TileGrid(const std::vector<TensorView>& in, const TensorView& out);
 
+  // Makes input k an index operand (Operand::iota): it is laid out as a dense [count] vector.
+  void set_iota(size_t k, double start, double step) {
+    ops_[k].iota = true;
+    ops_[k].start = start;
+    ops_[k].step = step;
+  }
   int64_t tasks() const { return tasks_; }
   bool parallel() const { return numel_ >= kParallelMin; }
   Tile tile(int64_t t) const {
@@ -60,7 +70,7 @@ class TileGrid {
   }
   // Whether load(k, ...) always returns the input's own memory (dense f32 along the tile).
   bool load_is_view(size_t k) const {
-    return ops_[k].dtype == DType::f32 && (rows_per_tile_ > 1 ? flat_[k] : loop_.inner_stride[k] == 1);
+    return !ops_[k].iota && ops_[k].dtype == DType::f32 && (rows_per_tile_ > 1 ? flat_[k] : loop_.inner_stride[k] == 1);
   }
   // The output's memory for `tile` when the output is f32 (a kernel may compute straight into
   // it), else nullptr.
