@@ -281,45 +281,72 @@ TEST_F(CompiledMode, CorruptCacheEntriesAreIgnoredAndReplaced) {
 // An entry with a valid checksum whose launches do not fit its graph (tampered, or written by
 // a buggy engine) is rejected by validation, never run.
 TEST_F(CompiledMode, AnEntryWhoseLaunchesDoNotFitItsGraphIsRejected) {
-  const fs::path dir = use_persistent_cache();
   const Tensor x = from_vector(test::random_values(64, 3), {8, 8});
   const Tensor w = from_vector(test::random_values(64, 4), {8, 8});
-  auto fn = [&](const std::vector<Tensor>& a) { return std::vector<Tensor>{gelu(linear(a[0], w) * 2.0 + 1.0)}; };
-  { CompiledFunction("toy", fn, {})({x}, {w}); }
-  fs::path file;
-  for (const auto& e : fs::directory_iterator(dir)) file = e.path();
-  std::ifstream in(file);
-  std::string header, body;
-  std::getline(in, header);
-  std::getline(in, body, '\0');
-  in.close();
-  const auto fnv = [](const std::string& t) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : t) h = (h ^ c) * 1099511628211ull;
-    char buf[17];
-    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-    return std::string(buf);
+  const Tensor row = from_vector(test::random_values(8, 5), {1, 8});
+  const Tensor w2 = from_vector(test::random_values(32, 6), {4, 8});
+  using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+  struct Case {
+    Fn fn;
+    std::vector<Tensor> args, params;
+    std::vector<std::pair<std::string, std::string>> tamper;
   };
-  ASSERT_EQ(header, fnv(body)) << "the store's checksum format changed";
-  const std::vector<std::pair<std::string, std::string>> tamper = {
-      {"\"alias_base\":-1", "\"alias_base\":999"},  // out of range
-      {"\"kind\":3", "\"kind\":5"},                // the linear+epilogue launch turned into an alias of nothing
-      {"\"into\":-1", "\"into\":0"},                // writing "into" a graph input
+  const std::vector<Case> cases = {
+      {[&](const std::vector<Tensor>& a) { return std::vector<Tensor>{gelu(linear(a[0], w) * 2.0 + 1.0)}; },
+       {x},
+       {w},
+       {
+           {"\"alias_base\":-1", "\"alias_base\":999"},  // out of range
+           {"\"kind\":3", "\"kind\":5"},                // the linear+epilogue launch turned into an alias of nothing
+           {"\"into\":-1", "\"into\":0"},                // writing "into" a graph input
+           {"\"into_strides\":[]", "\"into_strides\":[1]"},  // strides without a buffer to write into
+           {"\"slice\":[-1,0,0]", "\"slice\":[0,0,8]"},      // rows of a consumer it does not write
+       }},
+      // Two single-row linears of one row: one grouped launch.
+      {[&](const std::vector<Tensor>& a) {
+         return std::vector<Tensor>{concat({linear(a[0], w), linear(a[0], w2)}, 1) * 3.0};
+       },
+       {row},
+       {w, w2},
+       {
+           {"\"batch\":[", "\"batch\":[0,"},  // a graph input "computed" by the grouped launch
+           {"\"kind\":6", "\"kind\":1"},      // the batched linear turned into its own launch... of nothing new
+       }},
   };
-  for (const auto& [from, to] : tamper) {
-    std::string bad = body;
-    const size_t at = bad.find(from);
-    ASSERT_NE(at, std::string::npos) << from;
-    bad.replace(at, from.size(), to);
-    std::ofstream(file, std::ios::trunc) << fnv(bad) << '\n' << bad;
-    clear_executable_cache();
-    reset_compile_stats();
-    testing::internal::CaptureStderr();
-    const Tensor got = CompiledFunction("toy", fn, {})({x}, {w})[0];
-    const std::string err = testing::internal::GetCapturedStderr();
-    EXPECT_EQ(compile_stats().disk_rejects, 1u) << to;
-    EXPECT_NE(err.find("[compile-cache]"), std::string::npos) << to << ": " << err;
-    EXPECT_TRUE(same_bits(got, fn({x})[0])) << to;
+  for (const Case& c : cases) {
+    const fs::path dir = use_persistent_cache();
+    { CompiledFunction("toy", c.fn, {})(c.args, c.params); }
+    fs::path file;
+    for (const auto& e : fs::directory_iterator(dir)) file = e.path();
+    std::ifstream in(file);
+    std::string header, body;
+    std::getline(in, header);
+    std::getline(in, body, '\0');
+    in.close();
+    const auto fnv = [](const std::string& t) {
+      uint64_t h = 1469598103934665603ull;
+      for (unsigned char ch : t) h = (h ^ ch) * 1099511628211ull;
+      char buf[17];
+      std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+      return std::string(buf);
+    };
+    ASSERT_EQ(header, fnv(body)) << "the store's checksum format changed";
+    for (const auto& [from, to] : c.tamper) {
+      std::string bad = body;
+      const size_t at = bad.find(from);
+      ASSERT_NE(at, std::string::npos) << from << " in " << body;
+      bad.replace(at, from.size(), to);
+      std::ofstream(file, std::ios::trunc) << fnv(bad) << '\n' << bad;
+      clear_executable_cache();
+      reset_compile_stats();
+      testing::internal::CaptureStderr();
+      const Tensor got = CompiledFunction("toy", c.fn, {})(c.args, c.params)[0];
+      const std::string err = testing::internal::GetCapturedStderr();
+      EXPECT_EQ(compile_stats().disk_rejects, 1u) << to;
+      EXPECT_NE(err.find("[compile-cache]"), std::string::npos) << to << ": " << err;
+      EXPECT_TRUE(same_bits(got, c.fn(c.args)[0])) << to;
+    }
+    fs::remove_all(dir);
   }
 }
 

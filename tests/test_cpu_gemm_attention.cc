@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "devices/cpu/kernels/attention.h"
 #include "devices/cpu/kernels/gemm.h"
+#include "devices/cpu/kernels/gemv.h"
 
 namespace kiln::cpu {
 namespace {
@@ -68,6 +69,44 @@ void check_sgemm(GemmBackend backend, const GemmCase& c) {
     }
     // The padding between rows of C is not touched.
     for (int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], C0[i * ldc + j]);
+  }
+}
+
+// ---- single-row products (gemv.h) ----
+
+TEST(Gemv, MatchesADoubleReferenceAndNeverDependsOnItsCompanyOrThreads) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const int64_t k : {1, 15, 16, 33, 3072 + 7}) {
+    std::vector<float> x(static_cast<size_t>(k));
+    for (float& v : x) v = u(rng);
+    const std::vector<int64_t> widths = {1, 5, 64, 131};  // around the 4-column and 64-column blocks
+    std::vector<std::vector<float>> w, b, alone, together;
+    std::vector<RowProduct> group;
+    for (int64_t n : widths) {
+      w.emplace_back(size_t(n * k));
+      b.emplace_back(size_t(n));
+      for (float& v : w.back()) v = u(rng);
+      for (float& v : b.back()) v = u(rng);
+      alone.emplace_back(size_t(n));
+      together.emplace_back(size_t(n));
+    }
+    for (size_t p = 0; p < widths.size(); ++p) {
+      const float* bias = p % 2 ? nullptr : b[p].data();
+      gemv_rows(x.data(), k, {RowProduct{w[p].data(), bias, alone[p].data(), widths[p]}});
+      group.push_back({w[p].data(), bias, together[p].data(), widths[p]});
+      for (int64_t j = 0; j < widths[p]; ++j) {
+        double ref = bias ? bias[j] : 0.0;
+        for (int64_t i = 0; i < k; ++i) ref += double(x[size_t(i)]) * w[p][size_t(j * k + i)];
+        EXPECT_NEAR(alone[p][size_t(j)], ref, 1e-5 * std::sqrt(double(k)) + 1e-6) << "k " << k << " col " << j;
+      }
+    }
+    // One launch for all of them, on one thread and on all: the very same bits per column.
+    for (const int threads : {1, omp_get_max_threads()}) {
+      omp_set_num_threads(threads);
+      gemv_rows(x.data(), k, group);
+      for (size_t p = 0; p < widths.size(); ++p) EXPECT_EQ(together[p], alone[p]) << "k " << k << " product " << p;
+    }
   }
 }
 

@@ -160,7 +160,8 @@ json groups_to_json(const std::vector<LaunchGroup>& groups) {
     out.push_back({{"kind", int(g.kind)}, {"nodes", g.nodes}, {"result", g.result}, {"inputs", g.group_inputs},
                    {"program", program_to_json(g.program)}, {"chain", g.chain}, {"internal", g.internal},
                    {"into", g.into}, {"into_offset", g.into_offset}, {"into_strides", g.into_strides},
-                   {"slice", {g.slice_axis, g.slice_begin, g.slice_len}}, {"alias_base", g.alias_base}});
+                   {"slice", {g.slice_axis, g.slice_begin, g.slice_len}}, {"batch", g.batch},
+                   {"alias_base", g.alias_base}});
   return out;
 }
 
@@ -179,17 +180,19 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
     return n;
   };
   const auto bytes = [&](int v) { return numel(g.shape_of(v)) * int64_t(dtype_size(g.dtype_of(v))); };
-  std::vector<char> ready(size_t(g.num_values()), 0);
+  std::vector<char> ready(size_t(g.num_values()), 0), batched(size_t(g.num_values()), 0);
   for (int i = 0; i < g.num_inputs(); ++i) ready[size_t(i)] = 1;
   std::vector<LaunchGroup> out;
   for (const json& e : j) {
     LaunchGroup grp;
     const int kind = e.at("kind").get<int>();
-    KILN_CHECK(kind >= 0 && kind <= int(LaunchGroup::Kind::alias), "compile-cache", "unknown launch kind ", kind);
+    KILN_CHECK(kind >= 0 && kind <= int(LaunchGroup::Kind::batched), "compile-cache", "unknown launch kind ", kind);
     grp.kind = LaunchGroup::Kind(kind);
     for (int n : e.at("nodes").get<std::vector<int>>()) grp.nodes.push_back(node(n));
     grp.result = value(e.at("result").get<int>());
-    check(!g.is_input(grp.result) && !ready[size_t(grp.result)], "a launch result is a graph input or produced twice");
+    check(!g.is_input(grp.result) && !ready[size_t(grp.result)] &&
+              (grp.kind == LaunchGroup::Kind::batched) == bool(batched[size_t(grp.result)]),
+          "a launch result is a graph input or produced twice");
     const GraphNode& rnode = g.nodes[size_t(g.node_of(grp.result))];
     for (int v : e.at("inputs").get<std::vector<int>>()) grp.group_inputs.push_back(value(v));
     grp.program = program_from_json(e.at("program"));
@@ -203,6 +206,7 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
     grp.slice_axis = int(slice[0]);
     grp.slice_begin = slice[1];
     grp.slice_len = slice[2];
+    for (int v : e.at("batch").get<std::vector<int>>()) grp.batch.push_back(value(v));
     grp.alias_base = e.at("alias_base").get<int>();
     check(grp.alias_base < 0 || (grp.kind == LaunchGroup::Kind::alias && value(grp.alias_base) >= 0),
           "an alias base on a launch that is not an alias");
@@ -229,6 +233,20 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
         break;
       case LaunchGroup::Kind::single_op:
         check(grp.group_inputs == rnode.args && grp.chain.empty(), "a single-op launch whose inputs are not its node's");
+        // A grouped launch: single-row linears of one row, each computed once, their weights ready.
+        for (int v : grp.batch) {
+          check(!g.is_input(v) && !ready[size_t(v)] && !batched[size_t(v)], "a grouped linear computed twice");
+          const GraphNode& lin = g.nodes[size_t(g.node_of(v))];
+          check(rnode.op == "linear" && lin.op == "linear" && lin.args.at(0) == rnode.args.at(0) &&
+                    numel(rnode.shape) == rnode.shape.back() && numel(lin.shape) == lin.shape.back() &&
+                    grp.into < 0,
+                "a grouped launch of linears that do not read one row");
+          for (int a : lin.args) check(ready[size_t(a)], "a grouped linear reading a value not produced yet");
+          batched[size_t(v)] = 1;
+        }
+        break;
+      case LaunchGroup::Kind::batched:
+        check(batched[size_t(grp.result)] && grp.chain.empty() && grp.into < 0, "a batched linear no launch computes");
         break;
       case LaunchGroup::Kind::fused_elementwise:
         check(!grp.program.instrs.empty(), "a fused launch without a program");

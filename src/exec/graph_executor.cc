@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/tensor_view.h"
 #include "devices/cpu/kernels/fused_elementwise.h"
+#include "devices/cpu/kernels/gemv.h"
 #include "devices/runtime.h"
 #include "exec/counters.h"
 #include "graph/op.h"
@@ -23,7 +24,8 @@ int CompiledGraph::launches() const {
 int CompiledGraph::buffers() const {
   int n = 0;
   for (const LaunchGroup& grp : groups)
-    n += (grp.launches() && grp.into < 0) || grp.kind == LaunchGroup::Kind::assembled;
+    n += (grp.launches() && grp.into < 0) || grp.kind == LaunchGroup::Kind::assembled ||
+         grp.kind == LaunchGroup::Kind::batched;
   return n;
 }
 
@@ -62,6 +64,7 @@ std::shared_ptr<const CompiledGraph> finish_compiled_graph(Graph canonical, std:
     if (grp.into >= 0) reads.push_back(grp.into);
     if (grp.alias_base >= 0) reads.push_back(grp.alias_base);
     for (int v : reads) last[size_t(v)] = int(i);
+    for (int v : grp.batch) last[size_t(v)] = std::max(last[size_t(v)], int(i));
     last[size_t(grp.result)] = std::max(last[size_t(grp.result)], int(i));
   }
   for (int o : g.outputs) last[size_t(o)] = -1;  // kept to the end
@@ -80,8 +83,10 @@ std::string describe_launches(const CompiledGraph& compiled) {
   for (const LaunchGroup& grp : compiled.groups) {
     const bool launches = grp.launches();
     os << "  " << (launches ? grp.launch_name(g)
-                            : grp.kind == LaunchGroup::Kind::view ? "view"
-                            : grp.kind == LaunchGroup::Kind::alias ? "alias" : "assembled")
+                            : grp.kind == LaunchGroup::Kind::view    ? "view"
+                            : grp.kind == LaunchGroup::Kind::alias   ? "alias"
+                            : grp.kind == LaunchGroup::Kind::batched ? "batched"
+                                                                     : "assembled")
        << " %" << grp.result;
     if (!grp.nodes.empty()) {
       os << " [";
@@ -98,6 +103,7 @@ std::string describe_launches(const CompiledGraph& compiled) {
     os << " -> " << to_string(g.shape_of(grp.result));
     if (grp.into >= 0) os << " into %" << grp.into << "+" << grp.into_offset;
     if (!grp.into_strides.empty()) os << " strides " << to_string(grp.into_strides);
+    for (int v : grp.batch) os << " +%" << v;
     os << "\n";
   }
   return os.str();
@@ -209,7 +215,33 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
       case LaunchGroup::Kind::assembled:
         val[size_t(grp.result)] = target(grp.result);  // its inputs already wrote their slices
         break;
+      case LaunchGroup::Kind::batched: break;  // its grouped launch set it
       case LaunchGroup::Kind::single_op: {
+        if (!grp.batch.empty()) {  // single-row linears reading one row: one grouped GEMV
+          std::vector<int> results = {grp.result};
+          results.insert(results.end(), grp.batch.begin(), grp.batch.end());
+          struct Product {
+            std::vector<Tensor> in;  // x, w[, b]
+            Tensor out;
+          };
+          std::vector<Product> products;
+          for (int v : results) {
+            const GraphNode& lin = g.nodes[size_t(g.node_of(v))];
+            products.push_back({gather(lin.args), fresh(v)});
+            val[size_t(v)] = products.back().out;
+          }
+          const uint64_t seq = rt.enqueue(grp.launch_name(g), [compiled, products] {
+            std::vector<KernelArgs> args(products.size());
+            for (size_t i = 0; i < products.size(); ++i) {
+              args[i].in = views_of(products[i].in);
+              args[i].out = TensorView::of(products[i].out);
+            }
+            cpu::grouped_linear_rows(args);
+          });
+          for (const Product& p : products) p.out.buffer()->set_ready_seq(seq);
+          detail::count_kernel(grp.launch_name(g));
+          break;
+        }
         const Tensor out = output_of(grp, node);
         const KernelFn kernel = rt.kernel(node.op);
         launch(rt, node.op, out, [compiled, kernel, ins = gather(grp.group_inputs), out, &attrs = node.attrs] {

@@ -33,7 +33,8 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<LaunchGroup>& groups) {
     switch (grp.kind) {
       case LaunchGroup::Kind::view: root[size_t(grp.result)] = root[size_t(grp.group_inputs.at(0))]; break;
       case LaunchGroup::Kind::alias: root[size_t(grp.result)] = root[size_t(grp.alias_base)]; break;
-      case LaunchGroup::Kind::assembled: break;
+      case LaunchGroup::Kind::assembled:
+      case LaunchGroup::Kind::batched: break;
       default: root[size_t(grp.result)] = grp.into >= 0 ? root[size_t(grp.into)] : grp.result; break;
     }
     std::vector<int> reads = grp.group_inputs;
@@ -46,6 +47,10 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<LaunchGroup>& groups) {
     for (int v : reads)
       if (std::find(grp.internal.begin(), grp.internal.end(), v) == grp.internal.end()) touch(v, when);
     touch(grp.result, when);
+    for (int v : grp.batch) {  // a grouped launch writes its batched linears' buffers here
+      root[size_t(v)] = v;
+      touch(v, when);
+    }
   }
 
   MemoryPlan plan;

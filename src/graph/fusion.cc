@@ -142,6 +142,7 @@ bool is_fusable_op(const std::string& op) {
 
 std::string LaunchGroup::launch_name(const Graph& g) const {
   if (kind == Kind::fused_elementwise) return "fused_elementwise";
+  if (!batch.empty()) return "grouped_linear";
   if (kind != Kind::epilogue) return g.nodes[size_t(g.node_of(result))].op;
   std::string name;
   for (int n : chain) name += (name.empty() ? "" : "+") + g.nodes[size_t(n)].op;

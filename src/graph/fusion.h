@@ -41,6 +41,9 @@
 //    or a concat assembled from chains, only through views that reorder elements within the last
 //    dim (x and the pair-reversed x), runs as the epilogue of each chain over that chain's rows;
 //    the concat and the group launch nothing.
+//  - grouped single-row linears: plain linears (no epilogue, own buffer) of one row that read the
+//    same row (a DiT's per-block modulation projections of silu(temb)) run as one launch over
+//    all their output columns; the first computes all, the others are `batched`.
 //  - concat elimination: when a concat's slices are dense blocks of its output (every dim
 //    before the axis is 1, as for B=1 sequences) and each input is a launch result read only
 //    by the concat, those launches write straight into the concat's buffer and the concat
@@ -65,7 +68,8 @@ struct FusionLimits {
 
 struct LaunchGroup {
   // assembled: a concat whose inputs wrote into its buffer; alias: the same bytes as alias_base.
-  enum class Kind { fused_elementwise, single_op, view, epilogue, assembled, alias } kind = Kind::single_op;
+  // batched: a single-row linear computed by another group's grouped launch (see `batch`).
+  enum class Kind { fused_elementwise, single_op, view, epilogue, assembled, alias, batched } kind = Kind::single_op;
   // Canonical node indices of the elementwise members, ascending (topological).
   std::vector<int> nodes;
   int result = -1;                // value id the group produces (materialised)
@@ -92,9 +96,14 @@ struct LaunchGroup {
   // value through the view values listed in `internal` (row-local: see fusion_merge.cc).
   int slice_axis = -1;
   int64_t slice_begin = 0, slice_len = 0;
+  // single_op linear: the results of the other single-row linears reading the same row that this
+  // launch computes too (one grouped GEMV, devices/cpu/kernels/gemv.h); their groups are `batched`.
+  std::vector<int> batch;
   int alias_base = -1;       // alias: the value whose buffer this group's result reinterprets
 
-  bool launches() const { return kind != Kind::view && kind != Kind::assembled && kind != Kind::alias; }
+  bool launches() const {
+    return kind != Kind::view && kind != Kind::assembled && kind != Kind::alias && kind != Kind::batched;
+  }
   // "fused_elementwise", the op name, or the chain's ops joined by '+' ("+epilogue" when it has a
   // program): the name counters and kernel timings use.
   std::string launch_name(const Graph& g) const;

@@ -1,6 +1,7 @@
 #include "graph/fusion_merge.h"
 
 #include <algorithm>
+#include <map>
 
 namespace kiln {
 
@@ -54,6 +55,7 @@ class Merger {
     write_transposed();
     eliminate_concats();
     absorb_row_local_consumers();
+    group_row_linears();
   }
 
  private:
@@ -341,6 +343,33 @@ class Merger {
       e.program = {};
     }
     drop(dead);
+  }
+
+  // Single-row linears reading one row: one grouped launch (LaunchGroup::batch).
+  void group_row_linears() {
+    std::map<int, std::vector<size_t>> by_row;  // x -> its linears' groups, in result order
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      const LaunchGroup& grp = groups_[i];
+      if (grp.kind != Kind::single_op || grp.into >= 0) continue;
+      const GraphNode& n = g_.nodes[size_t(g_.node_of(grp.result))];
+      if (n.op != "linear" || numel(n.shape) != n.shape.back()) continue;  // one row
+      by_row[n.args.at(0)].push_back(i);
+    }
+    for (auto& [x, members] : by_row) {
+      if (members.size() < 2) continue;
+      std::sort(members.begin(), members.end(),
+                [&](size_t a, size_t b) { return groups_[a].result < groups_[b].result; });
+      LaunchGroup& lead = groups_[members[0]];
+      for (size_t m = 1; m < members.size(); ++m) {
+        LaunchGroup& f = groups_[members[m]];
+        // Runs at the leader's place: its weights must exist by then.
+        bool ready = true;
+        for (int a : g_.nodes[size_t(g_.node_of(f.result))].args) ready = ready && a < lead.result;
+        if (!ready) continue;
+        lead.batch.push_back(f.result);
+        f.kind = Kind::batched;
+      }
+    }
   }
 
   // Every dim before the concat axis is 1: each input is one dense block of the output.

@@ -2,12 +2,14 @@
 // the GEMM / convolution / attention routines, which compute in f32.
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "core/error.h"
 #include "devices/cpu/kernels/attention.h"
 #include "devices/cpu/kernels/conv2d.h"
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemm.h"
+#include "devices/cpu/kernels/gemv.h"
 #include "devices/cpu/kernels/kernel_table.h"
 #include "devices/cpu/kernels/strided.h"
 
@@ -55,6 +57,7 @@ void matmul_kernel(const KernelArgs& args) {
 void linear_kernel(const KernelArgs& args) {
   const TensorView &x = args.in[0], &w = args.in[1];
   const int64_t k = x.shape.back(), n = w.shape[0], rows = k ? x.numel() / k : 0;
+  if (rows == 1) return grouped_linear_rows({args});  // weight-streaming: gemv.h
   F32In fx(x), fw(w);
   F32Out fo(args.out);
   float* y = fo.get();
@@ -70,6 +73,34 @@ void linear_kernel(const KernelArgs& args) {
   }
   sgemm(false, true, rows, n, k, 1.0f, fx.get(), k, fw.get(), k, beta, y, n);
 }
+
+}  // namespace
+
+void grouped_linear_rows(const std::vector<KernelArgs>& linears) {
+  if (linears.empty()) return;
+  const TensorView& x = linears[0].in[0];
+  const int64_t k = x.shape.back();
+  const F32In fx(x);
+  std::vector<std::unique_ptr<F32In>> keep;  // f32 copies of non-f32 weights and biases
+  std::vector<std::unique_ptr<F32Out>> outs;
+  std::vector<RowProduct> products;
+  for (const KernelArgs& a : linears) {
+    KILN_CHECK(a.in[0].data == x.data && a.in[0].shape == x.shape && a.in[0].dtype == x.dtype && x.numel() == k,
+               "linear", "a grouped launch's linears must read the same single row");
+    keep.push_back(std::make_unique<F32In>(a.in[1]));
+    const float* w = keep.back()->get();
+    const float* b = nullptr;
+    if (a.in.size() > 2) {
+      keep.push_back(std::make_unique<F32In>(a.in[2]));
+      b = keep.back()->get();
+    }
+    outs.push_back(std::make_unique<F32Out>(a.out));
+    products.push_back({w, b, outs.back()->get(), a.in[1].shape[0]});
+  }
+  gemv_rows(fx.get(), k, products);
+}
+
+namespace {
 
 void conv2d_kernel(const KernelArgs& args) {
   const TensorView &x = args.in[0], &w = args.in[1];
