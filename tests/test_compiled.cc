@@ -312,6 +312,18 @@ TEST_F(CompiledMode, AnEntryWhoseLaunchesDoNotFitItsGraphIsRejected) {
            {"\"batch\":[", "\"batch\":[0,"},  // a graph input "computed" by the grouped launch
            {"\"kind\":6", "\"kind\":1"},      // the batched linear turned into its own launch... of nothing new
        }},
+      // Attention writing its transposed copy ([1,2,4,8] into [1,4,2,8]: strides [0,8,16,1]).
+      {[&](const std::vector<Tensor>& a) {
+         const Tensor q = reshape(a[0], {1, 2, 4, 8});
+         return std::vector<Tensor>{flatten(transpose(scaled_dot_product_attention(q, q, q, Tensor(), 0.5), 1, 2), 2) *
+                                    2.0};
+       },
+       {x},
+       {},
+       {
+           {"\"into_strides\":[0,8,16,1]", "\"into_strides\":[0,8,8,1]"},   // two heads on one place
+           {"\"into_strides\":[0,8,16,1]", "\"into_strides\":[0,8,32,1]"},  // past the copy's end
+       }},
   };
   for (const Case& c : cases) {
     const fs::path dir = use_persistent_cache();

@@ -257,6 +257,25 @@ TEST(DeferredMode, OnlySmallValuesAreRecomputedInEachReader) {
   }
 }
 
+TEST(DeferredMode, RecomputedValuesRowSlicesAndSqueezesStayCorrect) {
+  // Corner cases of the fusions above (each once produced a wrong result or an error).
+  const Tensor a = test::random_tensor({64}, 71), x = test::random_tensor({1, 64}, 72);
+  const Tensor w = test::random_tensor({64, 64}, 73), s = test::random_tensor({1, 64}, 74);
+  const Tensor b = test::random_tensor({1, 64}, 75), w2 = test::random_tensor({32, 64}, 76);
+  // A small value read by a view that feeds a linear: it must be materialised, not recomputed.
+  deferred_launches_equal_eager([&] { return linear(reshape(a * 2.0, {1, 64}), w); });
+  // A recomputed value (c) whose producer could have become one group's epilogue: the other
+  // group still reads the producer.
+  deferred_launches_equal_eager([&] {
+    const Tensor c = linear(x, w) * s;
+    return concat({c + b, c - b}, 0);
+  });
+  // A view dropping a leading unit dim, read by a fused op.
+  deferred_launches_equal_eager([&] { return silu(reshape(linear(x, w), {64})) * 3.0; });
+  // A concat along the last dim read reversed: no per-chain slicing across the reversed dim.
+  deferred_launches_equal_eager([&] { return flip(concat({linear(x, w2), linear(b, w2)}, -1), 1) * s; });
+}
+
 TEST(DeferredMode, SingleRowLinearsReadingOneRowAreOneGroupedLaunch) {
   // A DiT's modulation projections: silu(temb) [1, D] through one linear per block (with and
   // without bias, f32 and bf16 weights). Not grouped: a linear of several rows, and a linear

@@ -213,9 +213,15 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
     const auto is_internal = [&](int v) {
       return std::find(grp.internal.begin(), grp.internal.end(), v) != grp.internal.end();
     };
-    // A sliced epilogue's internal views span its consumer's whole output (it reads its rows).
-    const int64_t room = grp.slice_axis >= 0 && grp.into >= 0 ? bytes(value(grp.into)) : bytes(grp.result);
-    for (int v : grp.internal) check(!g.is_input(v) && bytes(v) <= room, "an internal value outside its output");
+    // A sliced epilogue's loaded views span its consumer's whole output (it reads its rows through
+    // them, checked below); every other internal value lies inside the launch's own output.
+    for (int v : grp.internal) {
+      const bool loaded_view = grp.slice_axis >= 0 && grp.into >= 0 &&
+                               std::find(grp.group_inputs.begin(), grp.group_inputs.end(), v) != grp.group_inputs.end();
+      check(!g.is_input(v) && bytes(v) <= (loaded_view ? bytes(value(grp.into)) : bytes(grp.result)),
+            "an internal value outside its output");
+    }
+    check(grp.batch.empty() || grp.kind == LaunchGroup::Kind::single_op, "a grouped launch that is not a linear");
     for (int v : grp.group_inputs) check(ready[size_t(v)] || is_internal(v), "a launch reads a value not produced yet");
     switch (grp.kind) {
       case LaunchGroup::Kind::view:
@@ -275,6 +281,20 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
       for (int64_t d = 0; d < grp.slice_axis; ++d) check(whole[size_t(d)] == 1, "a slice that is not dense");
       check(grp.into_offset == grp.slice_begin * row && numel(rnode.shape) == grp.slice_len * row,
             "a sliced epilogue whose chain does not fill its rows");
+      // A proper slice cuts rows before the last dim (the loaded views permute within it) and
+      // cannot hold an index computation (which is not cut); every other input broadcasts to whole.
+      const bool proper = grp.slice_begin != 0 || grp.slice_len != whole[size_t(grp.slice_axis)];
+      bool has_iota = false;
+      for (const cpu::FusedInstr& in : grp.program.instrs) has_iota = has_iota || in.kind == cpu::FusedInstr::Kind::iota;
+      check(!proper || (size_t(grp.slice_axis) + 1 < whole.size() && !has_iota), "a slice across the rows it permutes");
+      for (int v : grp.group_inputs) {
+        if (std::find(grp.internal.begin(), grp.internal.end(), v) != grp.internal.end()) continue;
+        const Shape& is = g.shape_of(v);
+        bool fits = is.size() <= whole.size();
+        for (size_t d = 0; fits && d < is.size(); ++d)
+          fits = is[d] == 1 || is[d] == whole[whole.size() - is.size() + d];
+        check(fits, "a sliced epilogue input that does not broadcast to its rows");
+      }
       for (int v : grp.internal) {  // what the program loads from the chain's rows: views in whole's shape
         const bool loaded = std::find(grp.group_inputs.begin(), grp.group_inputs.end(), v) != grp.group_inputs.end();
         const int vn = g.node_of(v);
@@ -295,12 +315,18 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
                 grp.into_strides.size() == rnode.shape.size() && grp.into_strides.back() == 1,
             "a transposed write that does not fit its copy");
       int64_t last = 0;  // the highest element written must lie inside the copy
+      std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims stepped along
       for (size_t d = 0; d < rnode.shape.size(); ++d) {
         check(grp.into_strides[d] >= 0, "a transposed write with a negative stride");
         last += (rnode.shape[d] - 1) * grp.into_strides[d];
+        if (rnode.shape[d] > 1) dims.emplace_back(grp.into_strides[d], rnode.shape[d]);
       }
       check(numel(rnode.shape) == numel(g.shape_of(grp.into)) && last < numel(g.shape_of(grp.into)),
             "a transposed write outside the copy it writes into");
+      // No two elements at one place: each dim steps over everything the finer dims span.
+      std::sort(dims.begin(), dims.end());
+      for (size_t i = 1; i < dims.size(); ++i)
+        check(dims[i].first >= dims[i - 1].first * dims[i - 1].second, "a transposed write whose elements overlap");
     } else {
       check(grp.into_strides.empty(), "strides without a buffer to write into");
     }

@@ -47,7 +47,10 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<LaunchGroup>& groups) {
     for (int v : reads)
       if (std::find(grp.internal.begin(), grp.internal.end(), v) == grp.internal.end()) touch(v, when);
     touch(grp.result, when);
-    for (int v : grp.batch) {  // a grouped launch writes its batched linears' buffers here
+    // A grouped launch writes its batched linears' buffers here. (It also reads their weights
+    // here, which the fuser only allows when they are produced before it, so their lifetimes
+    // already cover this launch.)
+    for (int v : grp.batch) {
       root[size_t(v)] = v;
       touch(v, when);
     }

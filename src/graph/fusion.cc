@@ -109,13 +109,16 @@ Shape without_leading_ones(const Shape& s) {
   return Shape(s.begin() + int64_t(i), s.end());
 }
 
-// A view that only adds or drops leading unit dims of a dense value ([C] <-> [1,C]): under
-// right-aligned broadcasting it reads every element exactly as its argument does.
+// A view that only adds leading unit dims to a dense value ([C] -> [1,C]): under right-aligned
+// broadcasting it reads every element exactly as its argument does, and its argument, loaded in
+// its own (lower-rank) shape, still broadcasts to any group result the view broadcasts to.
+// (Dropping leading unit dims would give the kernel an input of higher rank than its output.)
 bool is_leading_unit_reshape(const Graph& g, const GraphNode& v) {
   if (v.op != "view" || v.attrs.get_int("offset") != 0) return false;
   const Shape& base = g.shape_of(v.args.at(0));
   return v.attrs.get_ints("strides") == canonical_unit_strides(v.shape, contiguous_strides(v.shape)) &&
-         numel(base) == numel(v.shape) && without_leading_ones(base) == without_leading_ones(v.shape);
+         v.shape.size() >= base.size() && numel(base) == numel(v.shape) &&
+         without_leading_ones(base) == without_leading_ones(v.shape);
 }
 
 // Whether node n may be a member of a fused group: an elementwise op, an f32 arange (an index
@@ -211,6 +214,7 @@ std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits) {
       grp.kind = g.nodes[size_t(r)].op == "view" ? LaunchGroup::Kind::view : LaunchGroup::Kind::single_op;
       grp.nodes = {r};
       grp.group_inputs = g.nodes[size_t(r)].args;
+      for (int v : grp.group_inputs) read_by_a_group[size_t(v)] = 1;
       groups.push_back(std::move(grp));
       continue;
     }

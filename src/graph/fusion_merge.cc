@@ -72,6 +72,15 @@ class Merger {
     groups_ = std::move(kept);
   }
   const std::vector<int>& consumers(int v) const { return consumers_[size_t(v)]; }
+  // The group holding each node: -1 none, -2 several (a small value recomputed in each of its
+  // readers' groups, graph/fusion.cc), so "all readers are in group G" is never true of a value
+  // whose reader is also computed elsewhere.
+  std::vector<int> group_of_nodes() const {
+    std::vector<int> of(g_.nodes.size(), -1);
+    for (size_t i = 0; i < groups_.size(); ++i)
+      for (int n : groups_[i].nodes) of[size_t(n)] = of[size_t(n)] == -1 ? int(i) : -2;
+    return of;
+  }
   bool only_consumer(int v, int node) const { return consumers(v).size() == 1 && consumers(v)[0] == node; }
   // A single-op producer that can take more work in its launch, or a chain without a program.
   bool extendable(const LaunchGroup& p) const {
@@ -169,9 +178,7 @@ class Merger {
   void absorb_elementwise_epilogues() {
     const std::vector<int> owner = by_result();
     std::vector<char> dead(groups_.size(), 0);
-    std::vector<int> group_of_node(g_.nodes.size(), -1);
-    for (size_t i = 0; i < groups_.size(); ++i)
-      for (int n : groups_[i].nodes) group_of_node[size_t(n)] = int(i);
+    const std::vector<int> group_of_node = group_of_nodes();
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       LaunchGroup& grp = groups_[gi];
       if (grp.kind != Kind::fused_elementwise) continue;
@@ -263,14 +270,16 @@ class Merger {
   // that chain's rows of E's output; B is never materialised apart from E.
   void absorb_row_local_consumers() {
     const std::vector<int> owner = by_result();
-    std::vector<int> group_of_node(g_.nodes.size(), -1);
-    for (size_t i = 0; i < groups_.size(); ++i)
-      for (int n : groups_[i].nodes) group_of_node[size_t(n)] = int(i);
+    const std::vector<int> group_of_node = group_of_nodes();
     std::vector<char> dead(groups_.size(), 0);
     for (size_t ei = 0; ei < groups_.size(); ++ei) {
       LaunchGroup& e = groups_[ei];
       if (e.kind != Kind::fused_elementwise || e.into >= 0) continue;
       const Shape& es = g_.shape_of(e.result);
+      // Its inputs are cut to each chain's rows; an index computation would not be.
+      bool has_iota = false;
+      for (const cpu::FusedInstr& in : e.program.instrs) has_iota = has_iota || in.kind == cpu::FusedInstr::Kind::iota;
+      if (has_iota) continue;
       // B: the base of the first input that is a view.
       int base = -1;
       for (int v : e.group_inputs) {
@@ -302,7 +311,8 @@ class Merger {
         const GraphNode& c = g_.nodes[size_t(g_.node_of(base))];
         axis = int(c.attrs.get_int("axis"));
         if (axis < 0) axis += int(c.shape.size());
-        if (size_t(axis) >= es.size() || !std::equal(es.begin(), es.begin() + axis + 1, c.shape.begin())) continue;
+        // Rows along the axis, never the last dim: the row-local views permute within it.
+        if (size_t(axis) + 1 >= es.size() || !std::equal(es.begin(), es.begin() + axis + 1, c.shape.begin())) continue;
         for (size_t i = 0; i < groups_.size(); ++i)
           if (groups_[i].into == base) producers.push_back(int(i));
         if (producers.size() != c.args.size()) continue;

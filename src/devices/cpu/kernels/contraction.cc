@@ -56,7 +56,7 @@ void matmul_kernel(const KernelArgs& args) {
 
 void linear_kernel(const KernelArgs& args) {
   const TensorView &x = args.in[0], &w = args.in[1];
-  const int64_t k = x.shape.back(), n = w.shape[0], rows = k ? x.numel() / k : 0;
+  const int64_t k = x.shape.back(), n = w.shape[0], rows = n ? args.out.numel() / n : 0;
   if (rows == 1) return grouped_linear_rows({args});  // weight-streaming: gemv.h
   F32In fx(x), fw(w);
   F32Out fo(args.out);
