@@ -55,6 +55,14 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* where) {
   return out;
 }
 
+bool broadcasts_to(const Shape& s, const Shape& to) {
+  if (s.size() > to.size()) return false;
+  const size_t lead = to.size() - s.size();
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i] != 1 && s[i] != to[lead + i]) return false;
+  return true;
+}
+
 Strides broadcast_strides(const Shape& from, const Strides& strides, const Shape& to) {
   Strides out(to.size(), 0);
   const size_t off = to.size() - from.size();

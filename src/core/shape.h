@@ -21,6 +21,8 @@ Strides canonical_unit_strides(const Shape& s, Strides strides);
 int64_t normalize_axis(int64_t axis, int64_t rank, const char* where);
 // The NumPy broadcast of two shapes; throws "[where] cannot broadcast [..] with [..]".
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* where);
+// Whether `s` broadcasts to exactly `to` (right-aligned dims equal or 1, rank not above).
+bool broadcasts_to(const Shape& s, const Shape& to);
 // Strides that read a tensor of shape `from` (with strides `strides`) as if broadcast to `to`.
 Strides broadcast_strides(const Shape& from, const Strides& strides, const Shape& to);
 

@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
-#include <cstring>
+#include <bit>
 #include <fstream>
 #include <atomic>
 #include <mutex>
@@ -38,29 +38,6 @@ std::string hex(uint64_t v) {
   return buf;
 }
 
-template <typename T>
-uint64_t bits_of(T v) {
-  if constexpr (sizeof(T) == 8) {
-    uint64_t b;
-    std::memcpy(&b, &v, 8);
-    return b;
-  } else {
-    uint32_t b;
-    std::memcpy(&b, &v, 4);
-    return b;
-  }
-}
-double double_of(uint64_t b) {
-  double d;
-  std::memcpy(&d, &b, 8);
-  return d;
-}
-float float_of(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
 // ---- graph ----
 
 json attrs_to_json(const Attrs& a) {
@@ -68,7 +45,7 @@ json attrs_to_json(const Attrs& a) {
   for (const auto& [name, value] : a.items()) {
     json v;
     if (const auto* i = std::get_if<int64_t>(&value)) v = {{"i", *i}};
-    else if (const auto* d = std::get_if<double>(&value)) v = {{"d", bits_of(*d)}};
+    else if (const auto* d = std::get_if<double>(&value)) v = {{"d", std::bit_cast<uint64_t>(*d)}};
     else if (const auto* l = std::get_if<std::vector<int64_t>>(&value)) v = {{"l", *l}};
     else v = {{"s", std::get<std::string>(value)}};
     out.push_back({name, v});
@@ -82,7 +59,7 @@ Attrs attrs_from_json(const json& j) {
     const std::string name = item.at(0).get<std::string>();
     const json& v = item.at(1);
     if (v.contains("i")) a.set(name, v.at("i").get<int64_t>());
-    else if (v.contains("d")) a.set(name, double_of(v.at("d").get<uint64_t>()));
+    else if (v.contains("d")) a.set(name, std::bit_cast<double>(v.at("d").get<uint64_t>()));
     else if (v.contains("l")) a.set(name, v.at("l").get<std::vector<int64_t>>());
     else a.set(name, v.at("s").get<std::string>());
   }
@@ -126,8 +103,8 @@ Graph graph_from_json(const json& j) {
 json program_to_json(const cpu::FusedProgram& p) {
   json instrs = json::array();
   for (const cpu::FusedInstr& i : p.instrs)
-    instrs.push_back({int(i.kind), i.input, int(i.unary), bits_of(i.lo), bits_of(i.hi), int(i.binary), i.a, i.b, i.c,
-                      int(i.dtype), bits_of(i.start), bits_of(i.step), i.count});
+    instrs.push_back({int(i.kind), i.input, int(i.unary), std::bit_cast<uint32_t>(i.lo), std::bit_cast<uint32_t>(i.hi), int(i.binary), i.a, i.b, i.c,
+                      int(i.dtype), std::bit_cast<uint64_t>(i.start), std::bit_cast<uint64_t>(i.step), i.count});
   return {{"instrs", instrs}, {"result", p.result}};
 }
 
@@ -138,15 +115,15 @@ cpu::FusedProgram program_from_json(const json& j) {
     f.kind = cpu::FusedInstr::Kind(i.at(0).get<int>());
     f.input = i.at(1).get<int>();
     f.unary = UnaryOp(i.at(2).get<int>());
-    f.lo = float_of(i.at(3).get<uint32_t>());
-    f.hi = float_of(i.at(4).get<uint32_t>());
+    f.lo = std::bit_cast<float>(i.at(3).get<uint32_t>());
+    f.hi = std::bit_cast<float>(i.at(4).get<uint32_t>());
     f.binary = BinaryOp(i.at(5).get<int>());
     f.a = i.at(6).get<int>();
     f.b = i.at(7).get<int>();
     f.c = i.at(8).get<int>();
     f.dtype = dtype_from(i.at(9));
-    f.start = double_of(i.at(10).get<uint64_t>());
-    f.step = double_of(i.at(11).get<uint64_t>());
+    f.start = std::bit_cast<double>(i.at(10).get<uint64_t>());
+    f.step = std::bit_cast<double>(i.at(11).get<uint64_t>());
     f.count = i.at(12).get<int64_t>();
     p.instrs.push_back(f);
   }
@@ -284,16 +261,11 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
       // A proper slice cuts rows before the last dim (the loaded views permute within it) and
       // cannot hold an index computation (which is not cut); every other input broadcasts to whole.
       const bool proper = grp.slice_begin != 0 || grp.slice_len != whole[size_t(grp.slice_axis)];
-      bool has_iota = false;
-      for (const cpu::FusedInstr& in : grp.program.instrs) has_iota = has_iota || in.kind == cpu::FusedInstr::Kind::iota;
-      check(!proper || (size_t(grp.slice_axis) + 1 < whole.size() && !has_iota), "a slice across the rows it permutes");
+      check(!proper || (size_t(grp.slice_axis) + 1 < whole.size() && !grp.program.has_iota()),
+            "a slice across the rows it permutes");
       for (int v : grp.group_inputs) {
         if (std::find(grp.internal.begin(), grp.internal.end(), v) != grp.internal.end()) continue;
-        const Shape& is = g.shape_of(v);
-        bool fits = is.size() <= whole.size();
-        for (size_t d = 0; fits && d < is.size(); ++d)
-          fits = is[d] == 1 || is[d] == whole[whole.size() - is.size() + d];
-        check(fits, "a sliced epilogue input that does not broadcast to its rows");
+        check(broadcasts_to(g.shape_of(v), whole), "a sliced epilogue input that does not broadcast to its rows");
       }
       for (int v : grp.internal) {  // what the program loads from the chain's rows: views in whole's shape
         const bool loaded = std::find(grp.group_inputs.begin(), grp.group_inputs.end(), v) != grp.group_inputs.end();

@@ -122,11 +122,14 @@ std::vector<TensorView> views_of(const std::vector<Tensor>& ts) {
   return v;
 }
 
-// Enqueues `work` (which holds every tensor it touches) and marks `out` ready at its completion.
-void launch(DeviceRuntime& rt, const std::string& name, const Tensor& out, std::function<void()> work) {
+// Enqueues `work` (which holds every tensor it touches) and marks `outs` ready at its completion.
+void launch(DeviceRuntime& rt, const std::string& name, const std::vector<Tensor>& outs, std::function<void()> work) {
   const uint64_t seq = rt.enqueue(name, std::move(work));
-  out.buffer()->set_ready_seq(seq);
+  for (const Tensor& out : outs) out.buffer()->set_ready_seq(seq);
   detail::count_kernel(name);
+}
+void launch(DeviceRuntime& rt, const std::string& name, const Tensor& out, std::function<void()> work) {
+  launch(rt, name, std::vector<Tensor>{out}, std::move(work));
 }
 
 Tensor dense_copy(DeviceRuntime& rt, const Tensor& t) {
@@ -220,26 +223,21 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
         if (!grp.batch.empty()) {  // single-row linears reading one row: one grouped GEMV
           std::vector<int> results = {grp.result};
           results.insert(results.end(), grp.batch.begin(), grp.batch.end());
-          struct Product {
-            std::vector<Tensor> in;  // x, w[, b]
-            Tensor out;
-          };
-          std::vector<Product> products;
+          std::vector<std::vector<Tensor>> ins;  // per linear: x, w[, b]
+          std::vector<Tensor> outs;
           for (int v : results) {
-            const GraphNode& lin = g.nodes[size_t(g.node_of(v))];
-            products.push_back({gather(lin.args), fresh(v)});
-            val[size_t(v)] = products.back().out;
+            ins.push_back(gather(g.nodes[size_t(g.node_of(v))].args));
+            outs.push_back(fresh(v));
+            val[size_t(v)] = outs.back();
           }
-          const uint64_t seq = rt.enqueue(grp.launch_name(g), [compiled, products] {
-            std::vector<KernelArgs> args(products.size());
-            for (size_t i = 0; i < products.size(); ++i) {
-              args[i].in = views_of(products[i].in);
-              args[i].out = TensorView::of(products[i].out);
+          launch(rt, grp.launch_name(g), outs, [compiled, ins, outs] {
+            std::vector<KernelArgs> args(outs.size());
+            for (size_t i = 0; i < outs.size(); ++i) {
+              args[i].in = views_of(ins[i]);
+              args[i].out = TensorView::of(outs[i]);
             }
             cpu::grouped_linear_rows(args);
           });
-          for (const Product& p : products) p.out.buffer()->set_ready_seq(seq);
-          detail::count_kernel(grp.launch_name(g));
           break;
         }
         const Tensor out = output_of(grp, node);

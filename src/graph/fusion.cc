@@ -13,15 +13,6 @@ namespace {
 
 using cpu::FusedInstr;
 
-// NumPy broadcasting of `s` to exactly `to` (right-aligned dims equal or 1).
-bool broadcasts_to(const Shape& s, const Shape& to) {
-  if (s.size() > to.size()) return false;
-  const size_t lead = to.size() - s.size();
-  for (size_t i = 0; i < s.size(); ++i)
-    if (s[i] != 1 && s[i] != to[lead + i]) return false;
-  return true;
-}
-
 // Distinct values read by `members` that are not themselves members, in order of first use.
 std::vector<int> reads_of(const Graph& g, const std::vector<int>& members, const std::vector<char>& in_group) {
   std::vector<int> reads;

@@ -276,10 +276,7 @@ class Merger {
       LaunchGroup& e = groups_[ei];
       if (e.kind != Kind::fused_elementwise || e.into >= 0) continue;
       const Shape& es = g_.shape_of(e.result);
-      // Its inputs are cut to each chain's rows; an index computation would not be.
-      bool has_iota = false;
-      for (const cpu::FusedInstr& in : e.program.instrs) has_iota = has_iota || in.kind == cpu::FusedInstr::Kind::iota;
-      if (has_iota) continue;
+      if (e.program.has_iota()) continue;  // its inputs are cut to each chain's rows; an index computation would not be
       // B: the base of the first input that is a view.
       int base = -1;
       for (int v : e.group_inputs) {

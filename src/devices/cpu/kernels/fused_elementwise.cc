@@ -152,12 +152,7 @@ void check_shapes(const std::vector<TensorView>& inputs, const TensorView& out) 
     const TensorView& v = inputs[k];
     KILN_CHECK(v.strides.size() == v.shape.size(), "fused", "input ", k, " has ", v.strides.size(),
                " strides for shape ", to_string(v.shape));
-    bool ok = v.shape.size() <= out.shape.size();
-    for (size_t d = 0; ok && d < v.shape.size(); ++d) {
-      const int64_t o = out.shape[out.shape.size() - v.shape.size() + d];
-      ok = v.shape[d] == o || v.shape[d] == 1;
-    }
-    KILN_CHECK(ok, "fused", "input ", k, " of shape ", to_string(v.shape), " does not broadcast to the output shape ",
+    KILN_CHECK(broadcasts_to(v.shape, out.shape), "fused", "input ", k, " of shape ", to_string(v.shape), " does not broadcast to the output shape ",
                to_string(out.shape));
   }
 }
@@ -169,6 +164,12 @@ std::string FusedProgram::describe() const {
   os << "fused program (" << instrs.size() << " instrs, result %" << result << ")";
   for (size_t i = 0; i < instrs.size(); ++i) os << "\n  %" << i << " = " << describe_instr(instrs[i]);
   return os.str();
+}
+
+bool FusedProgram::has_iota() const {
+  for (const FusedInstr& in : instrs)
+    if (in.kind == Kind::iota) return true;
+  return false;
 }
 
 void validate(const FusedProgram& program, size_t num_inputs) {

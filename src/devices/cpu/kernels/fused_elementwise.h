@@ -43,6 +43,7 @@ struct FusedProgram {
   std::vector<FusedInstr> instrs;
   int result = -1;  // register stored (rounded into the output's dtype) to the output
   std::string describe() const;  // readable dump for errors/logs
+  bool has_iota() const;         // whether some instruction is an index computation
 };
 
 // Evaluates `program` over the output's index space in tiles (the same tile driver as eager),
