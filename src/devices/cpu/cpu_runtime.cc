@@ -7,6 +7,7 @@
 #include "devices/cpu/allocator.h"
 #include "devices/cpu/kernels/conv2d.h"
 #include "devices/cpu/kernels/gemm.h"
+#include "devices/cpu/kernels/linear_gemm.h"
 #include "devices/cpu/kernels/kernel_table.h"
 #include "devices/cpu/queue.h"
 #include "devices/runtime.h"
@@ -80,6 +81,7 @@ DeviceRuntime& runtime(const Device& device) {
   static cpu::CpuRuntime* rt = [] {
     auto* r = new cpu::CpuRuntime();
     cpu::gemm_warm_up();
+    cpu::linear_gemm_warm_up();
     cpu::conv2d_warm_up();
     std::atexit([] {
       try {

@@ -11,6 +11,7 @@
 #include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/gemv.h"
 #include "devices/cpu/kernels/kernel_table.h"
+#include "devices/cpu/kernels/linear_gemm.h"
 #include "devices/cpu/kernels/strided.h"
 
 namespace kiln::cpu {
@@ -57,21 +58,25 @@ void matmul_kernel(const KernelArgs& args) {
 void linear_kernel(const KernelArgs& args) {
   const TensorView &x = args.in[0], &w = args.in[1];
   const int64_t k = x.shape.back(), n = w.shape[0], rows = n ? args.out.numel() / n : 0;
+  if (rows == 0) return;
   if (rows == 1) return grouped_linear_rows({args});  // weight-streaming: gemv.h
   F32In fx(x), fw(w);
+  std::vector<F32In> bias;
+  if (args.in.size() > 2) bias.emplace_back(args.in[2]);
   F32Out fo(args.out);
-  float* y = fo.get();
-  float beta = 0.0f;
-  if (args.in.size() > 2) {  // start from the bias rows and accumulate the product onto them
-    F32In fbias(args.in[2]);
-    const float* b = fbias.get();
-    // Spread over the threads: at DiT sizes (1.5k rows x 12k) one thread copying the rows
-    // took a few percent of the linear's time.
-#pragma omp parallel for schedule(static) if (rows * n >= (int64_t(1) << 16))
-    for (int64_t i = 0; i < rows; ++i) std::memcpy(y + i * n, b, size_t(n) * 4);
-    beta = 1.0f;
+  if (k == 0) {  // an empty sum: the bias rows, or zeros
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < n; ++j) fo.get()[i * n + j] = bias.empty() ? 0.0f : bias[0].get()[j];
+    return;
   }
-  sgemm(false, true, rows, n, k, 1.0f, fx.get(), k, fw.get(), k, beta, y, n);
+  if (gemm_backend() == GemmBackend::openblas) {  // KILN_GEMM=openblas: for comparisons only
+    sgemm(false, true, rows, n, k, 1.0f, fx.get(), k, fw.get(), k, 0.0f, fo.get(), n);
+    if (!bias.empty())
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < n; ++j) fo.get()[i * n + j] += bias[0].get()[j];
+    return;
+  }
+  linear_f32(fx.get(), fw.get(), static_cast<const PackedLinearWeight*>(args.prepared), bias.empty() ? nullptr : bias[0].get(), fo.get(), rows, n, k);
 }
 
 }  // namespace

@@ -19,11 +19,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
-#include <unordered_map>
 
 #include "core/error.h"
+#include "devices/cpu/kernels/onednn.h"
 
 namespace kiln::cpu {
 namespace {
@@ -63,28 +62,13 @@ struct ConvPlan {
   std::optional<Reorder> src_in, wei_in, dst_out;
 };
 
-// The engine and the plan cache are never destroyed: at process exit the device queue may
-// still be running a convolution, and static destructors must not pull them from under it.
-dnnl::engine& cpu_engine() {
-  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
-  return *engine;
-}
-
-dnnl::stream& thread_stream() {
-  thread_local dnnl::stream stream(cpu_engine());
-  return stream;
-}
-
-dnnl::primitive_attr user_scratchpad_attr() {
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  return attr;
-}
+using onednn::add_scratchpad;
+using onednn::user_scratchpad_attr;
 
 // A reorder from -> to, or nothing when the two layouts are identical.
 std::optional<Reorder> make_reorder(const memory::desc& from, const memory::desc& to) {
   if (from == to) return std::nullopt;
-  const dnnl::reorder::primitive_desc pd(cpu_engine(), from, cpu_engine(), to,
+  const dnnl::reorder::primitive_desc pd(onednn::engine(), from, onednn::engine(), to,
                                          user_scratchpad_attr());
   return Reorder{dnnl::reorder(pd), pd.scratchpad_desc()};
 }
@@ -111,7 +95,7 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvShape& s, ConvLayout layout
   const dnnl::convolution_forward::desc desc(
       dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, wei, plan->bias,
       dst, {s.stride_h, s.stride_w}, {s.pad_h, s.pad_w}, {s.pad_h, s.pad_w});
-  plan->pd = dnnl::convolution_forward::primitive_desc(desc, user_scratchpad_attr(), cpu_engine());
+  plan->pd = dnnl::convolution_forward::primitive_desc(desc, user_scratchpad_attr(), onednn::engine());
   plan->conv = dnnl::convolution_forward(plan->pd);
   plan->src_in = make_reorder(plan->user_src, plan->pd.src_desc());
   plan->wei_in = make_reorder(plan->user_wei, plan->pd.weights_desc());
@@ -121,6 +105,7 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvShape& s, ConvLayout layout
 
 std::shared_ptr<const ConvPlan> get_plan(const ConvShape& s, ConvLayout layout) {
   static std::mutex* mu = new std::mutex;
+  // Never destroyed: at exit the device queue may still be running a convolution.
   static auto* cache = new std::map<PlanKey, std::shared_ptr<const ConvPlan>>;
   const PlanKey key{s, layout};
   std::lock_guard<std::mutex> lock(*mu);
@@ -129,13 +114,7 @@ std::shared_ptr<const ConvPlan> get_plan(const ConvShape& s, ConvLayout layout) 
   return it->second;
 }
 
-using Args = std::unordered_map<int, memory>;
-
-// Gives a primitive its own scratchpad for this call (user scratchpad mode).
-void add_scratchpad(Args& args, const memory::desc& scratchpad) {
-  if (scratchpad.get_size() > 0)
-    args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratchpad, cpu_engine()));
-}
+using onednn::Args;
 
 void run_reorder(const Reorder& r, const memory& from, const memory& to, dnnl::stream& stream) {
   Args args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
@@ -148,14 +127,14 @@ void run_reorder(const Reorder& r, const memory& from, const memory& to, dnnl::s
 memory prepare_input(const std::optional<Reorder>& r, const memory& user,
                      const memory::desc& prim_desc, dnnl::stream& stream) {
   if (!r) return user;
-  memory converted(prim_desc, cpu_engine());
+  memory converted(prim_desc, onednn::engine());
   run_reorder(*r, user, converted, stream);
   return converted;
 }
 
 void run_plan(const ConvPlan& p, const float* x, const float* w, const float* bias, float* y) {
-  dnnl::stream& stream = thread_stream();
-  const dnnl::engine& eng = cpu_engine();
+  dnnl::stream& stream = onednn::thread_stream();
+  const dnnl::engine& eng = onednn::engine();
   // oneDNN takes non-const handles but only reads inputs.
   const memory user_x(p.user_src, eng, const_cast<float*>(x));
   const memory user_w(p.user_wei, eng, const_cast<float*>(w));

@@ -1,0 +1,25 @@
+#include "devices/cpu/kernels/onednn.h"
+
+namespace kiln::cpu::onednn {
+
+dnnl::engine& engine() {
+  static dnnl::engine* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *e;
+}
+
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream stream(engine());
+  return stream;
+}
+
+dnnl::primitive_attr user_scratchpad_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+void add_scratchpad(Args& args, const dnnl::memory::desc& scratchpad) {
+  if (scratchpad.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratchpad, engine()));
+}
+
+}  // namespace kiln::cpu::onednn

@@ -1,0 +1,22 @@
+// What every oneDNN-backed CPU kernel shares: the engine, a stream per thread, and
+// user-managed scratchpads (the oneDNN docs require them for executing one primitive from
+// several threads at once; every call then allocates its own).
+#pragma once
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+
+namespace kiln::cpu::onednn {
+
+// Never destroyed: at process exit the device queue may still be running a primitive, and
+// static destructors must not pull the engine from under it.
+dnnl::engine& engine();
+dnnl::stream& thread_stream();
+
+dnnl::primitive_attr user_scratchpad_attr();
+
+using Args = std::unordered_map<int, dnnl::memory>;
+
+// Gives a primitive created with user_scratchpad_attr() its own scratchpad for this call.
+void add_scratchpad(Args& args, const dnnl::memory::desc& scratchpad);
+
+}  // namespace kiln::cpu::onednn
