@@ -10,8 +10,8 @@
 //    modes, the warm-cache load of their executables from a persistent cache (load_ms).
 //  - BM_Interleaved, per size: rounds of one step in each mode in turn, best of 5 per mode; the
 //    summary's per-step ratios to strict eager and to the step's matmuls (every linear, and
-//    attention's two GEMMs per head) timed as plain dnnl_sgemm calls of the same shapes
-//    ("raw oneDNN") come from it.
+//    attention's two GEMMs per head) timed as raw oneDNN calls of the same shapes (the faster
+//    of dnnl_sgemm and the matmul primitive with pre-packed weights) come from it.
 //  - BM_Offload: a 4-step image with the weights in place against the same with the
 //    transformer onloaded and released around it (model offload's cost per image).
 // KILN_BENCH_KERNEL_TIMES=1 also prints the time per kernel name (BM_Step).
@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deterministic_weights.h"
+#include "devices/cpu/kernels/linear_gemm.h"
 #include "devices/runtime.h"
 #include "exec/capture.h"
 #include "exec/compile.h"
@@ -111,7 +112,8 @@ void compile_for(int64_t mode) {
 kiln::FluxTransformer2DModel& model_for(int64_t mode) { return *mid().models[mode <= 1 ? 0 : mode - 1]; }
 
 // The matmuls of one step at raw library speed: every linear and sdpa of the traced step graph,
-// run as dnnl_sgemm calls of the same shapes (attention: Q K^T and P V per head), best of 3.
+// run as oneDNN calls of the same shapes (attention: Q K^T and P V per head), best of 3, each
+// the faster of dnnl_sgemm and (B stored [N,K]) the matmul primitive with B pre-packed.
 double raw_matmul_seconds(const std::function<kiln::Tensor()>& forward) {
   const kiln::detail::Captured cap = kiln::detail::capture("step", [&] { return std::vector<kiln::Tensor>{forward()}; });
   const kiln::Graph& g = cap.graph;
@@ -142,10 +144,23 @@ double raw_matmul_seconds(const std::function<kiln::Tensor()>& forward) {
   for (const auto& [shape, times] : count) {
     const auto [M, N, K, trans_b] = shape;
     std::vector<float> a(size_t(M * K), 0.5f), b(size_t(K * N), 0.25f), c(size_t(M * N));
+    // B stored [N,K] also runs as oneDNN's matmul primitive reading B pre-packed (what compiled
+    // mode's linears do): the raw time is the faster of the two.
+    std::shared_ptr<const kiln::cpu::PackedLinearWeight> packed;
+    std::shared_ptr<void> storage;
+    if (trans_b) {
+      const size_t bytes = kiln::cpu::packed_linear_weight_bytes(N, K);
+      storage = std::shared_ptr<void>(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
+      packed = kiln::cpu::pack_linear_weight(b.data(), N, K, storage.get(), storage);
+    }
     double fastest = 1e30;
     for (int r = 0; r < 3; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
+      auto t0 = std::chrono::steady_clock::now();
       dnnl_sgemm('N', trans_b ? 'T' : 'N', M, N, K, 1.0f, a.data(), K, b.data(), trans_b ? K : N, 0.0f, c.data(), N);
+      fastest = std::min(fastest, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (!packed) continue;
+      t0 = std::chrono::steady_clock::now();
+      kiln::cpu::linear_f32(a.data(), b.data(), packed.get(), nullptr, c.data(), M, N, K);
       fastest = std::min(fastest, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     total += fastest * double(times);

@@ -7,7 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <tuple>
 
+#include "devices/cpu/kernels/linear_gemm.h"
+#include "devices/cpu/prepacked_weights.h"
 #include "devices/runtime.h"
 #include "exec/capture.h"
 #include "exec/compile.h"
@@ -538,6 +541,90 @@ TEST_F(CompiledMode, IntermediatesLiveInOnePlannedArena) {
   EXPECT_TRUE(same_bits(x_out, x_eager));
   // The arena is smaller than the intermediates laid end to end.
   EXPECT_LT(ev.arena_bytes, ev.planned_bytes);
+}
+
+// Compiled mode reads the module's linear weights pre-packed: the first call packs each
+// multi-row linear's weight once (into device memory, kept beside the weight), later calls reuse
+// the packs and no linear packs its weight inside the call; the bits stay strict eager's. With
+// prepack_weights=false, or under a device memory capacity, nothing is packed.
+TEST_F(CompiledMode, LinearsReadTheModuleWeightsPrepackedOnce) {
+  const FluxTransformer2DModel model =
+      FluxTransformer2DModel::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "transformer");
+  const auto& cfg = model.config();
+  const int64_t L_img = 64, L_txt = 16, D = cfg.inner_dim(), hd = cfg.attention_head_dim;
+  const Tensor x = from_vector(test::random_values(L_img * D, 1), {1, L_img, D});
+  const Tensor c = from_vector(test::random_values(L_txt * D, 2), {1, L_txt, D});
+  const Tensor temb = from_vector(test::random_values(D, 3), {1, D});
+  const int64_t S = L_img + L_txt;
+  const flux::RotaryTables rope = flux::RotaryTables::of(from_vector(test::random_values(S * hd, 4), {S, hd}),
+                                                         from_vector(test::random_values(S * hd, 5), {S, hd}));
+  // A double block's multi-row linears: per stream (image, text) q, k, v, the output projection
+  // and the MLP's two; its two modulation linears read one row (temb) and run as a GEMV.
+  const uint64_t linears = 2 * 6;
+  const auto [c_eager, x_eager] = model.transformer_blocks()[0].forward(x, c, temb, rope);
+
+  DeviceRuntime& rt = runtime(Device::cpu());
+  flux::FluxTransformerBlock block = model.transformer_blocks()[0];
+  block.compile(fullgraph());
+  synchronize(Device::cpu());
+  const size_t in_use = rt.memory().in_use_bytes;
+  auto run = [&](const char* what) {
+    const cpu::PrepackStats p0 = cpu::prepack_stats();
+    const cpu::LinearGemmCounts g0 = cpu::linear_gemm_counts();
+    const auto [c_out, x_out] = block(x, c, temb, rope);
+    EXPECT_TRUE(same_bits(c_out, c_eager)) << what;
+    EXPECT_TRUE(same_bits(x_out, x_eager)) << what;
+    synchronize(Device::cpu());
+    const cpu::PrepackStats p1 = cpu::prepack_stats();
+    const cpu::LinearGemmCounts g1 = cpu::linear_gemm_counts();
+    return std::tuple{p1.packed - p0.packed, p1.reused - p0.reused, p1.skipped - p0.skipped, p1.bytes - p0.bytes,
+                      g1.prepacked - g0.prepacked, g1.packed_in_call - g0.packed_in_call};
+  };
+  {
+    const auto [packed, reused, skipped, bytes, read_prepacked, packed_in_call] = run("first call");
+    EXPECT_EQ(packed, linears);
+    EXPECT_EQ(reused, 0u);
+    EXPECT_EQ(read_prepacked, int64_t(linears));
+    EXPECT_EQ(packed_in_call, 0);
+    EXPECT_GE(rt.memory().in_use_bytes - in_use, bytes) << "the packs live in device memory";
+  }
+  {
+    const auto [packed, reused, skipped, bytes, read_prepacked, packed_in_call] = run("second call");
+    EXPECT_EQ(packed, 0u);
+    EXPECT_EQ(reused, linears);
+    EXPECT_EQ(read_prepacked, int64_t(linears));
+    EXPECT_EQ(packed_in_call, 0);
+  }
+  {
+    CompileOptions off = fullgraph();
+    off.prepack_weights = false;
+    flux::FluxTransformerBlock unpacked = model.transformer_blocks()[1];
+    unpacked.compile(off);
+    const cpu::PrepackStats p0 = cpu::prepack_stats();
+    const cpu::LinearGemmCounts g0 = cpu::linear_gemm_counts();
+    const auto [c_eager1, x_eager1] = model.transformer_blocks()[1].forward(x, c, temb, rope);
+    const auto [c_out, x_out] = unpacked(x, c, temb, rope);
+    EXPECT_TRUE(same_bits(c_out, c_eager1));
+    EXPECT_TRUE(same_bits(x_out, x_eager1));
+    synchronize(Device::cpu());
+    EXPECT_EQ(cpu::prepack_stats().packed, p0.packed);
+    EXPECT_EQ(cpu::linear_gemm_counts().prepacked, g0.prepacked) << "eager and prepack_weights=false read plain";
+  }
+  {
+    // Under a memory capacity the fail-fast plan counts no packs: the linears read plain weights.
+    flux::FluxTransformerBlock capped = model.transformer_blocks()[1];
+    capped.compile(fullgraph());
+    rt.set_memory_capacity(size_t(1) << 40);
+    const cpu::PrepackStats p0 = cpu::prepack_stats();
+    const auto [c_out, x_out] = capped(x, c, temb, rope);
+    synchronize(Device::cpu());
+    rt.set_memory_capacity(0);
+    EXPECT_EQ(cpu::prepack_stats().packed, p0.packed);
+    EXPECT_EQ(cpu::prepack_stats().skipped - p0.skipped, linears);
+    const auto [c_eager1, x_eager1] = model.transformer_blocks()[1].forward(x, c, temb, rope);
+    EXPECT_TRUE(same_bits(c_out, c_eager1));
+    EXPECT_TRUE(same_bits(x_out, x_eager1));
+  }
 }
 
 }  // namespace

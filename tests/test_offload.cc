@@ -5,6 +5,7 @@
 #include <set>
 
 #include "devices/runtime.h"
+#include "devices/cpu/prepacked_weights.h"
 #include "exec/compile.h"
 #include "exec/host.h"
 #include "exec/mode.h"
@@ -157,7 +158,11 @@ TEST_F(ModelOffload, EveryExecutionModeGivesTheSameImage) {
     EagerModeGuard guard(mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
     const FluxOutput first = pipe(args);
     const uint64_t compiles = compile_stats().compiles, traces = compile_stats().traces;
+    const uint64_t packs = cpu::prepack_stats().packed;
     const FluxOutput second = pipe(args);  // weights onloaded again, at new device addresses
+    if (mode.starts_with("compile")) {  // pre-packed weights left the device with their weights
+      EXPECT_GT(cpu::prepack_stats().packed, packs) << mode << ": packed again at the new addresses";
+    }
     EXPECT_EQ(first.image, reference.image) << mode;
     EXPECT_EQ(second.image, reference.image) << mode;
     EXPECT_EQ(compile_stats().compiles, compiles) << mode << ": offload must not recompile";

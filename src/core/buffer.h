@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "core/device.h"
 
@@ -29,9 +32,12 @@ class Buffer {
   // weight's buffer moves between its host copy and a device copy while every tensor viewing it
   // stays valid). `keep` owns the new bytes (null: they are this buffer's own again). Only
   // call it when no queued work uses the buffer.
+  // Drops every derived value (they describe bytes that now live elsewhere).
   void relocate(void* data, std::shared_ptr<void> keep) {
     data_ = data;
     relocated_owner_ = std::move(keep);
+    std::lock_guard<std::mutex> lock(derived_mu_);
+    derived_.clear();
   }
   size_t bytes() const { return bytes_; }
   const Device& device() const { return device_; }
@@ -47,6 +53,27 @@ class Buffer {
   uint64_t serial() const { return serial_; }
   static uint64_t serials_issued() { return counter().load(std::memory_order_relaxed); }
 
+  // Values a device derives from this buffer's bytes and keeps beside them, e.g. a linear weight
+  // pre-packed into the GEMM library's layout (compiled mode). A value holds for the bytes as the
+  // write with sequence number `after_write` left them: readers pass ready_seq() as it was when
+  // they were enqueued, so a later write makes them derive again. relocate() drops them all, and
+  // they die with the buffer. Thread-safe.
+  std::shared_ptr<const void> derived(const std::string& key, uint64_t after_write) const {
+    std::lock_guard<std::mutex> lock(derived_mu_);
+    for (const Derived& d : derived_)
+      if (d.key == key && d.after_write == after_write) return d.value;
+    return nullptr;
+  }
+  void set_derived(const std::string& key, uint64_t after_write, std::shared_ptr<const void> value) {
+    std::lock_guard<std::mutex> lock(derived_mu_);
+    for (Derived& d : derived_)
+      if (d.key == key) {
+        d = Derived{key, after_write, std::move(value)};
+        return;
+      }
+    derived_.push_back(Derived{key, after_write, std::move(value)});
+  }
+
  private:
   void* data_;
   std::shared_ptr<void> relocated_owner_;  // the device copy while relocated
@@ -55,6 +82,13 @@ class Buffer {
   std::function<void()> release_;
   std::atomic<uint64_t> ready_seq_{0};
   uint64_t serial_;
+  struct Derived {
+    std::string key;
+    uint64_t after_write;
+    std::shared_ptr<const void> value;
+  };
+  mutable std::mutex derived_mu_;
+  std::vector<Derived> derived_;
 
   static std::atomic<uint64_t>& counter() {
     static std::atomic<uint64_t> c{0};

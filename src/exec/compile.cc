@@ -350,7 +350,9 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
   const Device device = a.empty() ? Device::cpu() : a[0].device();
   std::vector<Tensor> bound;
   bound.reserve(entry->bindings.size());
+  std::vector<bool> weights;  // the bound parameters, whose linears read them pre-packed
   for (const InputBinding& b : entry->bindings) {
+    if (options_.prepack_weights) weights.push_back(b.kind == InputBinding::Kind::param);
     if (b.kind == InputBinding::Kind::constant) {
       bound.push_back(b.constant);
       continue;
@@ -364,7 +366,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
   }
   // Outputs may be views (a block's two streams are slices of one buffer): values are immutable,
   // and no output lives in the arena (memory_plan.h), so no copy is needed.
-  std::vector<Tensor> results = run_graph(entry->exec, bound, /*dense_outputs=*/false);
+  std::vector<Tensor> results = run_graph(entry->exec, bound, /*dense_outputs=*/false, weights);
   std::vector<Tensor> outs;
   outs.reserve(entry->output_index.size());
   for (int k : entry->output_index) outs.push_back(results[size_t(k)]);

@@ -35,6 +35,11 @@ struct CompileOptions {
   // Signatures one callable may compile before the recompile-storm policy applies.
   size_t cache_size_limit = 8;
   enum class OnStorm { fallback_eager, error } on_storm = OnStorm::fallback_eager;
+  // Linears read the module's weights (the parameters) pre-packed in the GEMM library's layout,
+  // made on first use and kept beside each weight while it stays on the device: one more copy of
+  // every multi-row linear's weight, for GEMMs that skip their per-call packing. Same bits either
+  // way. Not part of the executable: changing it never recompiles.
+  bool prepack_weights = true;
   void validate(const std::string& what) const;  // throws "[compile] ..." for dynamic=true etc.
 };
 

@@ -9,6 +9,7 @@
 #include "core/tensor_view.h"
 #include "devices/cpu/kernels/fused_elementwise.h"
 #include "devices/cpu/kernels/gemv.h"
+#include "devices/cpu/prepacked_weights.h"
 #include "devices/runtime.h"
 #include "exec/counters.h"
 #include "graph/op.h"
@@ -152,7 +153,7 @@ Tensor dense_copy(DeviceRuntime& rt, const Tensor& t) {
 }  // namespace
 
 std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compiled, const std::vector<Tensor>& inputs,
-                              bool dense_outputs) {
+                              bool dense_outputs, const std::vector<bool>& weights) {
   const Graph& g = compiled->graph;
   KILN_CHECK(int(inputs.size()) == g.num_inputs(), "graph", "run with ", inputs.size(), " inputs, the graph has ",
              g.num_inputs());
@@ -182,6 +183,27 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
     const GraphNode& node = g.nodes[size_t(g.node_of(v))];
     if (plan.empty() || plan.offset[size_t(v)] < 0) return allocate(rt, node);
     return Tensor::view_of(arena, node.shape, node.dtype, {}, plan.offset[size_t(v)] / int64_t(dtype_size(node.dtype)));
+  };
+  // A multi-row linear whose weight is a module weight (`weights`) reads it pre-packed. The
+  // packing happens on the queue, for the bytes as they are when the launch is enqueued.
+  struct Prepack {
+    Tensor w;  // undefined: none
+    uint64_t after_write = 0;
+  };
+  auto prepack_of = [&](const GraphNode& op) {
+    Prepack p;
+    if (op.op != "linear" || weights.empty() || numel(op.shape) == op.shape.back()) return p;  // 1 row: GEMV
+    const int w = op.args.at(1);
+    if (!g.is_input(w) || !weights.at(size_t(w))) return p;
+    p.w = val[size_t(w)];
+    p.after_write = p.w.buffer()->ready_seq();
+    return p;
+  };
+  auto run_kernel = [](KernelFn kernel, KernelArgs& args, const Prepack& p) {
+    std::shared_ptr<const void> packed;
+    if (p.w.defined()) packed = cpu::prepacked_linear_weight(p.w, p.after_write);
+    args.prepared = packed.get();
+    kernel(args);
   };
   // Output buffers of concats whose inputs write into them (LaunchGroup::into), by value id.
   std::map<int, Tensor> assembled;
@@ -242,13 +264,15 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
         }
         const Tensor out = output_of(grp, node);
         const KernelFn kernel = rt.kernel(node.op);
-        launch(rt, node.op, out, [compiled, kernel, ins = gather(grp.group_inputs), out, &attrs = node.attrs] {
-          KernelArgs args;
-          args.in = views_of(ins);
-          args.out = TensorView::of(out);
-          args.attrs = &attrs;
-          kernel(args);
-        });
+        launch(rt, node.op, out,
+               [compiled, kernel, ins = gather(grp.group_inputs), out, &attrs = node.attrs, pp = prepack_of(node),
+                run_kernel] {
+                 KernelArgs args;
+                 args.in = views_of(ins);
+                 args.out = TensorView::of(out);
+                 args.attrs = &attrs;
+                 run_kernel(kernel, args, pp);
+               });
         val[size_t(grp.result)] = out;
         break;
       }
@@ -273,11 +297,12 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
           const Attrs* attrs;
           std::vector<Tensor> in;
           Tensor out;
+          Prepack prepack;
         };
         std::vector<Step> steps;
         for (int n : grp.chain) {
           const GraphNode& op = g.nodes[size_t(n)];
-          Step st{rt.kernel(op.op), &op.attrs, {}, bind(g.value_of_node(n))};
+          Step st{rt.kernel(op.op), &op.attrs, {}, bind(g.value_of_node(n)), prepack_of(op)};
           for (int a : op.args) st.in.push_back(bind(a));
           steps.push_back(std::move(st));
         }
@@ -317,13 +342,14 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
           }
         }
         launch(rt, grp.launch_name(g), out,
-               [compiled, steps = std::move(steps), &program = grp.program, ins = std::move(ins), out, program_out] {
+               [compiled, steps = std::move(steps), &program = grp.program, ins = std::move(ins), out, program_out,
+                run_kernel] {
                  for (const Step& st : steps) {
                    KernelArgs args;
                    args.in = views_of(st.in);
                    args.out = TensorView::of(st.out);
                    args.attrs = st.attrs;
-                   st.kernel(args);
+                   run_kernel(st.kernel, args, st.prepack);
                  }
                  if (!program.instrs.empty())
                    cpu::fused_elementwise(program, views_of(ins), TensorView::of(program_out));

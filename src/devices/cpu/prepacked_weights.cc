@@ -1,0 +1,46 @@
+#include "devices/cpu/prepacked_weights.h"
+
+#include <atomic>
+#include <string>
+
+#include "core/error.h"
+#include "devices/runtime.h"
+
+namespace kiln::cpu {
+namespace {
+
+std::atomic<uint64_t> g_packed{0}, g_reused{0}, g_skipped{0}, g_bytes{0};
+
+}  // namespace
+
+PrepackStats prepack_stats() { return {g_packed.load(), g_reused.load(), g_skipped.load(), g_bytes.load()}; }
+
+std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& w, uint64_t after_write) {
+  if (w.dtype() != DType::f32 || w.rank() != 2 || !w.is_contiguous() || w.numel() == 0) return nullptr;
+  const int64_t N = w.shape()[0], K = w.shape()[1];
+  // One buffer may hold several weights (tied or sliced): the key names this one's place in it.
+  const std::string key = "cpu.linear_packed@" + std::to_string(w.offset()) + ":" + std::to_string(N) + "x" +
+                          std::to_string(K);
+  Buffer& buf = *w.buffer();
+  if (auto found = buf.derived(key, after_write)) {
+    g_reused.fetch_add(1, std::memory_order_relaxed);
+    return std::static_pointer_cast<const PackedLinearWeight>(found);
+  }
+  DeviceRuntime& rt = runtime(w.device());
+  // Under a device memory capacity the memory plan that admitted this run (estimate_memory)
+  // did not count packed copies: taking room for them could fail an allocation the plan promised.
+  if (rt.memory().capacity_bytes != 0) {
+    g_skipped.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  const size_t bytes = packed_linear_weight_bytes(N, K);
+  BufferPtr storage = rt.allocate(bytes);
+  void* data = storage->data();
+  auto packed = pack_linear_weight(static_cast<const float*>(w.data_ptr()), N, K, data, std::move(storage));
+  buf.set_derived(key, after_write, packed);
+  g_packed.fetch_add(1, std::memory_order_relaxed);
+  g_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  return packed;
+}
+
+}  // namespace kiln::cpu
