@@ -129,6 +129,10 @@ TEST_F(Cli, CompiledModeWritesTheSameImageAndAWarmCacheCompilesNothing) {
     EXPECT_EQ(warm["compiled"]["compiles"].get<int64_t>(), 0) << how;
     EXPECT_EQ(warm["compiled"]["disk_hits"].get<int64_t>(), expected) << how;
     EXPECT_EQ(warm["compiled"]["executables"][0]["source"], "disk") << how;
+    // The transformer's multi-row linears read their weights pre-packed, each packed once.
+    EXPECT_GT(cold["compiled"]["prepacked_weights"]["packed"].get<int64_t>(), 0) << how;
+    EXPECT_GT(cold["compiled"]["prepacked_weights"]["reused"].get<int64_t>(), 0) << how;
+    EXPECT_GT(cold["compiled"]["prepacked_weights"]["bytes"].get<int64_t>(), 0) << how;
   }
   const CliRun w = kiln_cli_env("KILN_CACHE_DIR=" + cache.string(), "warmup --sizes 96x160 --compile blocks");
   ASSERT_EQ(w.exit_code, 0) << w.output;

@@ -158,16 +158,48 @@ TEST_F(ModelOffload, EveryExecutionModeGivesTheSameImage) {
     EagerModeGuard guard(mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
     const FluxOutput first = pipe(args);
     const uint64_t compiles = compile_stats().compiles, traces = compile_stats().traces;
-    const uint64_t packs = cpu::prepack_stats().packed;
+    const cpu::PrepackStats packs = cpu::prepack_stats();
     const FluxOutput second = pipe(args);  // weights onloaded again, at new device addresses
-    if (mode.starts_with("compile")) {  // pre-packed weights left the device with their weights
-      EXPECT_GT(cpu::prepack_stats().packed, packs) << mode << ": packed again at the new addresses";
+    // Onloaded weights are not pre-packed: they would be packed again on every call.
+    EXPECT_EQ(cpu::prepack_stats().packed, packs.packed) << mode;
+    if (mode.starts_with("compile")) {
+      EXPECT_GT(cpu::prepack_stats().skipped, packs.skipped) << mode;
     }
     EXPECT_EQ(first.image, reference.image) << mode;
     EXPECT_EQ(second.image, reference.image) << mode;
     EXPECT_EQ(compile_stats().compiles, compiles) << mode << ": offload must not recompile";
     EXPECT_EQ(compile_stats().traces, traces) << mode << ": offload must not retrace";
   }
+}
+
+// Compiled mode's pre-packed weights (devices/cpu/prepacked_weights.h) follow placement: weights
+// placed on the device with to() are packed once and reused by later calls; weights model
+// offload brings in for one call are not packed (they would be packed again on every call).
+TEST_F(ModelOffload, PlacedWeightsArePrepackedOnceOnloadedOnesNever) {
+  const FluxCallArgs args = test::flux_call_args(kSet);
+  CompileOptions o;
+  o.fullgraph = true;
+  FluxPipeline placed = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
+  placed.to(Device::cpu());
+  placed.transformer().compile(o);
+  cpu::PrepackStats p0 = cpu::prepack_stats();
+  const FluxOutput first = placed(args);
+  cpu::PrepackStats p1 = cpu::prepack_stats();
+  EXPECT_GT(p1.packed, p0.packed);
+  EXPECT_EQ(p1.skipped, p0.skipped);
+  placed(args);
+  cpu::PrepackStats p2 = cpu::prepack_stats();
+  EXPECT_EQ(p2.packed, p1.packed) << "packed once, reused by the next call";
+  EXPECT_GT(p2.reused, p1.reused);
+
+  FluxPipeline offloaded = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
+  offloaded.enable_model_cpu_offload();
+  offloaded.transformer().compile(o);
+  const FluxOutput out = offloaded(args);
+  cpu::PrepackStats p3 = cpu::prepack_stats();
+  EXPECT_EQ(p3.packed, p2.packed);
+  EXPECT_GT(p3.skipped, p2.skipped);
+  EXPECT_EQ(out.image, first.image);
 }
 
 }  // namespace

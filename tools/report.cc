@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "devices/cpu/prepacked_weights.h"
 #include "devices/runtime.h"
 #include "exec/compile.h"
 #include "exec/counters.h"
@@ -91,6 +92,11 @@ nlohmann::json compile_report() {
                       {"launches", e.launches},
                       {"arena_bytes", e.arena_bytes}});
   }
+  // Linear weights packed for the GEMM (CompileOptions::prepack_weights): how many, their
+  // device bytes, launches that reused one, and launches that read plain weights instead.
+  const cpu::PrepackStats p = cpu::prepack_stats();
+  const nlohmann::json prepacked_weights = {
+      {"packed", p.packed}, {"bytes", p.bytes}, {"reused", p.reused}, {"skipped", p.skipped}};
   return {{"calls", s.calls},
           {"traces", s.traces},
           {"compiles", s.compiles},
@@ -104,6 +110,7 @@ nlohmann::json compile_report() {
           {"compile_seconds", s.compile_seconds},
           {"load_seconds", s.load_seconds},
           {"cache_dir", executable_cache_dir().string()},
+          {"prepacked_weights", prepacked_weights},
           {"executables", events}};
 }
 

@@ -32,13 +32,16 @@ class Buffer {
   // weight's buffer moves between its host copy and a device copy while every tensor viewing it
   // stays valid). `keep` owns the new bytes (null: they are this buffer's own again). Only
   // call it when no queued work uses the buffer.
+  // `for_one_call`: model offload brought the bytes in for the current pipeline call only.
   // Drops every derived value (they describe bytes that now live elsewhere).
-  void relocate(void* data, std::shared_ptr<void> keep) {
+  void relocate(void* data, std::shared_ptr<void> keep, bool for_one_call = false) {
     data_ = data;
     relocated_owner_ = std::move(keep);
+    for_one_call_ = for_one_call;
     std::lock_guard<std::mutex> lock(derived_mu_);
     derived_.clear();
   }
+  bool here_for_one_call() const { return for_one_call_; }
   size_t bytes() const { return bytes_; }
   const Device& device() const { return device_; }
 
@@ -77,6 +80,7 @@ class Buffer {
  private:
   void* data_;
   std::shared_ptr<void> relocated_owner_;  // the device copy while relocated
+  bool for_one_call_ = false;
   size_t bytes_;
   Device device_;
   std::function<void()> release_;

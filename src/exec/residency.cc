@@ -29,7 +29,7 @@ size_t ComponentWeights::device_bytes(const Device& device) const {
   return n;
 }
 
-void ComponentWeights::onload(const Device& device) {
+void ComponentWeights::onload(const Device& device, bool for_one_call) {
   if (resident_) return;
   synchronize(device);
   DeviceRuntime& rt = runtime(device);
@@ -42,7 +42,7 @@ void ComponentWeights::onload(const Device& device) {
   }
   for (size_t i = 0; i < buffers_.size(); ++i) {
     void* data = copies[i]->data();
-    buffers_[i]->relocate(data, std::shared_ptr<void>(copies[i], data));
+    buffers_[i]->relocate(data, std::shared_ptr<void>(copies[i], data), for_one_call);
   }
   resident_ = true;
   device_ = device;

@@ -35,7 +35,9 @@ class ComponentWeights {
   // are no-ops when already in that state. onload throws the allocator's out-of-memory error
   // (and leaves the component on the host) when the copies do not fit. offload also returns the
   // device's cached free blocks to the system, so the process really shrinks.
-  void onload(const Device& device);
+  // `for_one_call`: model offload brings it in for one pipeline call (device caches derived from
+  // the weights, such as pre-packed copies, are then not worth making).
+  void onload(const Device& device, bool for_one_call = false);
   void offload();
 
  private:

@@ -87,7 +87,7 @@ struct FluxPipeline::Components {
   void onload(size_t i) {
     if (weights[i].resident()) return;
     const auto t0 = std::chrono::steady_clock::now();
-    weights[i].onload(device);
+    weights[i].onload(device, placement == Placement::model_offload);
     events.push_back({weights[i].name(), "onload", weights[i].bytes(), seconds_since(t0),
                       runtime(device).memory().in_use_bytes});
   }

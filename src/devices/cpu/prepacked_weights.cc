@@ -29,7 +29,9 @@ std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& 
   DeviceRuntime& rt = runtime(w.device());
   // Under a device memory capacity the memory plan that admitted this run (estimate_memory)
   // did not count packed copies: taking room for them could fail an allocation the plan promised.
-  if (rt.memory().capacity_bytes != 0) {
+  // A weight model offload brought in for this call leaves with its packs at the end of the call:
+  // packing it again on every call costs more than the packing it saves.
+  if (rt.memory().capacity_bytes != 0 || buf.here_for_one_call()) {
     g_skipped.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }

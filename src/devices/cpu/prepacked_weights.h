@@ -4,9 +4,10 @@
 // (kernels/linear_gemm.h) in device memory, and keeps the copy on the weight's buffer
 // (Buffer::derived): later launches, steps and images reuse it, and the linear skips the
 // packing it would otherwise do inside every call. The copy is dropped when the weight's bytes
-// change (a later write), when they move (model offload relocates the buffer) and when the
-// weight dies; so it follows the weight's residency and costs one more copy of each linear
-// weight while the model is on the device.
+// change (a later write), when they move, and when the weight dies. It costs one more copy of
+// each multi-row linear's weight in device memory, so it is not made under a device memory
+// capacity, nor for weights model offload brings in for one call (they would be packed again
+// on every call).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -19,16 +20,17 @@ namespace kiln::cpu {
 struct PrepackStats {
   uint64_t packed = 0;   // weights packed (each a reorder of the whole weight)
   uint64_t reused = 0;   // launches that found their weight packed already
-  uint64_t skipped = 0;  // launches that did not get one (the device has a memory capacity)
+  uint64_t skipped = 0;  // launches that did not get one (a device memory capacity, or offload)
   uint64_t bytes = 0;    // bytes packed so far (not: still held)
 };
 PrepackStats prepack_stats();
 
 // The packed form of linear weight `w` ([N,K], f32, dense) as the write numbered `after_write`
 // left it (its buffer's ready_seq() when the reading launch was enqueued), made now when there is
-// none; nullptr when `w` is not a dense f32 matrix, or when the device has a memory capacity
-// (--device-memory: its fail-fast memory plan counts no packed copies), and the linear then reads
-// `w` as it is. Call it on the device queue, where `w`'s bytes are ready.
+// none; nullptr when `w` is not a dense f32 matrix, when the device has a memory capacity
+// (--device-memory: its fail-fast memory plan counts no packed copies) or when `w` was brought in
+// by model offload, and the linear then reads `w` as it is. Call it on the device queue, where
+// `w`'s bytes are ready.
 std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& w, uint64_t after_write);
 
 }  // namespace kiln::cpu
