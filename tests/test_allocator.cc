@@ -26,6 +26,20 @@ TEST(Allocator, CountsInUseAndPeakAndReusesBlocks) {
   EXPECT_EQ(alloc.stats().pool_hits, 1u);
 }
 
+// Blocks of 4 MiB and up (weights, packed weights, activations) start on a 2 MiB boundary, where
+// the transparent huge pages the allocator asks for can back them; smaller ones stay 64-byte
+// aligned.
+TEST(Allocator, LargeBlocksStartOnAHugePageBoundary) {
+  cpu::Allocator alloc(Device::cpu());
+  for (const size_t bytes : {size_t(4) << 20, (size_t(9) << 20) + 12345, size_t(64) << 20}) {
+    BufferPtr b = alloc.allocate(bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % (size_t(2) << 20), 0u) << bytes;
+    static_cast<char*>(b->data())[bytes - 1] = 1;  // the whole block is usable
+  }
+  BufferPtr small = alloc.allocate(100000);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small->data()) % 64, 0u);
+}
+
 TEST(Allocator, CapacityErrorNamesRequestedAndAvailableBytes) {
   cpu::Allocator alloc(Device::cpu());
   alloc.set_capacity(1 << 20);

@@ -1,5 +1,7 @@
 #include "devices/cpu/allocator.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -28,6 +30,16 @@ size_t Allocator::round_size(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+// Blocks of 4 MiB and up start on a 2 MiB boundary and ask for transparent huge pages: touching
+// fresh memory then faults once per 2 MiB instead of once per 4 KiB page.
+void* system_allocate(size_t block) {
+  constexpr size_t kHuge = size_t(2) << 20;
+  if (block < 2 * kHuge) return std::aligned_alloc(kAlign, block);
+  void* p = std::aligned_alloc(kHuge, block);
+  if (p != nullptr) madvise(p, block, MADV_HUGEPAGE);
+  return p;
+}
+
 BufferPtr Allocator::allocate(size_t bytes) {
   const size_t block = round_size(bytes);
   void* p = nullptr;
@@ -50,7 +62,7 @@ BufferPtr Allocator::allocate(size_t bytes) {
           stats_.in_use_bytes + stats_.pooled_bytes + block > stats_.capacity_bytes) {
         release_pool_locked();
       }
-      p = std::aligned_alloc(kAlign, block);
+      p = system_allocate(block);
       KILN_CHECK(p != nullptr, "alloc", "system allocation of ", block, " bytes failed on ",
                  device_.str());
     }
