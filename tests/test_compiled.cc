@@ -627,5 +627,22 @@ TEST_F(CompiledMode, LinearsReadTheModuleWeightsPrepackedOnce) {
   }
 }
 
+// Linears of 1024 rows and more stay on dnnl_sgemm in every mode (faster there than the
+// primitive reading plain weights, kernels/linear_gemm.h), so compiled mode packs nothing for
+// them; below that their weights are packed. Either way the bits are strict eager's.
+TEST_F(CompiledMode, OnlyLinearsOnTheGemmPrimitiveReadPackedWeights) {
+  const Tensor w = from_vector(test::random_values(48 * 32, 7), {48, 32}), b = from_vector(test::random_values(48, 8), {48});
+  const CompiledFunction f("toy_linear", [&](const std::vector<Tensor>& a) { return std::vector<Tensor>{linear(a[0], w, b)}; },
+                           {});
+  for (const int64_t rows : {cpu::kPrimitiveMaxRows - 1, cpu::kPrimitiveMaxRows}) {
+    const Tensor x = from_vector(test::random_values(rows * 32, 9), {rows, 32});
+    const cpu::PrepackStats before = cpu::prepack_stats();
+    const Tensor y = f({x}, {w, b})[0];
+    EXPECT_TRUE(same_bits(y, linear(x, w, b))) << rows;
+    synchronize(Device::cpu());
+    EXPECT_EQ(cpu::prepack_stats().packed - before.packed, rows < cpu::kPrimitiveMaxRows ? 1u : 0u) << rows;
+  }
+}
+
 }  // namespace
 }  // namespace kiln

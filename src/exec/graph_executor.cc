@@ -9,6 +9,7 @@
 #include "core/tensor_view.h"
 #include "devices/cpu/kernels/fused_elementwise.h"
 #include "devices/cpu/kernels/gemv.h"
+#include "devices/cpu/kernels/linear_gemm.h"
 #include "devices/cpu/prepacked_weights.h"
 #include "devices/runtime.h"
 #include "exec/counters.h"
@@ -184,15 +185,18 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
     if (plan.empty() || plan.offset[size_t(v)] < 0) return allocate(rt, node);
     return Tensor::view_of(arena, node.shape, node.dtype, {}, plan.offset[size_t(v)] / int64_t(dtype_size(node.dtype)));
   };
-  // A multi-row linear whose weight is a module weight (`weights`) reads it pre-packed. The
-  // packing happens on the queue, for the bytes as they are when the launch is enqueued.
+  // A linear on the GEMM primitive (kernels/linear_gemm.h) whose weight is a module weight
+  // (`weights`) reads it pre-packed. The packing happens on the queue, for the bytes as they are
+  // when the launch is enqueued.
   struct Prepack {
     Tensor w;  // undefined: none
     uint64_t after_write = 0;
   };
   auto prepack_of = [&](const GraphNode& op) {
     Prepack p;
-    if (op.op != "linear" || weights.empty() || numel(op.shape) == op.shape.back()) return p;  // 1 row: GEMV
+    if (op.op != "linear" || weights.empty() || op.shape.back() == 0 ||
+        !cpu::linear_runs_on_primitive(numel(op.shape) / op.shape.back()))
+      return p;
     const int w = op.args.at(1);
     if (!g.is_input(w) || !weights.at(size_t(w))) return p;
     p.w = val[size_t(w)];

@@ -1,25 +1,34 @@
 // The GEMM of a linear layer, y[M,N] = x[M,K] · w[N,K]ᵀ (+ bias[N]), f32, through a oneDNN
-// matmul primitive (brgemm), cached per shape. Every execution mode runs its multi-row linears
-// here, so they all get the same bits.
+// matmul primitive (brgemm), cached per shape. Every execution mode runs its linears of fewer
+// than kPrimitiveMaxRows rows here (linear_runs_on_primitive), so they all get the same bits.
 //
 // The weight is read either as the caller's plain [N,K] rows, which the primitive packs into
 // its blocked layout inside each call, or from a PackedLinearWeight made once ahead of time
 // (compiled mode pre-packs the weights of its executables), which skips that packing. Both
 // run the same kernel and give identical bits (tests/test_cpu_gemm_attention.cc).
 //
-// Why not dnnl_sgemm: at the row counts of a DiT step it is much slower. Measured on the
-// 2-core AMD EPYC (Zen 5, AVX-512) dev machine, GFLOP/s, K = N = 3072, B stored [N,K]:
-//   M       dnnl_sgemm   matmul, plain weights   matmul, pre-packed weights
-//   256     236.9        363.0                   396.4
-//   512     285.5        362.7                   378.7
-//   768     367.1        374.4                   389.2
-//   4096    392.0        370.6                   396.9
-// (FLOP peak of the two cores: 408.) See bench/bench_matmul for the full table.
+// Why rows decide: at the row counts of a DiT step's text stream and small images dnnl_sgemm
+// is far from peak, while from ~1k rows on it is as fast as the primitive reading plain
+// weights, or faster. bench/bench_linear on the 2-core AMD EPYC (Zen 5, AVX-512) dev machine,
+// GFLOP/s, K = N = 3072 (FLOP peak of the two cores: 408):
+//   M       dnnl_sgemm   primitive, plain weights   primitive, pre-packed weights
+//   256     229.5        362.9                      385.5
+//   512     281.9        359.5                      377.2
+//   768     356.8        367.3                      379.8
+//   1024    359.4        357.2                      391.5
+//   4608    350.1        335.5                      356.1
+// and at K = 15360 (a single block's output projection) the primitive reading plain weights
+// was 0.92-0.98x dnnl_sgemm from 768 rows on. So linears of 1024 rows and more stay on
+// dnnl_sgemm (kernels/gemm.h) in every mode, unpacked.
 #pragma once
 #include <cstdint>
 #include <memory>
 
 namespace kiln::cpu {
+
+constexpr int64_t kPrimitiveMaxRows = 1024;
+// Whether a linear of `rows` rows (more than one: single rows run on the GEMV, gemv.h) runs here.
+inline bool linear_runs_on_primitive(int64_t rows) { return rows > 1 && rows < kPrimitiveMaxRows; }
 
 // A linear weight [N,K] in the primitive's blocked layout. Immutable; shareable across threads.
 class PackedLinearWeight;
