@@ -512,19 +512,27 @@ TEST_F(CompiledMode, AChainResultIsLiveFromItsOwnLaunch) {
   EXPECT_EQ(checked, 1);
 }
 
+// Random inputs of one double block of `model`: 64 image and 16 text tokens.
+struct DoubleBlockInputs {
+  Tensor x, c, temb;
+  flux::RotaryTables rope;
+};
+DoubleBlockInputs double_block_inputs(const FluxTransformer2DModel& model) {
+  const auto& cfg = model.config();
+  const int64_t L_img = 64, L_txt = 16, D = cfg.inner_dim(), hd = cfg.attention_head_dim, S = L_img + L_txt;
+  return {from_vector(test::random_values(L_img * D, 1), {1, L_img, D}),
+          from_vector(test::random_values(L_txt * D, 2), {1, L_txt, D}),
+          from_vector(test::random_values(D, 3), {1, D}),
+          flux::RotaryTables::of(from_vector(test::random_values(S * hd, 4), {S, hd}),
+                                 from_vector(test::random_values(S * hd, 5), {S, hd}))};
+}
+
 // A block's intermediates live in one arena whose bytes are reused by values with disjoint
 // lifetimes; a call allocates that arena and the outputs, nothing per launch.
 TEST_F(CompiledMode, IntermediatesLiveInOnePlannedArena) {
   const FluxTransformer2DModel model =
       FluxTransformer2DModel::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "transformer");
-  const auto& cfg = model.config();
-  const int64_t L_img = 64, L_txt = 16, D = cfg.inner_dim(), hd = cfg.attention_head_dim;
-  const Tensor x = from_vector(test::random_values(L_img * D, 1), {1, L_img, D});
-  const Tensor c = from_vector(test::random_values(L_txt * D, 2), {1, L_txt, D});
-  const Tensor temb = from_vector(test::random_values(D, 3), {1, D});
-  const int64_t S = L_img + L_txt;
-  const flux::RotaryTables rope = flux::RotaryTables::of(from_vector(test::random_values(S * hd, 4), {S, hd}),
-                                                         from_vector(test::random_values(S * hd, 5), {S, hd}));
+  const auto [x, c, temb, rope] = double_block_inputs(model);
   flux::FluxTransformerBlock block = model.transformer_blocks()[0];
   const auto [c_eager, x_eager] = block.forward(x, c, temb, rope);
   block.compile(fullgraph());
@@ -550,14 +558,7 @@ TEST_F(CompiledMode, IntermediatesLiveInOnePlannedArena) {
 TEST_F(CompiledMode, LinearsReadTheModuleWeightsPrepackedOnce) {
   const FluxTransformer2DModel model =
       FluxTransformer2DModel::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "transformer");
-  const auto& cfg = model.config();
-  const int64_t L_img = 64, L_txt = 16, D = cfg.inner_dim(), hd = cfg.attention_head_dim;
-  const Tensor x = from_vector(test::random_values(L_img * D, 1), {1, L_img, D});
-  const Tensor c = from_vector(test::random_values(L_txt * D, 2), {1, L_txt, D});
-  const Tensor temb = from_vector(test::random_values(D, 3), {1, D});
-  const int64_t S = L_img + L_txt;
-  const flux::RotaryTables rope = flux::RotaryTables::of(from_vector(test::random_values(S * hd, 4), {S, hd}),
-                                                         from_vector(test::random_values(S * hd, 5), {S, hd}));
+  const auto [x, c, temb, rope] = double_block_inputs(model);
   // A double block's multi-row linears: per stream (image, text) q, k, v, the output projection
   // and the MLP's two; its two modulation linears read one row (temb) and run as a GEMV.
   const uint64_t linears = 2 * 6;
@@ -631,17 +632,23 @@ TEST_F(CompiledMode, LinearsReadTheModuleWeightsPrepackedOnce) {
 // primitive reading plain weights, kernels/linear_gemm.h), so compiled mode packs nothing for
 // them; below that their weights are packed. Either way the bits are strict eager's.
 TEST_F(CompiledMode, OnlyLinearsOnTheGemmPrimitiveReadPackedWeights) {
-  const Tensor w = from_vector(test::random_values(48 * 32, 7), {48, 32}), b = from_vector(test::random_values(48, 8), {48});
-  const CompiledFunction f("toy_linear", [&](const std::vector<Tensor>& a) { return std::vector<Tensor>{linear(a[0], w, b)}; },
-                           {});
-  for (const int64_t rows : {cpu::kPrimitiveMaxRows - 1, cpu::kPrimitiveMaxRows}) {
-    const Tensor x = from_vector(test::random_values(rows * 32, 9), {rows, 32});
-    const cpu::PrepackStats before = cpu::prepack_stats();
-    const Tensor y = f({x}, {w, b})[0];
-    EXPECT_TRUE(same_bits(y, linear(x, w, b))) << rows;
-    synchronize(Device::cpu());
-    EXPECT_EQ(cpu::prepack_stats().packed - before.packed, rows < cpu::kPrimitiveMaxRows ? 1u : 0u) << rows;
+  const uint64_t live = cpu::prepack_stats().live_bytes;
+  {
+    const Tensor w = from_vector(test::random_values(48 * 32, 7), {48, 32});
+    const Tensor b = from_vector(test::random_values(48, 8), {48});
+    const CompiledFunction f(
+        "toy_linear", [&](const std::vector<Tensor>& a) { return std::vector<Tensor>{linear(a[0], w, b)}; }, {});
+    for (const int64_t rows : {cpu::kPrimitiveMaxRows - 1, cpu::kPrimitiveMaxRows}) {
+      const Tensor x = from_vector(test::random_values(rows * 32, 9), {rows, 32});
+      const cpu::PrepackStats before = cpu::prepack_stats();
+      const Tensor y = f({x}, {w, b})[0];
+      EXPECT_TRUE(same_bits(y, linear(x, w, b))) << rows;
+      synchronize(Device::cpu());
+      EXPECT_EQ(cpu::prepack_stats().packed - before.packed, rows < cpu::kPrimitiveMaxRows ? 1u : 0u) << rows;
+    }
+    EXPECT_GT(cpu::prepack_stats().live_bytes, live);
   }
+  EXPECT_EQ(cpu::prepack_stats().live_bytes, live) << "the pack dies with its weight";
 }
 
 }  // namespace

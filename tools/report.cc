@@ -93,10 +93,12 @@ nlohmann::json compile_report() {
                       {"arena_bytes", e.arena_bytes}});
   }
   // Linear weights packed for the GEMM (CompileOptions::prepack_weights): how many, their
-  // device bytes, launches that reused one, and launches that read plain weights instead.
+  // device bytes (made, and still held), launches that reused one, and launches that read plain
+  // weights instead.
   const cpu::PrepackStats p = cpu::prepack_stats();
   const nlohmann::json prepacked_weights = {
-      {"packed", p.packed}, {"bytes", p.bytes}, {"reused", p.reused}, {"skipped", p.skipped}};
+      {"packed", p.packed}, {"bytes", p.bytes}, {"live_bytes", p.live_bytes}, {"reused", p.reused},
+      {"skipped", p.skipped}};
   return {{"calls", s.calls},
           {"traces", s.traces},
           {"compiles", s.compiles},

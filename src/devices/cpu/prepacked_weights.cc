@@ -9,11 +9,13 @@
 namespace kiln::cpu {
 namespace {
 
-std::atomic<uint64_t> g_packed{0}, g_reused{0}, g_skipped{0}, g_bytes{0};
+std::atomic<uint64_t> g_packed{0}, g_reused{0}, g_skipped{0}, g_bytes{0}, g_live_bytes{0};
 
 }  // namespace
 
-PrepackStats prepack_stats() { return {g_packed.load(), g_reused.load(), g_skipped.load(), g_bytes.load()}; }
+PrepackStats prepack_stats() {
+  return {g_packed.load(), g_reused.load(), g_skipped.load(), g_bytes.load(), g_live_bytes.load()};
+}
 
 std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& w, uint64_t after_write) {
   if (w.dtype() != DType::f32 || w.rank() != 2 || !w.is_contiguous() || w.numel() == 0) return nullptr;
@@ -38,7 +40,12 @@ std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& 
   const size_t bytes = packed_linear_weight_bytes(N, K);
   BufferPtr storage = rt.allocate(bytes);
   void* data = storage->data();
-  auto packed = pack_linear_weight(static_cast<const float*>(w.data_ptr()), N, K, data, std::move(storage));
+  g_live_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  std::shared_ptr<void> owner(data, [storage = std::move(storage), bytes](void*) mutable {
+    g_live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+    storage.reset();
+  });
+  auto packed = pack_linear_weight(static_cast<const float*>(w.data_ptr()), N, K, data, std::move(owner));
   buf.set_derived(key, after_write, packed);
   g_packed.fetch_add(1, std::memory_order_relaxed);
   g_bytes.fetch_add(bytes, std::memory_order_relaxed);

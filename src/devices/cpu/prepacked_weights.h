@@ -21,7 +21,8 @@ struct PrepackStats {
   uint64_t packed = 0;   // weights packed (each a reorder of the whole weight)
   uint64_t reused = 0;   // launches that found their weight packed already
   uint64_t skipped = 0;  // launches that did not get one (a device memory capacity, or offload)
-  uint64_t bytes = 0;    // bytes packed so far (not: still held)
+  uint64_t bytes = 0;       // bytes packed so far
+  uint64_t live_bytes = 0;  // bytes of the packs alive now (device memory they hold)
 };
 PrepackStats prepack_stats();
 
