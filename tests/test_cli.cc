@@ -133,7 +133,15 @@ TEST_F(Cli, CompiledModeWritesTheSameImageAndAWarmCacheCompilesNothing) {
     EXPECT_GT(cold["compiled"]["prepacked_weights"]["packed"].get<int64_t>(), 0) << how;
     EXPECT_GT(cold["compiled"]["prepacked_weights"]["reused"].get<int64_t>(), 0) << how;
     EXPECT_GT(cold["compiled"]["prepacked_weights"]["bytes"].get<int64_t>(), 0) << how;
+    EXPECT_EQ(cold["engine"]["prepack"], "on") << how;
   }
+  // --prepack off: the same image, nothing packed.
+  const auto unpacked = compiled("full_unpacked", "--prepack off", eager);
+  EXPECT_EQ(unpacked["engine"]["prepack"], "off");
+  EXPECT_EQ(unpacked["compiled"]["prepacked_weights"]["packed"].get<int64_t>(), 0);
+  const CliRun bad = kiln_cli("generate --prepack off");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--prepack off needs --mode compile"), std::string::npos) << bad.output;
   const CliRun w = kiln_cli_env("KILN_CACHE_DIR=" + cache.string(), "warmup --sizes 96x160 --compile blocks");
   ASSERT_EQ(w.exit_code, 0) << w.output;
   EXPECT_NE(w.output.find("warmup 96x160 (blocks): 2 compiled"), std::string::npos) << w.output;

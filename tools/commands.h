@@ -18,6 +18,6 @@ int warmup(const std::vector<std::string>& args);
 int64_t parse_int(const std::string& flag, const std::string& value);  // "[cli] flag X expects an integer"
 size_t parse_bytes(const std::string& flag, const std::string& value);  // "6GiB", "512MiB", "2GB", bytes
 void check_compile_flag(const std::string& value);                      // "full" or "blocks"
-void compile_transformer(FluxPipeline& pipe, const std::string& how);   // --compile full|blocks
+void compile_transformer(FluxPipeline& pipe, const std::string& how, bool prepack_weights = true);   // --compile full|blocks
 
 }  // namespace kiln::cli

@@ -45,6 +45,8 @@ struct Options {
   bool mode_given = false;
   std::string compile = "full";  // --mode compile: full (transformer.compile) or blocks (compile_repeated_blocks)
   bool compile_given = false;
+  std::string prepack = "on";  // --mode compile: linears read the module's weights pre-packed
+  bool prepack_given = false;
   std::string offload;       // "", "none" (pipe.to(device)) or "model" (enable_model_cpu_offload)
   int64_t tp = 0;            // --tp N: tensor parallel over N processes (mpirun -np N)
   size_t device_memory = 0;  // --device-memory: the device allocator's capacity (0 = unlimited)
@@ -87,6 +89,7 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--device") o.device = value();
     else if (flag == "--mode") o.mode = value(), o.mode_given = true;
     else if (flag == "--compile") o.compile = value(), o.compile_given = true;
+    else if (flag == "--prepack") o.prepack = value(), o.prepack_given = true;
     else if (flag == "--offload") o.offload = value();
     else if (flag == "--tp") {
       o.tp = parse_int(flag, value());
@@ -118,6 +121,10 @@ Options parse(const std::vector<std::string>& args) {
              " to shard the transformer over them");
   KILN_CHECK(o.tp <= 1 || o.offload != "model", "cli", "--offload model with --tp is not supported");
   KILN_CHECK(!o.compile_given || o.mode == "compile", "cli", "--compile ", o.compile, " needs --mode compile");
+  KILN_CHECK(o.prepack == "on" || o.prepack == "off", "cli", "--prepack ", o.prepack,
+             ": expected on (compiled linears read their weights pre-packed, one more copy of them in device "
+             "memory) or off");
+  KILN_CHECK(!o.prepack_given || o.mode == "compile", "cli", "--prepack ", o.prepack, " needs --mode compile");
   KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");
   if (o.model.empty()) {
     o.model = KILN_BUNDLED_MODEL;
@@ -168,9 +175,10 @@ void check_compile_flag(const std::string& v) {
              "one executable per block class and size)");
 }
 
-void compile_transformer(FluxPipeline& pipe, const std::string& how) {
+void compile_transformer(FluxPipeline& pipe, const std::string& how, bool prepack_weights) {
   CompileOptions options;
   options.fullgraph = true;  // FLUX's forward has no graph break; any would be a bug worth an error
+  options.prepack_weights = prepack_weights;
   if (how == "blocks") pipe.transformer().compile_repeated_blocks(options);
   else pipe.transformer().compile(options);
 }
@@ -231,7 +239,7 @@ int generate(const std::vector<std::string>& args) {
   FluxPipeline pipe = FluxPipeline::from_pretrained(o.model, pipe_options);
   if (o.offload == "none") pipe.to(Device::cpu());
   if (o.offload == "model") pipe.enable_model_cpu_offload(Device::cpu());
-  if (o.mode == "compile") compile_transformer(pipe, o.compile);
+  if (o.mode == "compile") compile_transformer(pipe, o.compile, o.prepack == "on");
   double step_total = 0;
   o.call.on_step = [&](int64_t i, int64_t n, double s) {
     if (writer) progress(i, n, s, step_total);
@@ -287,7 +295,8 @@ int generate(const std::vector<std::string>& args) {
                           {"device", "cpu:0"},
                           {"mode", o.mode == "compile" ? std::string("compile") : eager_mode_name(eager_mode())},
                           {"eager_mode", eager_mode_name(eager_mode())},
-                          {"compile", o.mode == "compile" ? o.compile : "none"}};
+                          {"compile", o.mode == "compile" ? o.compile : "none"},
+                          {"prepack", o.mode == "compile" ? o.prepack : "none"}};
     nlohmann::json events = nlohmann::json::array();
     for (const OffloadEvent& e : pipe.offload_events())
       events.push_back({{"component", e.component},

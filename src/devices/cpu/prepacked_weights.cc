@@ -40,9 +40,10 @@ std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& 
   const size_t bytes = packed_linear_weight_bytes(N, K);
   BufferPtr storage = rt.allocate(bytes);
   void* data = storage->data();
-  g_live_bytes.fetch_add(bytes, std::memory_order_relaxed);
-  std::shared_ptr<void> owner(data, [storage = std::move(storage), bytes](void*) mutable {
-    g_live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  const size_t held = rt.allocation_size(bytes);  // what the allocator counts for it
+  g_live_bytes.fetch_add(held, std::memory_order_relaxed);
+  std::shared_ptr<void> owner(data, [storage = std::move(storage), held](void*) mutable {
+    g_live_bytes.fetch_sub(held, std::memory_order_relaxed);
     storage.reset();
   });
   auto packed = pack_linear_weight(static_cast<const float*>(w.data_ptr()), N, K, data, std::move(owner));

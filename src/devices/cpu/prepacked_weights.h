@@ -22,7 +22,7 @@ struct PrepackStats {
   uint64_t reused = 0;   // launches that found their weight packed already
   uint64_t skipped = 0;  // launches that did not get one (a device memory capacity, or offload)
   uint64_t bytes = 0;       // bytes packed so far
-  uint64_t live_bytes = 0;  // bytes of the packs alive now (device memory they hold)
+  uint64_t live_bytes = 0;  // device memory the packs alive now hold (allocator blocks)
 };
 PrepackStats prepack_stats();
 
