@@ -242,7 +242,7 @@ void BM_Step(benchmark::State& state) {
   step();
   state.counters["first_step_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Compiled modes pack the linear weights on their first step (the models share weight buffers,
-  // so blocks finds them packed when full ran first in this process). peak_MiB includes them.
+  // so blocks finds them packed when full ran first in this process). peak_MiB leaves them out.
   state.counters["prepacked_MiB"] = double(kiln::cpu::prepack_stats().bytes - packed_before) / (1 << 20);
   const kiln::CompileStats cs = kiln::compile_stats();
   state.counters["compile_ms"] = (kiln::deferred_stats().compile_seconds + cs.compile_seconds) * 1e3;

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "devices/cpu/kernels/linear_gemm.h"
 #include "io/png.h"
 #include "test_util.h"
 
@@ -129,10 +130,13 @@ TEST_F(Cli, CompiledModeWritesTheSameImageAndAWarmCacheCompilesNothing) {
     EXPECT_EQ(warm["compiled"]["compiles"].get<int64_t>(), 0) << how;
     EXPECT_EQ(warm["compiled"]["disk_hits"].get<int64_t>(), expected) << how;
     EXPECT_EQ(warm["compiled"]["executables"][0]["source"], "disk") << how;
-    // The transformer's multi-row linears read their weights pre-packed, each packed once.
-    EXPECT_GT(cold["compiled"]["prepacked_weights"]["packed"].get<int64_t>(), 0) << how;
-    EXPECT_GT(cold["compiled"]["prepacked_weights"]["reused"].get<int64_t>(), 0) << how;
-    EXPECT_GT(cold["compiled"]["prepacked_weights"]["bytes"].get<int64_t>(), 0) << how;
+    // The transformer's multi-row linears read their weights pre-packed, each packed once (where
+    // oneDNN reads packs with the plain weights' kernel).
+    if (cpu::linear_packing_keeps_bits(64, 64)) {
+      EXPECT_GT(cold["compiled"]["prepacked_weights"]["packed"].get<int64_t>(), 0) << how;
+      EXPECT_GT(cold["compiled"]["prepacked_weights"]["reused"].get<int64_t>(), 0) << how;
+      EXPECT_GT(cold["compiled"]["prepacked_weights"]["bytes"].get<int64_t>(), 0) << how;
+    }
     EXPECT_EQ(cold["engine"]["prepack"], "on") << how;
   }
   // --prepack off: the same image, nothing packed.

@@ -558,6 +558,8 @@ TEST_F(CompiledMode, IntermediatesLiveInOnePlannedArena) {
 TEST_F(CompiledMode, LinearsReadTheModuleWeightsPrepackedOnce) {
   const FluxTransformer2DModel model =
       FluxTransformer2DModel::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "transformer");
+  const int64_t D = model.config().inner_dim();
+  if (!cpu::linear_packing_keeps_bits(D, D)) GTEST_SKIP() << "oneDNN reads packed weights with another kernel here";
   const auto [x, c, temb, rope] = double_block_inputs(model);
   // A double block's multi-row linears: per stream (image, text) q, k, v, the output projection
   // and the MLP's two; its two modulation linears read one row (temb) and run as a GEMV.
@@ -632,6 +634,7 @@ TEST_F(CompiledMode, LinearsReadTheModuleWeightsPrepackedOnce) {
 // primitive reading plain weights, kernels/linear_gemm.h), so compiled mode packs nothing for
 // them; below that their weights are packed. Either way the bits are strict eager's.
 TEST_F(CompiledMode, OnlyLinearsOnTheGemmPrimitiveReadPackedWeights) {
+  if (!cpu::linear_packing_keeps_bits(48, 32)) GTEST_SKIP() << "oneDNN reads packed weights with another kernel here";
   const uint64_t live = cpu::prepack_stats().live_bytes;
   {
     const Tensor w = from_vector(test::random_values(48 * 32, 7), {48, 32});

@@ -59,8 +59,10 @@ class Buffer {
   // Values a device derives from this buffer's bytes and keeps beside them, e.g. a linear weight
   // pre-packed into the GEMM library's layout (compiled mode). A value holds for the bytes as the
   // write with sequence number `after_write` left them: readers pass ready_seq() as it was when
-  // they were enqueued, so a later write makes them derive again. relocate() drops them all, and
-  // they die with the buffer. Thread-safe.
+  // they were enqueued, so a later queued write (which sets ready_seq) makes them derive again.
+  // Whoever writes a buffer's bytes from the host must do it before any reader derives from them
+  // (as every host copy in kiln does: into a fresh buffer). relocate() drops them all, and they
+  // die with the buffer. Thread-safe.
   std::shared_ptr<const void> derived(const std::string& key, uint64_t after_write) const {
     std::lock_guard<std::mutex> lock(derived_mu_);
     for (const Derived& d : derived_)
@@ -80,7 +82,7 @@ class Buffer {
  private:
   void* data_;
   std::shared_ptr<void> relocated_owner_;  // the device copy while relocated
-  bool for_one_call_ = false;
+  bool for_one_call_ = false;  // read on the queue: written only by relocate(), with no work queued
   size_t bytes_;
   Device device_;
   std::function<void()> release_;

@@ -29,6 +29,9 @@ struct MemoryStats {
   size_t pooled_bytes = 0;
   size_t capacity_bytes = 0;  // 0 = unlimited
   uint64_t allocations = 0;   // buffers handed out since the process started (monotonic)
+  // Part of in_use_bytes held by copies derived from weights (pre-packed GEMM weights): memory a
+  // call's plan must count as taken, like the weights themselves.
+  size_t derived_bytes = 0;
 };
 
 class DeviceRuntime {

@@ -276,6 +276,9 @@ MemoryEstimate FluxPipeline::estimate_memory(const FluxCallArgs& args) const {
     case Placement::model_offload: e.placement = "model offload"; e.required = max_component; break;
   }
   e.required += e.carried_bytes;
+  // Pre-packed weights made before a capacity was set stay on the device (compiled mode makes
+  // no new ones under a capacity): what they hold is not available to this call.
+  e.required += runtime(c_->device).memory().derived_bytes;
   return e;
 }
 

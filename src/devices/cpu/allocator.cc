@@ -30,15 +30,18 @@ size_t Allocator::round_size(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+namespace {
 // Blocks of 4 MiB and up start on a 2 MiB boundary and ask for transparent huge pages: touching
 // fresh memory then faults once per 2 MiB instead of once per 4 KiB page.
 void* system_allocate(size_t block) {
   constexpr size_t kHuge = size_t(2) << 20;
   if (block < 2 * kHuge) return std::aligned_alloc(kAlign, block);
-  void* p = std::aligned_alloc(kHuge, block);
-  if (p != nullptr) madvise(p, block, MADV_HUGEPAGE);
+  void* p = nullptr;
+  if (posix_memalign(&p, kHuge, block) != 0) return nullptr;  // any size, unlike aligned_alloc
+  madvise(p, block, MADV_HUGEPAGE);
   return p;
 }
+}  // namespace
 
 BufferPtr Allocator::allocate(size_t bytes) {
   const size_t block = round_size(bytes);

@@ -8,6 +8,7 @@
 #include "devices/cpu/kernels/conv2d.h"
 #include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/linear_gemm.h"
+#include "devices/cpu/prepacked_weights.h"
 #include "devices/cpu/kernels/kernel_table.h"
 #include "devices/cpu/queue.h"
 #include "devices/runtime.h"
@@ -36,7 +37,8 @@ class CpuRuntime final : public DeviceRuntime {
   BufferPtr allocate(size_t bytes) override { return allocator_.allocate(bytes); }
   MemoryStats memory() const override {
     const AllocatorStats s = allocator_.stats();
-    return MemoryStats{s.in_use_bytes, s.peak_bytes, s.pooled_bytes, s.capacity_bytes, s.allocations};
+    return MemoryStats{s.in_use_bytes, s.peak_bytes,  s.pooled_bytes,
+                       s.capacity_bytes, s.allocations, size_t(prepack_stats().live_bytes)};
   }
   void set_memory_capacity(size_t bytes) override { allocator_.set_capacity(bytes); }
   void reset_peak_memory() override { allocator_.reset_peak(); }

@@ -1,6 +1,7 @@
 #include "devices/cpu/prepacked_weights.h"
 
 #include <atomic>
+#include <exception>
 #include <string>
 
 #include "core/error.h"
@@ -37,16 +38,27 @@ std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& 
     g_skipped.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
-  const size_t bytes = packed_linear_weight_bytes(N, K);
-  BufferPtr storage = rt.allocate(bytes);
-  void* data = storage->data();
-  const size_t held = rt.allocation_size(bytes);  // what the allocator counts for it
-  g_live_bytes.fetch_add(held, std::memory_order_relaxed);
-  std::shared_ptr<void> owner(data, [storage = std::move(storage), held](void*) mutable {
-    g_live_bytes.fetch_sub(held, std::memory_order_relaxed);
-    storage.reset();
-  });
-  auto packed = pack_linear_weight(static_cast<const float*>(w.data_ptr()), N, K, data, std::move(owner));
+  std::shared_ptr<const PackedLinearWeight> packed;
+  size_t bytes = 0;
+  try {
+    if (!linear_packing_keeps_bits(N, K)) {  // this oneDNN would give the pack other bits
+      g_skipped.fetch_add(1, std::memory_order_relaxed);
+      return nullptr;
+    }
+    bytes = packed_linear_weight_bytes(N, K);
+    BufferPtr storage = rt.allocate(bytes);
+    void* data = storage->data();
+    const size_t held = rt.allocation_size(bytes);  // what the allocator counts for it
+    g_live_bytes.fetch_add(held, std::memory_order_relaxed);
+    std::shared_ptr<void> owner(data, [storage = std::move(storage), held](void*) mutable {
+      g_live_bytes.fetch_sub(held, std::memory_order_relaxed);
+      storage.reset();
+    });
+    packed = pack_linear_weight(static_cast<const float*>(w.data_ptr()), N, K, data, std::move(owner));
+  } catch (const std::exception&) {  // no memory or a library error: the linear reads w as it is
+    g_skipped.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
   buf.set_derived(key, after_write, packed);
   g_packed.fetch_add(1, std::memory_order_relaxed);
   g_bytes.fetch_add(bytes, std::memory_order_relaxed);

@@ -20,7 +20,7 @@ namespace kiln::cpu {
 struct PrepackStats {
   uint64_t packed = 0;   // weights packed (each a reorder of the whole weight)
   uint64_t reused = 0;   // launches that found their weight packed already
-  uint64_t skipped = 0;  // launches that did not get one (a device memory capacity, or offload)
+  uint64_t skipped = 0;  // launches that did not get one (a capacity, offload, a failed packing)
   uint64_t bytes = 0;       // bytes packed so far
   uint64_t live_bytes = 0;  // device memory the packs alive now hold (allocator blocks)
 };
@@ -29,9 +29,10 @@ PrepackStats prepack_stats();
 // The packed form of linear weight `w` ([N,K], f32, dense) as the write numbered `after_write`
 // left it (its buffer's ready_seq() when the reading launch was enqueued), made now when there is
 // none; nullptr when `w` is not a dense f32 matrix, when the device has a memory capacity
-// (--device-memory: its fail-fast memory plan counts no packed copies) or when `w` was brought in
-// by model offload, and the linear then reads `w` as it is. Call it on the device queue, where
-// `w`'s bytes are ready.
+// (--device-memory: its fail-fast memory plan counts no new packed copies), when `w` was brought
+// in by model offload, when packing would change the bits (linear_packing_keeps_bits) or when it
+// fails (no memory); the linear then reads `w` as it is. Call it on the device queue, where `w`'s
+// bytes are ready.
 std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& w, uint64_t after_write);
 
 }  // namespace kiln::cpu

@@ -69,7 +69,7 @@ void linear_kernel(const KernelArgs& args) {
       for (int64_t j = 0; j < n; ++j) fo.get()[i * n + j] = bias.empty() ? 0.0f : bias[0].get()[j];
     return;
   }
-  if (gemm_backend() == GemmBackend::onednn && linear_runs_on_primitive(rows)) {
+  if (linear_runs_on_primitive(rows)) {
     linear_f32(fx.get(), fw.get(), static_cast<const PackedLinearWeight*>(args.prepared),
                bias.empty() ? nullptr : bias[0].get(), fo.get(), rows, n, k);
     return;

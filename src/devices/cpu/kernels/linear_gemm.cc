@@ -4,8 +4,10 @@
 #include <compare>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "core/error.h"
+#include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/onednn.h"
 
 namespace kiln::cpu {
@@ -65,6 +67,11 @@ std::shared_ptr<const LinearPlan> get_plan(const PlanKey& key) {
   return it->second;
 }
 
+bool same_kernel(const LinearPlan& plain, const LinearPlan& packed) {
+  const std::string a = plain.pd.impl_info_str(), b = packed.pd.impl_info_str();
+  return a == b && a.rfind("brg", 0) == 0;
+}
+
 template <class F>
 auto onednn_call(F&& f) {
   try {
@@ -80,6 +87,16 @@ namespace {
 // The packed layout of [N,K] (the primitive's pick for a reference row count; see the header).
 memory::desc packed_desc(int64_t N, int64_t K) { return get_plan({64, N, K, false, true})->pd.weights_desc(); }
 }  // namespace
+
+bool linear_runs_on_primitive(int64_t rows) {
+  return rows > 1 && rows < kPrimitiveMaxRows && gemm_backend() == GemmBackend::onednn;
+}
+
+bool linear_packing_keeps_bits(int64_t N, int64_t K) {
+  KILN_CHECK(N > 0 && K > 0, kOp, "linear_packing_keeps_bits: bad weight [", N, ",", K, "]");
+  return onednn_call(
+      [&] { return same_kernel(*get_plan({64, N, K, false, false}), *get_plan({64, N, K, false, true})); });
+}
 
 size_t packed_linear_weight_bytes(int64_t N, int64_t K) {
   KILN_CHECK(N > 0 && K > 0, kOp, "packed_linear_weight_bytes: bad weight [", N, ",", K, "]");
@@ -103,10 +120,15 @@ void linear_f32(const float* x, const float* w, const PackedLinearWeight* packed
                 int64_t M, int64_t N, int64_t K) {
   KILN_CHECK(M > 0 && N > 0 && K > 0 && x && w && y, kOp, "linear_f32: bad call M=", M, " N=", N, " K=", K);
   onednn_call([&] {
-    std::shared_ptr<const LinearPlan> plan;
-    if (packed) plan = get_plan({M, N, K, bias != nullptr, true});
-    const bool use_packed = plan && packed->mem.get_desc() == plan->pd.weights_desc();
-    if (!use_packed) plan = get_plan({M, N, K, bias != nullptr, false});
+    std::shared_ptr<const LinearPlan> plan = get_plan({M, N, K, bias != nullptr, false});
+    bool use_packed = false;
+    if (packed) {  // same layout, and the same kernel as the plain plan: the same bits
+      auto packed_plan = get_plan({M, N, K, bias != nullptr, true});
+      if (packed->mem.get_desc() == packed_plan->pd.weights_desc() && same_kernel(*plan, *packed_plan)) {
+        plan = std::move(packed_plan);
+        use_packed = true;
+      }
+    }
     const dnnl::engine& eng = onednn::engine();
     (use_packed ? g_prepacked : g_packed_in_call).fetch_add(1, std::memory_order_relaxed);
     // oneDNN takes non-const handles but only reads inputs.
