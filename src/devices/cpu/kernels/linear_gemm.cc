@@ -81,11 +81,9 @@ auto onednn_call(F&& f) {
   }
 }
 
-}  // namespace
-
-namespace {
 // The packed layout of [N,K] (the primitive's pick for a reference row count; see the header).
 memory::desc packed_desc(int64_t N, int64_t K) { return get_plan({64, N, K, false, true})->pd.weights_desc(); }
+
 }  // namespace
 
 bool linear_runs_on_primitive(int64_t rows) {
