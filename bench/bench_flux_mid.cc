@@ -151,12 +151,7 @@ double raw_matmul_seconds(const std::function<kiln::Tensor()>& forward) {
     // B stored [N,K] also runs as oneDNN's matmul primitive reading B pre-packed (what compiled
     // mode's linears do): the raw time is the faster of the two.
     std::shared_ptr<const kiln::cpu::PackedLinearWeight> packed;
-    std::shared_ptr<void> storage;
-    if (trans_b) {
-      const size_t bytes = kiln::cpu::packed_linear_weight_bytes(N, K);
-      storage = std::shared_ptr<void>(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
-      packed = kiln::cpu::pack_linear_weight(b.data(), N, K, storage.get(), storage);
-    }
+    if (trans_b) packed = kiln::cpu::pack_linear_weight(b.data(), N, K);
     double fastest = 1e30;
     for (int r = 0; r < 3; ++r) {
       auto t0 = std::chrono::steady_clock::now();

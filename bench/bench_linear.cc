@@ -14,12 +14,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <tuple>
 #include <vector>
 
+#include "core/buffer.h"
 #include "devices/cpu/kernels/linear_gemm.h"
 
 namespace {
@@ -47,13 +47,8 @@ const char* const kPath[] = {"dnnl_sgemm", "primitive, plain weight", "primitive
 void BM_Linear(benchmark::State& st) {
   Problem p(st.range(0), st.range(1), st.range(2));
   const int path = int(st.range(3));
-  std::shared_ptr<void> storage;
   std::shared_ptr<const kiln::cpu::PackedLinearWeight> packed;
-  if (path == 2) {
-    const size_t bytes = kiln::cpu::packed_linear_weight_bytes(p.N, p.K);
-    storage = std::shared_ptr<void>(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
-    packed = kiln::cpu::pack_linear_weight(p.w.data(), p.N, p.K, storage.get(), storage);
-  }
+  if (path == 2) packed = kiln::cpu::pack_linear_weight(p.w.data(), p.N, p.K);
   auto run = [&] {
     if (path == 0)
       dnnl_sgemm('N', 'T', p.M, p.N, p.K, 1.0f, p.a.data(), p.K, p.w.data(), p.K, 0.0f, p.c.data(), p.N);
@@ -75,9 +70,8 @@ void BM_Linear(benchmark::State& st) {
 // Packing one weight into the primitive's layout (once per weight in compiled mode), GB/s of weight.
 void BM_Pack(benchmark::State& st) {
   Problem p(1, st.range(0), st.range(1));
-  const size_t bytes = kiln::cpu::packed_linear_weight_bytes(p.N, p.K);
-  auto storage = std::shared_ptr<void>(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
-  for (auto _ : st) kiln::cpu::pack_linear_weight(p.w.data(), p.N, p.K, storage.get(), storage);
+  const kiln::BufferPtr storage = kiln::host_allocate(kiln::cpu::packed_linear_weight_bytes(p.N, p.K));
+  for (auto _ : st) kiln::cpu::pack_linear_weight(p.w.data(), p.N, p.K, storage->data(), storage);
   st.counters["GB/s"] =
       benchmark::Counter(double(p.w.size()) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
 }

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <limits>
@@ -101,10 +100,8 @@ TEST(LinearGemm, MatchesADoubleReferenceAndPrepackedWeightsGiveTheSameBits) {
       std::vector<float> plain(size_t(c.M * c.N)), prepacked(plain.size(), kInf);
       const LinearGemmCounts before = linear_gemm_counts();
       linear_f32(x.data(), w.data(), nullptr, bias, plain.data(), c.M, c.N, c.K);
-      const size_t bytes = packed_linear_weight_bytes(c.N, c.K);
-      ASSERT_GE(bytes, size_t(c.N * c.K) * sizeof(float));
-      auto storage = std::shared_ptr<void>(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
-      const auto packed = pack_linear_weight(w.data(), c.N, c.K, storage.get(), storage);
+      ASSERT_GE(packed_linear_weight_bytes(c.N, c.K), size_t(c.N * c.K) * sizeof(float));
+      const auto packed = pack_linear_weight(w.data(), c.N, c.K);
       linear_f32(x.data(), w.data(), packed.get(), bias, prepacked.data(), c.M, c.N, c.K);
       const LinearGemmCounts after = linear_gemm_counts();
       // Where oneDNN would read the pack with another kernel, linear_f32 reads the plain weight.

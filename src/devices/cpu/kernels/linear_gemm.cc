@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/buffer.h"
 #include "core/error.h"
 #include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/onednn.h"
@@ -112,6 +113,12 @@ std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const float* w, int
     stream.wait();
     return std::shared_ptr<const PackedLinearWeight>(std::move(packed));
   });
+}
+
+std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const float* w, int64_t N, int64_t K) {
+  BufferPtr storage = host_allocate(packed_linear_weight_bytes(N, K));
+  void* data = storage->data();
+  return pack_linear_weight(w, N, K, data, std::move(storage));
 }
 
 void linear_f32(const float* x, const float* w, const PackedLinearWeight* packed, const float* bias, float* y,

@@ -49,6 +49,8 @@ size_t packed_linear_weight_bytes(int64_t N, int64_t K);
 // aligned), which `owner` keeps alive for as long as the packed weight lives.
 std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const float* w, int64_t N, int64_t K, void* storage,
                                                              std::shared_ptr<void> owner);
+// As above, into host memory the packed weight owns (tests, benchmarks).
+std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const float* w, int64_t N, int64_t K);
 
 // y[M,N] = x[M,K] · w[N,K]ᵀ + bias. x, w dense row-major; bias [N] or nullptr; y dense [M,N],
 // not overlapping the inputs. `packed`, when given, must hold w's values (it is used when its
