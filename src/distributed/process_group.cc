@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "devices/runtime.h"
 
@@ -18,13 +19,7 @@ namespace {
 
 double collective_timeout_seconds() {
   static const double t = [] {
-    const char* v = std::getenv("KILN_COLLECTIVE_TIMEOUT");
-    if (v == nullptr || *v == 0) return 300.0;
-    char* end = nullptr;
-    const double x = std::strtod(v, &end);
-    KILN_CHECK(end != v && *end == 0 && x > 0, "distributed", "KILN_COLLECTIVE_TIMEOUT='", v,
-               "' is not a positive number of seconds");
-    return x;
+    return env::positive_number("KILN_COLLECTIVE_TIMEOUT").value_or(300.0);
   }();
   return t;
 }

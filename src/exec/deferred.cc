@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "devices/runtime.h"
+#include "core/env.h"
 #include "exec/graph_executor.h"
 #include "exec/host.h"
 #include "graph/op.h"
@@ -21,14 +22,7 @@ namespace kiln {
 
 namespace {
 
-size_t env_size(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == 0) return fallback;
-  char* end = nullptr;
-  const unsigned long long x = std::strtoull(v, &end, 10);
-  KILN_CHECK(end != v && *end == 0 && x > 0, "defer", name, "='", v, "' is not a positive integer");
-  return size_t(x);
-}
+size_t env_size(const char* name, size_t fallback) { return size_t(env::positive_int(name).value_or(fallback)); }
 
 std::mutex g_mu;  // limits, stats and the cache
 
@@ -95,8 +89,7 @@ GraphCache& cache_locked() {
 // KILN_DEFER_LOG: 1 = one line per flush, 2 = also each launch of every newly compiled graph.
 int log_level() {
   static const int level = [] {
-    const char* v = std::getenv("KILN_DEFER_LOG");
-    return v && *v ? std::atoi(v) : 0;
+    return std::atoi(env::choice("KILN_DEFER_LOG").value_or("0").c_str());
   }();
   return level;
 }

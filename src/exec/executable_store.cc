@@ -13,6 +13,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "graph/passes.h"
 
@@ -340,9 +341,9 @@ std::filesystem::path executable_cache_dir() {
     if (dir_override()) return *dir_override();
   }
   static const std::filesystem::path dir = []() -> std::filesystem::path {
-    if (const char* v = std::getenv("KILN_CACHE_DIR"); v && *v) {
-      if (std::string(v) == "none") return {};
-      return v;
+    if (const auto v = env::text("KILN_CACHE_DIR")) {
+      if (*v == "none") return {};
+      return *v;
     }
     if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "kiln";
     if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache" / "kiln";

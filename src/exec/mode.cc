@@ -4,18 +4,15 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.h"
+
 namespace kiln {
 
 namespace {
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0;
-}
-
 EagerMode mode_from_env() {
-  if (env_flag("KILN_LAUNCH_BLOCKING")) return EagerMode::DeferNeverAndLaunchBlocking;
-  return env_flag("KILN_DEFER_AND_FUSE") ? EagerMode::DeferAndFuse : EagerMode::DeferNever;
+  if (env::flag("KILN_LAUNCH_BLOCKING")) return EagerMode::DeferNeverAndLaunchBlocking;
+  return env::flag("KILN_DEFER_AND_FUSE") ? EagerMode::DeferAndFuse : EagerMode::DeferNever;
 }
 
 std::atomic<EagerMode>& default_mode() {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string_view>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace kiln::cpu {
@@ -16,12 +17,7 @@ namespace {
 constexpr const char* kWhere = "matmul";
 
 GemmBackend backend_from_env() {
-  const char* env = std::getenv("KILN_GEMM");
-  if (env == nullptr || *env == '\0') return GemmBackend::onednn;
-  const std::string_view name(env);
-  if (name == "openblas") return GemmBackend::openblas;
-  if (name == "onednn") return GemmBackend::onednn;
-  fail(kWhere, "KILN_GEMM must be 'openblas' or 'onednn', got '", name, "'");
+  return env::choice("KILN_GEMM").value_or("onednn") == "openblas" ? GemmBackend::openblas : GemmBackend::onednn;
 }
 
 // Checks one stored operand: `rows` x `cols` with row stride `ld`.
