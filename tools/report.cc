@@ -2,8 +2,9 @@
 
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 
 #include "core/error.h"
 #include "devices/cpu/prepacked_weights.h"
@@ -13,6 +14,7 @@
 #include "exec/executable_store.h"
 #include "exec/deferred.h"
 #include "exec/mode.h"
+#include "io/output_file.h"
 #include "io/safetensors.h"
 
 namespace kiln::cli {
@@ -67,14 +69,12 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
       {"memory", {{"device_peak_bytes", mem.peak_bytes}, {"host_peak_rss_bytes", int64_t(usage.ru_maxrss) * 1024}}},
       {"io", {{"bytes_read", io::bytes_read()}}}};
   for (auto& [k, v] : extra.items()) report[k] = v;
-  const std::filesystem::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    KILN_CHECK(out.good(), "report", "cannot write ", file.string());
-    out << report.dump(2) << '\n';
-    KILN_CHECK(out.good(), "report", "failed writing ", file.string());
-  }
-  std::filesystem::rename(tmp, file);
+  // Through a temporary next to the final target, renamed onto it (io/output_file.h).
+  const std::string text = report.dump(2) + '\n';
+  io::write_output_atomically("report", file, [&](FILE* f) {
+    if (std::fwrite(text.data(), 1, text.size(), f) != text.size())
+      fail("report", "cannot write ", file.string(), ": ", std::strerror(errno));
+  });
 }
 
 nlohmann::json compile_report() {

@@ -1,15 +1,13 @@
 #include "io/png.h"
 
-#include <fcntl.h>
 #include <png.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
+#include "io/output_file.h"
 
 namespace kiln::io {
 
@@ -149,33 +147,13 @@ void write_png(const std::filesystem::path& path, const uint8_t* rgb, int64_t he
     }
   }
 
-  // A unique name next to the target, so the rename is atomic (same file system).
-  static std::atomic<uint64_t> counter{0};
-  std::string tmp_name(".");
-  tmp_name.append(path.filename().string()).append(".tmp.").append(std::to_string(::getpid()));
-  tmp_name.append(".").append(std::to_string(counter.fetch_add(1)));
-  const std::filesystem::path tmp = path.parent_path() / tmp_name;
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) fail_write(std::strerror(errno));
-  FILE* f = ::fdopen(fd, "wb");
-  if (!f) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    fail_write(std::strerror(err));
-  }
-
-  ErrorSink sink;
-  std::string reason;
-  if (!encode(f, rgb, png_uint_32(height), png_uint_32(width), texts.data(), int(texts.size()), &sink))
-    reason = sink.message;
-  if (reason.empty() && (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0)) reason = std::strerror(errno);
-  if (std::fclose(f) != 0 && reason.empty()) reason = std::strerror(errno);
-  if (reason.empty() && std::rename(tmp.c_str(), path.c_str()) != 0) reason = std::strerror(errno);
-  if (!reason.empty()) {
-    ::unlink(tmp.c_str());
-    fail_write(reason);
-  }
+  // Through a temporary next to the final target, fsynced and renamed onto it (io/output_file.h):
+  // `path` never holds a partial file, and a symlink is written through, not replaced.
+  write_output_atomically("png", path, [&](FILE* f) {
+    ErrorSink sink;
+    if (!encode(f, rgb, png_uint_32(height), png_uint_32(width), texts.data(), int(texts.size()), &sink))
+      fail_write(sink.message);
+  });
 }
 
 PngImage read_png(const std::filesystem::path& path) {

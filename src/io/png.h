@@ -13,9 +13,11 @@ using PngText = std::vector<std::pair<std::string, std::string>>;
 // Writes `rgb` (height * width * 3 bytes, row-major HWC) as an 8-bit RGB PNG with one text
 // chunk per (keyword, text) pair: tEXt when the text is ASCII, uncompressed iTXt (UTF-8)
 // otherwise. Keywords must be 1-79 printable Latin-1 characters without leading, trailing or
-// double spaces (the PNG rule). The image is written to a temporary file in the same folder
-// and renamed over `path`, so `path` never holds a partial file. Errors are kiln::Error
-// "[png] cannot write <path>: <reason>" and leave neither `path` nor the temporary behind.
+// double spaces (the PNG rule). `path` must name a regular file or nothing yet (the rule of
+// io/output_file.h: never a folder, device, FIFO or socket; symlinks are followed and written
+// through). The image is written to a temporary file next to the final target, fsynced and
+// renamed onto it, so the target never holds a partial file. Errors are kiln::Error
+// "[png] cannot write <path>: <reason>" and leave the target untouched and no temporary behind.
 void write_png(const std::filesystem::path& path, const uint8_t* rgb, int64_t height, int64_t width,
                const PngText& text_metadata = {});
 
