@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "devices/runtime.h"
 #include "io/json_config.h"
+#include "io/relative_name.h"
 
 namespace kiln::io {
 namespace fs = std::filesystem;
@@ -341,6 +342,25 @@ void check_no_overlaps(const fs::path& file, const std::map<std::string, TensorI
   }
 }
 
+// The format requires the byte buffer to be entirely indexed: tensors (sorted by offset) tile the
+// data section from its first byte to the end of the file, with no hole and nothing after.
+void check_fully_indexed(const fs::path& file, const std::map<std::string, TensorInfo>& tensors, uint64_t data_begin,
+                         uint64_t file_size) {
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, info] : tensors)
+    if (info.nbytes() > 0) ranges.emplace_back(info.byte_begin - data_begin, info.byte_end - data_begin);
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t at = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin != at)
+      file_fail(file, "bytes [", at, ",", begin, ") of the data section belong to no tensor (the format forbids holes)");
+    at = end;
+  }
+  if (at != file_size - data_begin)
+    file_fail(file, file_size - data_begin - at, " bytes after the last tensor (data section bytes [", at, ",",
+              file_size - data_begin, ")) belong to no tensor (the format forbids trailing bytes)");
+}
+
 }  // namespace
 
 void SafetensorsFile::parse_header() {
@@ -368,6 +388,7 @@ void SafetensorsFile::parse_header() {
       tensors_.emplace(key, parse_entry(path_, key, value, data_begin, file_size - data_begin));
   }
   check_no_overlaps(path_, tensors_, data_begin);
+  check_fully_indexed(path_, tensors_, data_begin, file_size);
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
@@ -492,19 +513,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Path components without the empty one a trailing separator produces.
-std::vector<fs::path> components(const fs::path& p) {
-  std::vector<fs::path> out;
-  for (const fs::path& part : p)
-    if (!part.empty()) out.push_back(part);
-  return out;
-}
-
-bool is_inside(const fs::path& root, const fs::path& p) {
-  const auto r = components(root), c = components(p);
-  return c.size() > r.size() && std::equal(r.begin(), r.end(), c.begin());
-}
-
 std::string read_text_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) file_fail(path, "cannot open: ", errno_text());
@@ -580,28 +588,16 @@ void SafetensorsIndex::open_index(const fs::path& index_path) {
       metadata_.emplace(key, value.is_string() ? value.get<std::string>() : value.dump());
   }
 
-  fs::path folder = index_path.parent_path();
-  if (folder.empty()) folder = ".";
-  std::error_code ec;
-  const fs::path root = fs::weakly_canonical(folder, ec);
-  if (ec) file_fail(path_, "cannot resolve the index folder: ", ec.message());
+  // The rule is about the names the index gives (io/relative_name.h); shards are opened as
+  // folder / name, so symlinks (a Hugging Face hub cache's links into blobs/) are the OS's.
+  const fs::path folder = index_path.parent_path();
+  const std::string inside =
+      "a shard file inside " + (folder.empty() ? fs::path(".") : folder).string();
   for (const auto& [tensor, shard] : weight_map_) {
     if (shard_paths_.count(shard)) continue;
-    const fs::path rel(shard);
-    if (shard.empty()) file_fail(path_, "tensor '", tensor, "' maps to an empty shard name");
-    if (rel.has_root_path())
-      file_fail(path_, "shard '", shard, "' is an absolute path; shards must be files inside ",
-                root.string());
-    for (const fs::path& part : rel)
-      if (part == "..")
-        file_fail(path_, "shard '", shard, "' contains '..'; shards must be files inside ",
-                  root.string());
-    const fs::path resolved = fs::weakly_canonical(root / rel, ec);
-    if (ec) file_fail(path_, "shard '", shard, "' cannot be resolved: ", ec.message());
-    if (!is_inside(root, resolved))
-      file_fail(path_, "shard '", shard, "' resolves to ", resolved.string(),
-                ", outside the model folder ", root.string());
-    shard_paths_.emplace(shard, resolved);
+    check_relative_name(kWhere, path_, "weight_map entry for tensor '" + tensor + "': shard",
+                        shard, inside);
+    shard_paths_.emplace(shard, folder / shard);
   }
 }
 

@@ -89,7 +89,8 @@ class SafetensorsFile {
 //   - a "*.safetensors.index.json" ({"metadata": {...}, "weight_map": {tensor: shard file}});
 //   - a directory holding diffusion_pytorch_model.safetensors.index.json,
 //     model.safetensors.index.json, or exactly one "*.safetensors" file.
-// Shard names must stay inside the index's folder (no absolute paths, "..", or symlinks out).
+// Shard names follow io/relative_name.h (not empty, no "..", not absolute) and are opened as
+// index folder / name: symlinks are followed wherever they lead (a Hugging Face hub cache).
 // Shards are opened on first use, once; methods are safe to call from several threads.
 class SafetensorsIndex {
  public:
@@ -120,7 +121,7 @@ class SafetensorsIndex {
   std::filesystem::path path_;
   std::map<std::string, std::string> weight_map_;  // tensor -> shard name; empty for one file
   std::map<std::string, std::string> metadata_;
-  std::map<std::string, std::filesystem::path> shard_paths_;  // shard name -> resolved path
+  std::map<std::string, std::filesystem::path> shard_paths_;  // shard name -> folder / name
   mutable std::mutex mu_;
   mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> shards_;
   std::unique_ptr<SafetensorsFile> single_;
