@@ -23,9 +23,26 @@ FlowMatchEulerConfig FlowMatchEulerConfig::load(const std::filesystem::path& fil
     KILN_CHECK(!j.get_bool(flag, false), "scheduler", file.string(), ": '", flag,
                "' is not supported by kiln's FlowMatchEulerDiscreteScheduler");
   KILN_CHECK(!j.has("shift_terminal"), "scheduler", file.string(), ": 'shift_terminal' is not supported");
+  c.validate(file.string());
   KILN_CHECK(j.get_string("time_shift_type", "exponential") == "exponential", "scheduler", file.string(),
              ": only time_shift_type 'exponential' is supported");
   return c;
+}
+
+void FlowMatchEulerConfig::validate(const std::string& source) const {
+  // The ranges in which Diffusers' schedule is defined: timesteps are sigma * num_train_timesteps,
+  // the static shift divides by 1 + (shift - 1) sigma, the dynamic one interpolates between two
+  // distinct sequence lengths. Outside them every sigma is 0 or NaN and the image is black.
+  KILN_CHECK(num_train_timesteps >= 1, "scheduler", source, ": field 'num_train_timesteps' is ",
+             num_train_timesteps, ", expected at least 1 (FLUX uses 1000)");
+  KILN_CHECK(std::isfinite(shift) && shift > 0, "scheduler", source, ": field 'shift' is ", shift,
+             ", expected a positive number (FLUX.1-schnell uses 1.0, dev 3.0)");
+  if (!use_dynamic_shifting) return;
+  KILN_CHECK(std::isfinite(base_shift) && std::isfinite(max_shift), "scheduler", source,
+             ": fields 'base_shift' and 'max_shift' must be finite numbers, got ", base_shift, " and ", max_shift);
+  KILN_CHECK(base_image_seq_len >= 1 && max_image_seq_len > base_image_seq_len, "scheduler", source,
+             ": fields 'base_image_seq_len' (", base_image_seq_len, ") and 'max_image_seq_len' (", max_image_seq_len,
+             ") must satisfy 1 <= base < max");
 }
 
 double FlowMatchEulerDiscreteScheduler::calculate_shift(int64_t image_seq_len) const {

@@ -4,6 +4,7 @@
 // per-step dt is a host scalar handed to the device as a value.
 #pragma once
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -19,6 +20,8 @@ struct FlowMatchEulerConfig {
 
   // Reads scheduler_config.json; unsupported options (Karras, shift_terminal, ...) are errors.
   static FlowMatchEulerConfig load(const std::filesystem::path& file);
+  // Fails, naming `source` and the field, on values outside the range the schedule is defined for.
+  void validate(const std::string& source) const;
 };
 
 class FlowMatchEulerDiscreteScheduler {

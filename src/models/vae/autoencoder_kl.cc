@@ -1,5 +1,7 @@
 #include "models/vae/autoencoder_kl.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace kiln {
@@ -27,6 +29,11 @@ VaeConfig VaeConfig::from_json(const io::JsonConfig& json) {
   c.act_fn = json.get_string("act_fn", c.act_fn);
   c.scaling_factor = json.get_float("scaling_factor", c.scaling_factor);
   c.shift_factor = json.get_float("shift_factor", c.shift_factor);
+  // The pipeline divides latents by scaling_factor: 0 or a non-number would decode every image black.
+  KILN_CHECK(std::isfinite(c.scaling_factor) && c.scaling_factor != 0, kWhere, json.source(),
+             ": field 'scaling_factor' is ", c.scaling_factor, ", expected a finite non-zero number (e.g. 0.3611)");
+  KILN_CHECK(std::isfinite(c.shift_factor), kWhere, json.source(), ": field 'shift_factor' is ", c.shift_factor,
+             ", expected a finite number");
   c.use_quant_conv = json.get_bool("use_quant_conv", c.use_quant_conv);
   c.use_post_quant_conv = json.get_bool("use_post_quant_conv", c.use_post_quant_conv);
   c.mid_block_add_attention = json.get_bool("mid_block_add_attention", c.mid_block_add_attention);
