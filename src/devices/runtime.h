@@ -46,6 +46,10 @@ class DeviceRuntime {
   virtual void reset_peak_memory() = 0;
   // Returns the allocator's cached free blocks to the system.
   virtual void release_cached_memory() = 0;
+  // Bytes the device could still allocate from its physical memory now, beyond what it holds
+  // (for the CPU: the host's available memory, within the process's cgroup limit), or 0 when
+  // unknown. Without a capacity this is what a call's fail-fast memory check compares against.
+  virtual size_t physical_available_bytes() const { return 0; }
 
   // Queue: enqueue returns at once with a sequence number; wait_for blocks the host.
   virtual uint64_t enqueue(std::string what, std::function<void()> work) = 0;

@@ -1,6 +1,8 @@
 #include "nn/weight_source.h"
 
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include "core/error.h"
 #include "exec/host.h"
@@ -16,14 +18,45 @@ class SafetensorsSource final : public WeightSource {
   std::string describe() const override { return index_.path().string(); }
   bool contains(const std::string& key) const override { return index_.contains(key); }
   Shape shape(const std::string& key) const override { return index_.info(key).shape; }
-  Tensor load(const std::string& key, DType dtype) const override { return index_.load(key, dtype); }
+  Tensor load(const std::string& key, DType dtype) const override {
+    check_dtype(key, dtype);
+    Tensor t = index_.load(key, dtype);
+    read(key);
+    return t;
+  }
   Tensor load_slice(const std::string& key, int dim, int64_t start, int64_t length, DType dtype) const override {
-    return index_.load_slice(key, dim, start, length, dtype);
+    check_dtype(key, dtype);
+    Tensor t = index_.load_slice(key, dim, start, length, dtype);
+    read(key);
+    return t;
+  }
+  std::vector<std::string> names() const override { return index_.names(); }
+  std::vector<std::string> unread() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> out;
+    for (const std::string& k : index_.names())
+      if (!read_.count(k)) out.push_back(k);
+    return out;
   }
 
  private:
+  // A float weight stored as integers (or bools) would be converted into another model.
+  void check_dtype(const std::string& key, DType want) const {
+    const io::TensorInfo info = index_.info(key);
+    KILN_CHECK(!is_floating(want) || !info.dtype || is_floating(*info.dtype), "weights", index_.shard_path(key).string(),
+               ": tensor '", key, "' is stored as ", info.dtype_string,
+               ", expected a floating-point dtype (F32, BF16 or F16) for this weight");
+  }
+  void read(const std::string& key) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    read_.insert(key);
+  }
   io::SafetensorsIndex index_;
+  mutable std::mutex mu_;
+  mutable std::set<std::string> read_;
 };
+
+thread_local CheckpointAudit* t_audit = nullptr;
 
 }  // namespace
 
@@ -49,7 +82,33 @@ Tensor WeightSource::load_slice(const std::string& key, int dim, int64_t start, 
 }
 
 std::shared_ptr<const WeightSource> open_checkpoint(const std::filesystem::path& path) {
-  return std::make_shared<const SafetensorsSource>(path);
+  auto source = std::make_shared<const SafetensorsSource>(path);
+  if (t_audit) t_audit->opened(source);
+  return source;
+}
+
+CheckpointAudit::CheckpointAudit() : previous_(t_audit) { t_audit = this; }
+CheckpointAudit::~CheckpointAudit() { t_audit = previous_; }
+CheckpointAudit* CheckpointAudit::active() { return t_audit; }
+void CheckpointAudit::opened(std::shared_ptr<const WeightSource> source) { sources_.push_back(std::move(source)); }
+
+std::vector<std::string> CheckpointAudit::unused(const std::vector<std::string>& not_loaded) const {
+  std::vector<std::string> out;
+  for (const auto& source : sources_) {
+    std::vector<std::string> keys;
+    for (const std::string& k : source->unread()) {
+      bool skipped = false;
+      for (const std::string& prefix : not_loaded) skipped = skipped || k.starts_with(prefix);
+      if (!skipped) keys.push_back(k);
+    }
+    if (keys.empty()) continue;
+    std::string list;
+    for (size_t i = 0; i < keys.size() && i < 8; ++i) list += (i ? ", '" : "'") + keys[i] + "'";
+    if (keys.size() > 8) list += ", ...";
+    out.push_back(source->describe() + ": " + list + " (" + std::to_string(keys.size()) + " tensor" +
+                  (keys.size() == 1 ? "" : "s") + ")");
+  }
+  return out;
 }
 
 }  // namespace kiln::nn

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -21,6 +22,32 @@ class WeightSource {
   // one (tensor parallelism: a rank's shard). The default loads the whole tensor and copies the
   // slice; a checkpoint reads only the slice's bytes.
   virtual Tensor load_slice(const std::string& key, int dim, int64_t start, int64_t length, DType dtype) const;
+  // Every key the source holds, and those no load or load_slice has read yet (for the unused
+  // tensor check). A source that cannot tell returns nothing for both.
+  virtual std::vector<std::string> names() const { return {}; }
+  virtual std::vector<std::string> unread() const { return {}; }
+};
+
+// While alive, every checkpoint opened on this thread with open_checkpoint is remembered, so a
+// loader can name the tensors the model it built never read (Diffusers warns about those; a
+// strict load refuses them). `not_loaded` lists the key prefixes the model skips on purpose
+// (e.g. the VAE encoder of a decode-only pipeline).
+class CheckpointAudit {
+ public:
+  CheckpointAudit();
+  ~CheckpointAudit();
+  CheckpointAudit(const CheckpointAudit&) = delete;
+  CheckpointAudit& operator=(const CheckpointAudit&) = delete;
+  static CheckpointAudit* active();
+  void opened(std::shared_ptr<const WeightSource> source);
+
+  // "file: 'key', 'key', ... (N tensors)" for each opened checkpoint with unread keys outside
+  // `not_loaded`; empty when every tensor was read.
+  std::vector<std::string> unused(const std::vector<std::string>& not_loaded) const;
+
+ private:
+  std::vector<std::shared_ptr<const WeightSource>> sources_;
+  CheckpointAudit* previous_;
 };
 
 // A safetensors checkpoint: a file, a *.safetensors.index.json, or a folder holding one.

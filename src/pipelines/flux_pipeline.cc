@@ -11,11 +11,15 @@
 #include "exec/host.h"
 #include "exec/ops.h"
 #include "io/json_config.h"
+#include "nn/weight_source.h"
+#include "io/model_folder.h"
+#include "io/relative_name.h"
 #include "models/clip/clip_text_model.h"
 #include "models/flux/flux_transformer.h"
 #include "models/t5/t5_encoder.h"
 #include "models/vae/autoencoder_kl.h"
 #include "pipelines/image_processor.h"
+#include "pipelines/pipeline_checks.h"
 #include "pipelines/torch_generator.h"
 #include "schedulers/flow_match_euler.h"
 #include "exec/deferred.h"
@@ -32,10 +36,13 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The component folders model_index.json lists, checked before anything is loaded.
+// The component folders model_index.json lists, checked before anything is loaded; names
+// follow io/relative_name.h (from_pretrained checks every listed name first).
 fs::path component(const fs::path& dir, const io::JsonConfig& index, const std::string& name) {
   KILN_CHECK(index.has(name), "pipeline", (dir / "model_index.json").string(), ": component '", name,
              "' is not listed");
+  io::check_relative_name("pipeline", dir / "model_index.json", "component", name,
+                          "a component folder inside " + dir.string());
   const fs::path p = dir / name;
   KILN_CHECK(fs::is_directory(p), "pipeline", "component folder ", p.string(), " is missing (listed in ",
              (dir / "model_index.json").string(), ")");
@@ -53,11 +60,57 @@ std::string format_bytes(size_t bytes) {
   return buf;
 }
 
-// Builds a model while collecting the weights it loads into `weights`.
+// The classes model_index.json may name for each component FluxPipeline loads: another class
+// under a known folder name (AutoencoderTiny as vae, say) is refused, not loaded as this one.
+struct ComponentClass {
+  const char* component;
+  std::vector<const char*> classes;
+};
+const std::vector<ComponentClass>& component_classes() {
+  static const std::vector<ComponentClass> table = {
+      {"tokenizer", {"CLIPTokenizer", "CLIPTokenizerFast"}},
+      {"tokenizer_2", {"T5Tokenizer", "T5TokenizerFast"}},
+      {"text_encoder", {"CLIPTextModel"}},
+      {"text_encoder_2", {"T5EncoderModel"}},
+      {"transformer", {"FluxTransformer2DModel"}},
+      {"vae", {"AutoencoderKL"}},
+      {"scheduler", {"FlowMatchEulerDiscreteScheduler"}},
+  };
+  return table;
+}
+
+void check_component_classes(const io::JsonConfig& index, const fs::path& file) {
+  for (const ComponentClass& c : component_classes()) {
+    if (!index.has(c.component)) continue;  // component() names a missing entry
+    const nlohmann::json& entry = index.json()[c.component];
+    const std::string cls = entry.is_array() && entry.size() == 2 && entry[1].is_string() ? entry[1].get<std::string>()
+                                                                                             : entry.dump();
+    std::string expected;
+    bool known = false;
+    for (const char* k : c.classes) {
+      known = known || cls == k;
+      expected += (expected.empty() ? "" : " or ") + std::string(k);
+    }
+    KILN_CHECK(known, "pipeline", file.string(), ": component '", c.component, "' is ", cls,
+               ", which kiln's FluxPipeline does not implement (expected ", expected, ")");
+  }
+}
+
+// Builds a model while collecting the weights it loads into `weights`, then checks that it read
+// every tensor of its checkpoint but those it skips on purpose (`not_loaded`): like Diffusers, a
+// warning naming the others; an error with options.strict.
 template <typename F>
-auto collected(ComponentWeights& weights, F&& build) {
+auto collected(ComponentWeights& weights, const std::vector<std::string>& not_loaded,
+               const FluxPipelineOptions& options, F&& build) {
   WeightCollector collect(weights);
-  return build();
+  nn::CheckpointAudit audit;
+  auto model = build();
+  for (const std::string& unused : audit.unused(not_loaded)) {
+    const std::string msg = weights.name() + " does not use these checkpoint tensors: " + unused;
+    KILN_CHECK(!options.strict, "weights", msg, " (--strict refuses them)");
+    if (options.on_warning) options.on_warning(msg);
+  }
+  return model;
 }
 
 enum class Placement { host, device, model_offload };
@@ -119,10 +172,13 @@ FluxPipeline::FluxPipeline(FluxPipeline&&) noexcept = default;
 FluxPipeline& FluxPipeline::operator=(FluxPipeline&&) noexcept = default;
 FluxPipeline::~FluxPipeline() = default;
 
-FluxPipeline FluxPipeline::from_pretrained(const fs::path& dir, const FluxPipelineOptions& options) {
+FluxPipeline FluxPipeline::from_pretrained(const fs::path& model, const FluxPipelineOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  KILN_CHECK(fs::is_directory(dir), "pipeline", "model folder ", dir.string(), " does not exist");
+  KILN_CHECK(fs::is_directory(model), "pipeline", "model folder ", model.string(), " does not exist");
+  const fs::path dir = io::resolve_model_folder(model);  // a hub cache repo folder: its snapshot
   const io::JsonConfig index(dir / "model_index.json");
+  io::model_index_components(index, dir, "pipeline");  // every listed name, before any load
+  check_component_classes(index, dir / "model_index.json");
   const std::string cls = index.get_string("_class_name", "");
   KILN_CHECK(cls.empty() || cls == "FluxPipeline", "pipeline", (dir / "model_index.json").string(), ": _class_name is '",
              cls, "', expected FluxPipeline");
@@ -138,14 +194,17 @@ FluxPipeline FluxPipeline::from_pretrained(const fs::path& dir, const FluxPipeli
       0,
       tokenizers::ClipTokenizer::from_pretrained(paths[0]),
       tokenizers::T5Tokenizer::from_pretrained(paths[1]),
-      collected(weights[0], [&] { return ClipTextModel::from_pretrained(paths[2]); }),
-      collected(weights[1], [&] { return T5EncoderModel::from_pretrained(paths[3]); }),
-      collected(weights[2],
+      collected(weights[0], ClipTextModel::checkpoint_keys_not_loaded(), options,
+                [&] { return ClipTextModel::from_pretrained(paths[2]); }),
+      collected(weights[1], T5EncoderModel::checkpoint_keys_not_loaded(), options,
+                [&] { return T5EncoderModel::from_pretrained(paths[3]); }),
+      collected(weights[2], FluxTransformer2DModel::checkpoint_keys_not_loaded(), options,
                 [&] {
                   return options.tensor_parallel ? FluxTransformer2DModel::from_pretrained(paths[4], *options.tensor_parallel)
                                                  : FluxTransformer2DModel::from_pretrained(paths[4]);
                 }),
-      collected(weights[3], [&] { return AutoencoderKL::from_pretrained(paths[5]); }),
+      collected(weights[3], AutoencoderKL::checkpoint_keys_not_loaded(), options,
+                [&] { return AutoencoderKL::from_pretrained(paths[5]); }),
       FlowMatchEulerConfig::load(paths[6] / "scheduler_config.json"),
       std::move(weights),
       Placement::host,
@@ -236,7 +295,17 @@ MemoryEstimate FluxPipeline::estimate_memory(const FluxCallArgs& args) const {
   KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "height and width must be at least ", multiple);
   const int64_t h = 2 * (height / multiple), w = 2 * (width / multiple), l_img = (h / 2) * (w / 2);
   MemoryEstimate e;
-  e.capacity = runtime(c_->device).memory().capacity_bytes;
+  DeviceRuntime& rt = runtime(c_->device);
+  e.capacity = rt.memory().capacity_bytes;
+  // The traces upload their small inputs (token ids, position tables) as real tensors. They must
+  // not count against the capacity being checked, or a capacity too small even for them would
+  // fail in the allocator instead of with this estimate's numbers.
+  struct CapacityLifted {
+    DeviceRuntime& rt;
+    size_t capacity;
+    ~CapacityLifted() { rt.set_memory_capacity(capacity); }
+  } lifted{rt, e.capacity};
+  rt.set_memory_capacity(0);
   // Activations: each forward traced at the call's sizes (nothing runs) and its op-by-op peak.
   auto traced = [](const char* what, const std::function<Tensor()>& f) {
     return unfused_peak_bytes_on(detail::capture(what, [&] { return std::vector<Tensor>{f()}; }).recorded,
@@ -312,8 +381,11 @@ std::string memory_misfit(const FluxPipeline& pipe, const MemoryEstimate& e, con
   const std::string where = e.placement == "host"     ? "with the weights read in place from the host"
                             : e.placement == "device" ? "with every component's weights on the device"
                                                       : "with model offload";
+  const bool host_limit = e.physical_limit;
   std::string msg = std::to_string(*args.height) + "x" + std::to_string(*args.width) + " " + where + " needs " +
-                    format_bytes(e.required) + " of device memory but the capacity is " + format_bytes(e.capacity) +
+                    format_bytes(e.required) + (host_limit ? " of memory but " : " of device memory but ") +
+                    (host_limit ? "this machine has only " + format_bytes(e.capacity) + " available"
+                                : "the capacity is " + format_bytes(e.capacity)) +
                     " (" + parts + ", " + format_bytes(e.carried_bytes) + " carried between them)";
   std::vector<std::string> options;
   if (e.placement == "device" && largest <= e.capacity)
@@ -324,14 +396,16 @@ std::string memory_misfit(const FluxPipeline& pipe, const MemoryEstimate& e, con
     FluxCallArgs smaller = args;
     smaller.height = *args.height / div / multiple * multiple;
     smaller.width = *args.width / div / multiple * multiple;
-    const MemoryEstimate s = pipe.estimate_memory(smaller);
+    MemoryEstimate s = pipe.estimate_memory(smaller);
+    s.capacity = e.capacity;
     if (s.fits()) {
       options.push_back(std::to_string(*smaller.height) + "x" + std::to_string(*smaller.width) + " needs " +
                         format_bytes(s.required));
       break;
     }
   }
-  msg += options.empty() ? "; nothing smaller fits either: raise --device-memory" : "; would fit: ";
+  msg += options.empty() ? (host_limit ? "; nothing smaller fits either" : "; nothing smaller fits either: raise --device-memory")
+                         : "; would fit: ";
   for (size_t i = 0; i < options.size(); ++i) msg += (i ? ", or " : "") + options[i];
   return msg;
 }
@@ -351,6 +425,9 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   int64_t width = args.width.value_or(default_sample_size() * vsf);
   KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "height and width must be at least ", multiple,
              ", got ", height, "x", width);
+  constexpr int64_t kMaxSide = int64_t(1) << 20;  // keeps every size computation far from overflow
+  KILN_CHECK(height <= kMaxSide && width <= kMaxSide, "pipeline", "height and width must be at most ", kMaxSide,
+             ", got ", height, "x", width);
   if (height % multiple || width % multiple) {
     out.warnings.push_back("height and width must be divisible by " + std::to_string(multiple) + "; " +
                            std::to_string(height) + "x" + std::to_string(width) + " is rounded down to " +
@@ -363,20 +440,56 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   const int64_t h = 2 * (height / multiple), w = 2 * (width / multiple);
   const auto& tcfg = c_->transformer.config();
   const int64_t channels = tcfg.in_channels / 4;
+  // As Diffusers, a prompt longer than a text encoder reads is cut, with a warning.
+  const std::string& prompt_2 = args.prompt_2.value_or(args.prompt);
+  const auto cut = [&](const char* encoder, size_t tokens, int64_t limit, const std::string& why) {
+    if (int64_t(tokens) <= limit) return;
+    out.warnings.push_back("the " + std::string(encoder) + " prompt is " + std::to_string(tokens) +
+                           " tokens but only the first " + std::to_string(limit) + " are used (" + why +
+                           "); the rest is cut");
+    if (args.on_warning) args.on_warning(out.warnings.back());
+  };
+  cut("CLIP", c_->tokenizer.encode(args.prompt).size(), c_->tokenizer.model_max_length(),
+      "CLIP reads " + std::to_string(c_->tokenizer.model_max_length()) + " tokens");
+  cut("T5", c_->tokenizer_2.encode(prompt_2).size(), args.max_sequence_length,
+      "max_sequence_length is " + std::to_string(args.max_sequence_length));
 
   const Shape packed{1, (h / 2) * (w / 2), channels * 4}, unpacked{1, channels, h, w};
-  if (args.latents.defined())  // checked before any work
+  if (args.latents.defined()) {  // checked before any work
     KILN_CHECK(args.latents.shape() == packed || args.latents.shape() == unpacked, "pipeline",
                "initial latents have shape ", to_string(args.latents.shape()), ", expected packed ", to_string(packed),
                " or unpacked ", to_string(unpacked), " for ", height, "x", width);
+    pipeline_checks::finite_input("initial latents", args.latents);
+  }
+  if (tcfg.guidance_embeds)
+    pipeline_checks::finite_scalar("guidance_scale", args.guidance_scale, "a finite number (e.g. 3.5)");
 
-  // Fail fast (§4, design.md §4): with a device capacity set, check what this call needs under
-  // the current placement before any work, and say what would fit instead.
-  if (runtime(c_->device).memory().capacity_bytes != 0) {
+  // Fail fast (§4, design.md §4): check what this call needs under the current placement before
+  // any work, against the device's capacity or, without one, the memory the device can still get
+  // (the host's, on the CPU), and say what would fit instead.
+  const MemoryStats mem = runtime(c_->device).memory();
+  const size_t physical = runtime(c_->device).physical_available_bytes();
+  const size_t limit = mem.capacity_bytes ? mem.capacity_bytes : physical ? physical + mem.in_use_bytes : 0;
+  if (physical != 0) {
+    // A floor of host memory first, in closed form, so an absurd size fails before the estimate
+    // itself allocates: the noise (host vector and tensor), image ids, RoPE tables, latents, and
+    // the decoded image (f32 and RGB bytes).
+    const double pixels = double(height) * double(width), tokens = double(h / 2) * double(w / 2);
+    const double floor = 4.0 * (2 * channels * double(h) * double(w) + 2 * 3 * tokens + 2 * channels * 4 * tokens +
+                                2 * (tokens + double(args.max_sequence_length)) * double(tcfg.attention_head_dim) +
+                                3 * pixels) +
+                         3 * pixels;
+    KILN_CHECK(floor <= double(physical), "memory", height, "x", width, " needs at least ",
+               format_bytes(size_t(floor)), " of memory for its noise, latents, position tables and image alone, but ",
+               "this machine has only ", format_bytes(physical), " available; choose a smaller --height/--width");
+  }
+  if (limit != 0) {
     FluxCallArgs sized = args;
     sized.height = height;
     sized.width = width;
-    const MemoryEstimate e = estimate_memory(sized);
+    MemoryEstimate e = estimate_memory(sized);
+    e.capacity = limit;
+    e.physical_limit = mem.capacity_bytes == 0;
     if (!e.fits()) fail("memory", memory_misfit(*this, e, sized));
   }
   // Model offload: components are released at the end, also when the call fails.
@@ -393,7 +506,7 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   // 1. Text: CLIP pooled embedding, T5 sequence embedding, zero text ids.
   auto t0 = std::chrono::steady_clock::now();
   const auto clip_ids = c_->tokenizer.encode_padded(args.prompt);  // to model_max_length (77)
-  const auto t5_ids = c_->tokenizer_2.encode_padded(args.prompt_2.value_or(args.prompt), args.max_sequence_length);
+  const auto t5_ids = c_->tokenizer_2.encode_padded(prompt_2, args.max_sequence_length);
   c_->use(0);
   const Tensor pooled =
       c_->text_encoder.forward(from_ints(clip_ids, {1, int64_t(clip_ids.size())})).pooler_output;
@@ -401,8 +514,15 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   const Tensor prompt_embeds =
       c_->text_encoder_2.forward(from_ints(t5_ids, {1, int64_t(t5_ids.size())})).last_hidden_state;
   const Tensor txt_ids = zeros({int64_t(t5_ids.size()), 3});
+  const Tensor pooled_ok = pipeline_checks::finite_probe(pooled);
+  const Tensor embeds_ok = pipeline_checks::finite_probe(prompt_embeds);
   wait(prompt_embeds);
+  pipeline_checks::expect_finite(pooled_ok, "text encoder (CLIP, text_encoder)", c_->dir / "text_encoder",
+                                 "the CLIP text encoder's weights or config");
+  pipeline_checks::expect_finite(embeds_ok, "text encoder (T5, text_encoder_2)", c_->dir / "text_encoder_2",
+                                 "the T5 text encoder's weights or config");
   out.timings.encode = seconds_since(t0);
+  if (args.on_stage) args.on_stage("encode", out.timings.encode);
 
   // 2. Initial latents (packed) and image ids.
   Tensor latents;
@@ -434,8 +554,14 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
     const Tensor timestep = from_vector({t / 1000.0f}, {1});
     const Tensor v = c_->transformer.forward(latents, prompt_embeds, pooled, timestep, img_ids, txt_ids, guidance);
     latents = scheduler.step(v, latents);
+    const Tensor latents_ok = pipeline_checks::finite_probe(latents);
     mark_step();     // deferred mode: this step's graph is complete; same fingerprint every step
     wait(latents);   // per-step timing and progress (the next step needs these latents anyway)
+    pipeline_checks::expect_finite(
+        latents_ok, "transformer step " + std::to_string(i + 1) + "/" + std::to_string(args.num_inference_steps),
+        c_->dir / "transformer",
+        i == 0 ? "the initial latents, the guidance or the transformer's weights"
+               : "the transformer's weights or activations overflowing (values beyond the dtype's range)");
     out.timings.steps.push_back(seconds_since(t0));
     if (args.on_step) args.on_step(i, args.num_inference_steps, out.timings.steps.back());
   }
@@ -447,10 +573,13 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   const Tensor z = unpack_latents(latents, h, w) / vcfg.scaling_factor + vcfg.shift_factor;
   c_->use(3);
   const Tensor image = c_->vae.decode(z);
+  pipeline_checks::expect_finite(pipeline_checks::finite_probe(image), "VAE decode", c_->dir / "vae",
+                                 "the VAE's weights or its config (scaling_factor, shift_factor)");
   out.image = image_processor::to_uint8_hwc(image);
   out.height = image.dim(2);
   out.width = image.dim(3);
   out.timings.decode = seconds_since(t0);
+  if (args.on_stage) args.on_stage("decode", out.timings.decode);
   out.timings.total = seconds_since(t_start);
   return out;
 }

@@ -21,6 +21,11 @@ struct FluxPipelineOptions {
   // Tensor parallelism (runtime.md §6): the transformer is sharded over the mesh (each rank
   // loads only its slices); text encoders and VAE are replicated; every rank runs the pipeline.
   std::optional<TensorParallelConfig> tensor_parallel;
+  // A checkpoint tensor no model reads (beyond those it skips on purpose) is an error, not a
+  // warning (--strict).
+  bool strict = false;
+  // Called with each load warning (unused checkpoint tensors).
+  std::function<void(const std::string&)> on_warning;
 };
 
 struct FluxCallArgs {
@@ -35,8 +40,10 @@ struct FluxCallArgs {
   Tensor latents;
   // Called after every denoising step with (step index from 0, total steps, seconds of that step).
   std::function<void(int64_t, int64_t, double)> on_step;
-  // Called at once with each warning (e.g. a size rounded down), before the work starts.
+  // Called at once with each warning (e.g. a size rounded down, a prompt cut), before the work starts.
   std::function<void(const std::string&)> on_warning;
+  // Called when a stage other than the steps ends: ("encode" | "decode", seconds).
+  std::function<void(const std::string&, double)> on_stage;
 };
 
 // One move of a component's weights (model offload, runtime.md §4.1.3), for reports and tests.
@@ -60,6 +67,7 @@ struct MemoryEstimate {
   size_t carried_bytes = 0;  // what the pipeline keeps across components: embeddings, latents, ids, RoPE tables
   size_t required = 0;       // for that placement, carried bytes included
   size_t capacity = 0;                      // the device's (0 = unlimited)
+  bool physical_limit = false;  // capacity is the memory the device can still get (none was set)
   bool fits() const { return capacity == 0 || required <= capacity; }
 };
 

@@ -2,7 +2,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "devices/cpu/allocator.h"
 #include "devices/cpu/kernels/conv2d.h"
@@ -19,8 +21,30 @@ namespace cpu {
 namespace {
 
 size_t max_pending_from_env() {
-  const char* v = std::getenv("KILN_MAX_PENDING");
-  return v ? size_t(std::strtoul(v, nullptr, 10)) : 32;
+  return size_t(env::positive_int("KILN_MAX_PENDING").value_or(32));
+}
+
+// MemAvailable from /proc/meminfo, lowered to what the process's cgroup (v2) still allows.
+size_t host_available_bytes() {
+  size_t available = 0;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) available = size_t(kib) * 1024;
+    std::fclose(f);
+  }
+  const auto read_number = [](const char* path) -> std::optional<unsigned long long> {
+    std::FILE* f = std::fopen(path, "r");
+    if (!f) return std::nullopt;
+    unsigned long long v = 0;
+    const bool ok = std::fscanf(f, "%llu", &v) == 1;  // "max" reads as no number
+    std::fclose(f);
+    return ok ? std::optional(v) : std::nullopt;
+  };
+  const auto limit = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
+  if (limit && used && *limit > *used) available = available ? std::min(available, size_t(*limit - *used)) : size_t(*limit - *used);
+  return available;
 }
 
 class CpuRuntime final : public DeviceRuntime {
@@ -43,6 +67,7 @@ class CpuRuntime final : public DeviceRuntime {
   void set_memory_capacity(size_t bytes) override { allocator_.set_capacity(bytes); }
   void reset_peak_memory() override { allocator_.reset_peak(); }
   void release_cached_memory() override { allocator_.release_pool(); }
+  size_t physical_available_bytes() const override { return host_available_bytes() + allocator_.stats().pooled_bytes; }
 
   uint64_t enqueue(std::string what, std::function<void()> work) override {
     return queue_.enqueue(std::move(what), std::move(work));

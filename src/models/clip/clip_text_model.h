@@ -51,6 +51,9 @@ class ClipTextModel {
   };
 
   // `dir` holds config.json and model.safetensors (or model.safetensors.index.json + shards).
+  // Checkpoint keys this model leaves unread on purpose: the position_ids buffer older exports
+  // carry (recomputed here).
+  static std::vector<std::string> checkpoint_keys_not_loaded() { return {"text_model.embeddings.position_ids"}; }
   static ClipTextModel from_pretrained(const std::filesystem::path& dir,
                                        ClipPooledRule pooled_rule = ClipPooledRule::eos2_argmax);
   ClipTextModel(const Config& config, const nn::Weights& weights);  // weights at the state-dict root

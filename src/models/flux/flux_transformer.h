@@ -47,6 +47,8 @@ class FluxTransformer2DModel {
   static std::vector<TensorParallelEntry> tp_plan(bool shard_modulation = false);
 
   // `dir` is the transformer folder (config.json and diffusion_pytorch_model*.safetensors).
+  // Checkpoint keys this model leaves unread on purpose: none.
+  static std::vector<std::string> checkpoint_keys_not_loaded() { return {}; }
   static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir);
   // Tensor parallel: this rank loads (and reads from disk) only its shard of every planned
   // weight. Errors before any load when the mesh does not divide the heads or a planned width.

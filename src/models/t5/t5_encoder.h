@@ -43,6 +43,11 @@ class T5EncoderModel {
   };
 
   // `dir` holds config.json and model.safetensors (or model.safetensors.index.json + shards).
+  // Checkpoint keys this model leaves unread on purpose: the tied twin of the embedding it reads
+  // (shared.weight and encoder.embed_tokens.weight are one tensor), and a decoder's weights.
+  static std::vector<std::string> checkpoint_keys_not_loaded() {
+    return {"shared.weight", "encoder.embed_tokens.weight", "decoder.", "lm_head."};
+  }
   static T5EncoderModel from_pretrained(const std::filesystem::path& dir);
   T5EncoderModel(const Config& config, const nn::Weights& weights);  // weights at the state-dict root
 

@@ -46,6 +46,9 @@ using VaeTrace = std::map<std::string, Tensor>;
 class AutoencoderKL {
  public:
   // Loads `dir`/config.json and the checkpoint in `dir` (the pipeline's vae/ folder).
+  // Checkpoint keys this model leaves unread on purpose: the encoder half (text-to-image only
+  // decodes).
+  static std::vector<std::string> checkpoint_keys_not_loaded() { return {"encoder.", "quant_conv."}; }
   static AutoencoderKL from_pretrained(const std::filesystem::path& dir);
   AutoencoderKL(VaeConfig config, const nn::Weights& weights);
 
