@@ -56,6 +56,10 @@ TEST_F(Cli, GenerateWithNoModelRunsTheBundledCheckpoint) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("bundled tiny FLUX.1 checkpoint"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 4/4"), std::string::npos) << r.output;
+  // Progress names every stage, not only the steps.
+  for (const char* stage : {"kiln: loading ", "kiln: loaded in ", "kiln: encoded the prompts in ",
+                            "kiln: decoded the image in "})
+    EXPECT_NE(r.output.find(stage), std::string::npos) << stage << "\n" << r.output;
   const io::PngImage img = io::read_png(png);
   EXPECT_EQ(img.height, 128);
   EXPECT_EQ(img.width, 128);
@@ -219,9 +223,13 @@ TEST_F(Cli, SizesThatAreNotMultiplesOf16AreRoundedDownWithAWarning) {
   EXPECT_NE(r.output.find("warning: height and width must be divisible by 16; 100x120 is rounded down to 96x112"),
             std::string::npos)
       << r.output;
+  // Sizes are HxW everywhere: the warning, the "wrote" line and the PNG's metadata.
+  EXPECT_NE(r.output.find("(96x112, 1 steps"), std::string::npos) << r.output;
   const io::PngImage img = io::read_png(png);
   EXPECT_EQ(img.height, 96);
   EXPECT_EQ(img.width, 112);
+  std::map<std::string, std::string> meta(img.text.begin(), img.text.end());
+  EXPECT_EQ(meta["size"], "96x112");
 }
 
 }  // namespace

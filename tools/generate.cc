@@ -2,6 +2,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "exec/deferred.h"
 #include "exec/host.h"
 #include "exec/mode.h"
+#include "io/output_file.h"
 #include "io/png.h"
 #include "io/safetensors.h"
 #include "models/flux/flux_transformer.h"
@@ -40,6 +42,7 @@ struct Options {
   fs::path latents_file;
   fs::path out = "out.png";
   fs::path report;
+  bool report_given = false;  // --report "" is refused (io/output_file.h), not taken as no report
   std::string device = "cpu";
   std::string mode = "eager";
   bool mode_given = false;
@@ -50,6 +53,7 @@ struct Options {
   std::string offload;       // "", "none" (pipe.to(device)) or "model" (enable_model_cpu_offload)
   int64_t tp = 0;            // --tp N: tensor parallel over N processes (mpirun -np N)
   size_t device_memory = 0;  // --device-memory: the device allocator's capacity (0 = unlimited)
+  bool strict = false;       // --strict: unused checkpoint tensors are errors
 };
 
 double parse_float(const std::string& flag, const std::string& v) {
@@ -60,7 +64,8 @@ double parse_float(const std::string& flag, const std::string& v) {
   } catch (const std::exception&) {
     used = 0;
   }
-  KILN_CHECK(used == v.size() && !v.empty(), "cli", "flag ", flag, " expects a number, got '", v, "'");
+  KILN_CHECK(used == v.size() && !v.empty() && std::isfinite(x), "cli", "flag ", flag, " expects a finite number, got '",
+             v, "'");
   return x;
 }
 
@@ -74,7 +79,11 @@ Options parse(const std::vector<std::string>& args) {
       KILN_CHECK(i + 1 < args.size(), "cli", "flag ", flag, " needs a value");
       return args[++i];
     };
-    if (flag == "--model") o.model = value();
+    if (flag == "--model") {
+      o.model = value();
+      KILN_CHECK(!o.model.empty(), "cli", "--model \"\": expected a model folder (leave --model out for the bundled "
+                                          "checkpoint)");
+    }
     else if (flag == "--prompt") o.call.prompt = value(), prompt_given = true;
     else if (flag == "--prompt-2") o.call.prompt_2 = value();
     else if (flag == "--height") o.call.height = parse_int(flag, value());
@@ -85,7 +94,7 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--seed") o.call.seed = uint64_t(parse_int(flag, value()));
     else if (flag == "--latents") o.latents_file = value();
     else if (flag == "--out") o.out = value();
-    else if (flag == "--report") o.report = value();
+    else if (flag == "--report") o.report = value(), o.report_given = true;
     else if (flag == "--device") o.device = value();
     else if (flag == "--mode") o.mode = value(), o.mode_given = true;
     else if (flag == "--compile") o.compile = value(), o.compile_given = true;
@@ -96,6 +105,7 @@ Options parse(const std::vector<std::string>& args) {
       KILN_CHECK(o.tp >= 1, "cli", "--tp must be at least 1, got ", o.tp);
     }
     else if (flag == "--device-memory") o.device_memory = parse_bytes(flag, value());
+    else if (flag == "--strict") o.strict = true;
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
   // Checked here, before minutes of model loading.
@@ -185,19 +195,26 @@ void compile_transformer(FluxPipeline& pipe, const std::string& how, bool prepac
 
 namespace {
 
-// Fails before any work when the output cannot be written.
-void check_writable(const fs::path& out) {
-  const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  KILN_CHECK(fs::is_directory(dir), "cli", "cannot write ", out.string(), ": folder ", dir.string(), " does not exist");
-  KILN_CHECK(::access(dir.c_str(), W_OK) == 0, "cli", "cannot write ", out.string(), ": folder ", dir.string(),
-             " is not writable");
-}
-
-Tensor load_latents(const fs::path& file) {
+// --latents FILE[:TENSOR]: the tensor TENSOR, else 'latents', else the file's only tensor.
+Tensor load_latents(const fs::path& spec) {
+  fs::path file = spec;
+  std::string name;
+  const std::string text = spec.string();
+  std::error_code ec;
+  if (const size_t colon = text.rfind(':'); colon != std::string::npos && !fs::exists(spec, ec)) {
+    file = text.substr(0, colon);
+    name = text.substr(colon + 1);
+  }
   const io::SafetensorsFile f(file);
   const auto names = f.names();
-  const std::string name = f.contains("latents") ? "latents" : (names.size() == 1 ? names[0] : "");
-  KILN_CHECK(!name.empty(), "cli", file.string(), ": expected a tensor named 'latents' (or a single tensor)");
+  if (name.empty()) name = f.contains("latents") ? "latents" : (names.size() == 1 ? names[0] : "");
+  std::string list;
+  for (size_t i = 0; i < names.size() && i < 12; ++i) list += (i ? ", " : "") + names[i];
+  KILN_CHECK(!name.empty(), "cli", "--latents ", file.string(), ": expected a tensor named 'latents', a single tensor, "
+                                                                 "or FILE:TENSOR with one of ", list);
+  KILN_CHECK(f.contains(name), "cli", "--latents ", file.string(), ": no tensor '", name, "' (it has ", list, ")");
+  KILN_CHECK(f.info(name).dtype && is_floating(*f.info(name).dtype), "cli", "--latents ", file.string(), ": tensor '",
+             name, "' is ", f.info(name).dtype_string, ", expected a floating-point tensor");
   return f.load(name, DType::f32);
 }
 
@@ -223,8 +240,13 @@ int generate(const std::vector<std::string>& args) {
   Options o = parse(args);
   const std::shared_ptr<ProcessGroup> world = ProcessGroup::world();
   const bool writer = world->rank() == 0;  // under --tp only rank 0 writes the image and report
-  if (writer) check_writable(o.out);
-  if (writer && !o.report.empty()) check_writable(o.report);
+  // The output rule (io/output_file.h, docs/outputs.md), before any work.
+  if (writer) io::resolve_output("--out", o.out);
+  if (writer && o.report_given) {
+    io::resolve_output("--report", o.report);
+    KILN_CHECK(!io::same_output_file(o.out, o.report), "output", "--out ", o.out.string(), " and --report ",
+               o.report.string(), " name the same file; expected two different files");
+  }
   if (!o.latents_file.empty()) o.call.latents = load_latents(o.latents_file);
   // --mode overrides KILN_DEFER_AND_FUSE; without it the environment's default stands.
   if (o.mode_given) set_default_eager_mode(o.mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
@@ -236,7 +258,14 @@ int generate(const std::vector<std::string>& args) {
   if (o.device_memory) runtime(Device::cpu()).set_memory_capacity(o.device_memory);
   FluxPipelineOptions pipe_options;
   if (o.tp > 1) pipe_options.tensor_parallel = TensorParallelConfig{DeviceMesh(world)};
+  pipe_options.strict = o.strict;
+  const auto warn = [writer](const std::string& w) {
+    if (writer) std::fprintf(stderr, "kiln: warning: %s\n", w.c_str());
+  };
+  pipe_options.on_warning = warn;
+  if (writer) std::fprintf(stderr, "kiln: loading %s\n", o.model.c_str());
   FluxPipeline pipe = FluxPipeline::from_pretrained(o.model, pipe_options);
+  if (writer) std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe.load_seconds());
   if (o.offload == "none") pipe.to(Device::cpu());
   if (o.offload == "model") pipe.enable_model_cpu_offload(Device::cpu());
   if (o.mode == "compile") compile_transformer(pipe, o.compile, o.prepack == "on");
@@ -244,14 +273,19 @@ int generate(const std::vector<std::string>& args) {
   o.call.on_step = [&](int64_t i, int64_t n, double s) {
     if (writer) progress(i, n, s, step_total);
   };
-  o.call.on_warning = [](const std::string& w) { std::fprintf(stderr, "kiln: warning: %s\n", w.c_str()); };
+  o.call.on_warning = warn;
+  o.call.on_stage = [writer](const std::string& stage, double seconds) {
+    if (!writer) return;
+    if (stage == "encode") std::fprintf(stderr, "kiln: encoded the prompts in %.2f s\n", seconds);
+    else std::fprintf(stderr, "kiln: %s in %.2f s\n", stage == "decode" ? "decoded the image" : stage.c_str(), seconds);
+  };
   const FluxOutput result = pipe(o.call);
 
   const std::vector<std::pair<std::string, std::string>> meta = {
       {"prompt", o.call.prompt},
       {"seed", o.latents_file.empty() ? std::to_string(o.call.seed) : "latents from " + o.latents_file.string()},
       {"steps", std::to_string(o.call.num_inference_steps)},
-      {"size", std::to_string(result.width) + "x" + std::to_string(result.height)},
+      {"size", std::to_string(result.height) + "x" + std::to_string(result.width)},  // HxW, as every message
       {"model", o.model.string()},
       {"software", std::string("kiln ") + KILN_VERSION}};
   // Per-rank figures for the report (every rank takes part in the gather).
@@ -268,7 +302,7 @@ int generate(const std::vector<std::string>& args) {
   if (!writer) return 0;
   io::write_png(o.out, result.image.data(), result.height, result.width, meta);
   std::fprintf(stderr, "kiln: wrote %s (%lldx%lld, %lld steps, %.2f s)\n", o.out.c_str(),
-               static_cast<long long>(result.width), static_cast<long long>(result.height),
+               static_cast<long long>(result.height), static_cast<long long>(result.width),
                static_cast<long long>(o.call.num_inference_steps), result.timings.total + pipe.load_seconds());
 
   if (!o.report.empty()) {

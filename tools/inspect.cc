@@ -12,6 +12,8 @@
 #include "core/error.h"
 #include "devices/runtime.h"
 #include "io/json_config.h"
+#include "io/model_folder.h"
+#include "io/output_file.h"
 #include "io/safetensors.h"
 
 namespace kiln::cli {
@@ -23,6 +25,7 @@ namespace {
 struct Options {
   fs::path model;
   fs::path report;
+  bool report_given = false;
 };
 
 Options parse(const std::vector<std::string>& args) {
@@ -33,7 +36,7 @@ Options parse(const std::vector<std::string>& args) {
       return args[++i];
     };
     if (args[i] == "--model") o.model = value();
-    else if (args[i] == "--report") o.report = value();
+    else if (args[i] == "--report") o.report = value(), o.report_given = true;
     else fail("cli", "unknown flag '", args[i], "' for inspect (expected --model DIR, --report FILE)");
   }
   if (o.model.empty()) {
@@ -43,12 +46,13 @@ Options parse(const std::vector<std::string>& args) {
   return o;
 }
 
-// Components of a Diffusers folder: model_index.json entries whose value is [library, class].
+// Components of a Diffusers folder: model_index.json entries whose value is [library, class]
+// (every listed name checked first, as the pipeline does).
 std::vector<std::pair<std::string, std::string>> components(const fs::path& dir) {
   const io::JsonConfig index(dir / "model_index.json");
   std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& [name, value] : index.json().items()) {
-    if (name.empty() || name[0] == '_' || !value.is_array() || value.size() != 2 || !value[1].is_string()) continue;
+  for (const auto& [name, value] : io::model_index_components(index, dir, "inspect")) {
+    if (value.size() != 2 || !value[1].is_string()) continue;
     out.emplace_back(name, value[1].get<std::string>());
   }
   return out;
@@ -66,8 +70,10 @@ bool has_weights(const fs::path& dir) {
 }  // namespace
 
 int inspect(const std::vector<std::string>& args) {
-  const Options opt = parse(args);
+  Options opt = parse(args);
+  if (opt.report_given) io::resolve_output("--report", opt.report);  // the output rule, before any work
   KILN_CHECK(fs::is_directory(opt.model), "inspect", "model folder ", opt.model, " does not exist");
+  opt.model = io::resolve_model_folder(opt.model);  // a hub cache repo folder: its snapshot
   const auto t0 = std::chrono::steady_clock::now();
   io::reset_bytes_read();
   nlohmann::json report_components = nlohmann::json::array();

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "exec/compile.h"
 #include "exec/executable_store.h"
+#include "io/output_file.h"
 #include "pipelines/flux_pipeline.h"
 #include "report.h"
 
@@ -50,6 +51,7 @@ std::vector<Size> parse_sizes(const std::string& v) {
 
 int warmup(const std::vector<std::string>& args) {
   std::filesystem::path model, report;
+  bool report_given = false;
   std::string sizes_text, compile = "full";
   int64_t max_sequence_length = 512;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -62,7 +64,7 @@ int warmup(const std::vector<std::string>& args) {
     else if (flag == "--sizes") sizes_text = value();
     else if (flag == "--compile") compile = value();
     else if (flag == "--max-sequence-length") max_sequence_length = parse_int(flag, value());
-    else if (flag == "--report") report = value();
+    else if (flag == "--report") report = value(), report_given = true;
     else fail("cli", "unknown flag '", flag, "' for warmup (see kiln --help)");
   }
   KILN_CHECK(!sizes_text.empty(), "cli", "warmup needs --sizes HEIGHTxWIDTH[,...] (e.g. --sizes 512x512,1024x1024)");
@@ -71,6 +73,7 @@ int warmup(const std::vector<std::string>& args) {
   KILN_CHECK(max_sequence_length >= 1 && max_sequence_length <= 512, "cli",
              "--max-sequence-length must be in [1, 512], got ", max_sequence_length);
   if (model.empty()) model = KILN_BUNDLED_MODEL;
+  if (report_given) io::resolve_output("--report", report);  // the output rule, before any work
   const std::filesystem::path dir = executable_cache_dir();
   if (dir.empty())
     std::fprintf(stderr, "kiln: warning: the persistent compile cache is off (KILN_CACHE_DIR=none); warmup only "

@@ -1,0 +1,98 @@
+#include "help.h"
+
+#include "core/env.h"
+
+namespace kiln::cli {
+
+const std::vector<CommandDoc>& commands() {
+  static const std::vector<CommandDoc> docs = {
+      {"generate",
+       "Text to image with a FLUX.1 checkpoint in Diffusers layout (FluxPipeline). Without --model it runs the small "
+       "FLUX.1 checkpoint bundled with kiln (128x128, 4 steps).",
+       {
+           {"--model", "DIR", "the bundled checkpoint",
+            "a Diffusers FLUX.1 folder, a Hugging Face hub cache snapshot, or its models--org--name folder"},
+           {"--prompt", "TEXT", "required with --model", "the CLIP prompt (and the T5 one unless --prompt-2)"},
+           {"--prompt-2", "TEXT", "--prompt", "the T5 prompt"},
+           {"--height", "H", "1024 (128 x vae_scale_factor)", "image height; not a multiple of 16: rounded down"},
+           {"--width", "W", "1024 (128 x vae_scale_factor)", "image width; not a multiple of 16: rounded down"},
+           {"--steps", "N", "28 (4 for the bundled checkpoint)", "num_inference_steps (use 4 for schnell)"},
+           {"--guidance", "G", "3.5", "guidance scale (guidance-distilled dev checkpoints only)"},
+           {"--max-sequence-length", "N", "512", "T5 tokens, 1 to 512; a longer prompt is cut with a warning"},
+           {"--seed", "S", "0", "noise of torch.Generator(\"cpu\").manual_seed(S) + torch.randn"},
+           {"--latents", "FILE[:TENSOR]", "", "initial noise from a safetensors file: the tensor 'latents', the only "
+                                              "one, or TENSOR"},
+           {"--out", "FILE", "out.png", "the PNG, written atomically; symlinks are followed; devices, FIFOs, "
+                                        "sockets and folders are refused"},
+           {"--report", "FILE", "", "a JSON run report (timings, counters, memory), same rules as --out"},
+           {"--device", "DEVICE", "cpu", "the device to run on"},
+           {"--mode", "eager|defer|compile", "eager", "strict eager, deferred-and-fused, or compiled transformer"},
+           {"--compile", "full|blocks", "full", "with --mode compile: the whole transformer or its repeated blocks"},
+           {"--prepack", "on|off", "on", "with --mode compile: linears read pre-packed weights"},
+           {"--offload", "none|model", "weights read in place", "none: every component on the device; model: one "
+                                                                  "component at a time"},
+           {"--device-memory", "SIZE", "unlimited", "the device's capacity (6GiB, 512MiB, 2GB); a call that "
+                                                    "cannot fit fails before any work"},
+           {"--tp", "N", "1", "shard the transformer over the N processes of mpirun -np N"},
+           {"--strict", "", "off", "a checkpoint tensor the model does not use is an error, not a warning"},
+           {"--help", "", "", "this text"},
+       }},
+      {"warmup",
+       "Compile the transformer for each size without running it and store the executables in the persistent "
+       "cache, so later runs at those sizes compile nothing.",
+       {
+           {"--sizes", "HxW[,HxW...]", "required", "the sizes to compile for"},
+           {"--model", "DIR", "the bundled checkpoint", "as for generate"},
+           {"--compile", "full|blocks", "full", "the whole transformer or its repeated blocks"},
+           {"--max-sequence-length", "N", "512", "T5 tokens the executables are compiled for"},
+           {"--report", "FILE", "", "a JSON report of the compiles"},
+           {"--help", "", "", "this text"},
+       }},
+      {"inspect",
+       "Load a Diffusers model folder (model_index.json, each component's config and safetensors weights, "
+       "zero-copy) and print what it holds.",
+       {
+           {"--model", "DIR", "the bundled checkpoint", "as for generate"},
+           {"--report", "FILE", "", "a JSON report"},
+           {"--help", "", "", "this text"},
+       }},
+  };
+  return docs;
+}
+
+const CommandDoc* command_doc(const std::string& name) {
+  for (const CommandDoc& d : commands())
+    if (name == d.name) return &d;
+  return nullptr;
+}
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+void print_command_help(const CommandDoc& doc, std::FILE* out) {
+  std::fprintf(out, "usage: kiln %s [options]\n\n%s\n\noptions:\n", doc.name, doc.summary);
+  for (const FlagDoc& f : doc.flags) {
+    std::string left = std::string("  ") + f.flag + (*f.value ? std::string(" ") + f.value : "");
+    if (left.size() < 34) left.append(34 - left.size(), ' ');
+    else left += "\n" + std::string(34, ' ');
+    std::fprintf(out, "%s%s", left.c_str(), f.meaning);
+    if (*f.default_value) std::fprintf(out, " (default: %s)", f.default_value);
+    std::fprintf(out, "\n");
+  }
+  std::fprintf(out, "\nenvironment (read once at start):\n%s", env::help().c_str());
+}
+
+void print_usage(std::FILE* out) {
+  std::fprintf(out, "kiln %s — diffusion pipelines in C++\n\nusage: kiln <command> [options]\n\ncommands:\n",
+               KILN_VERSION);
+  for (const CommandDoc& d : commands()) std::fprintf(out, "  %-10s %s\n", d.name, d.summary);
+  std::fprintf(out,
+               "\n  kiln <command> --help   that command's flags and their defaults\n"
+               "  kiln --version          the engine version\n\nenvironment (read once at start):\n%s",
+               env::help().c_str());
+}
+
+}  // namespace kiln::cli
