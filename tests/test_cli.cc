@@ -77,6 +77,18 @@ TEST_F(Cli, GenerateWithNoModelRunsTheBundledCheckpoint) {
   for (const char* key : {"load", "encode", "decode", "total"}) EXPECT_TRUE(j["timings"].contains(key)) << key;
   EXPECT_GT(j["counters"]["kernels_launched"].get<int64_t>(), 0);
   EXPECT_GT(j["io"]["bytes_read"].get<int64_t>(), 0);
+  // The bundled run is its fixture's call, so it writes Diffusers' image (within one level), as
+  // the README tells a newcomer to check with `kiln compare`.
+  const fs::path diffusers = fs::path(KILN_FIXTURES_DIR) / "flux1_tiny_arch" / "image.png";
+  const CliRun same = kiln_cli("compare " + png.string() + " " + diffusers.string());
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_NE(same.output.find("; same (tolerance 1)"), std::string::npos) << same.output;
+  // And a real difference is reported as one: the fixture's image against a 2-step run.
+  const fs::path two = dir_ / "two.png";
+  ASSERT_EQ(kiln_cli("generate --steps 2 --out " + two.string()).exit_code, 0);
+  const CliRun differ = kiln_cli("compare " + two.string() + " " + diffusers.string());
+  EXPECT_EQ(differ.exit_code, 1) << differ.output;
+  EXPECT_NE(differ.output.find("DIFFERENT"), std::string::npos) << differ.output;
 }
 
 // --mode defer and KILN_DEFER_AND_FUSE=1 give the strict-eager PNG byte for byte, and the report

@@ -1,6 +1,7 @@
 // Subcommands of the `kiln` CLI. Each takes its arguments (after the subcommand name) and
 // returns the process exit code; errors are thrown as kiln::Error and printed by main.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -10,9 +11,15 @@ class FluxPipeline;
 
 namespace kiln::cli {
 
+// The bundled checkpoint's defaults are its Diffusers fixture's call (tests/fixtures/
+// flux1_tiny_arch/manifest.json), so the bundled run writes Diffusers' image: 128x128, 4 steps,
+// 32 T5 tokens.
+constexpr int64_t kBundledSize = 128, kBundledSteps = 4, kBundledMaxSequenceLength = 32;
+
 int inspect(const std::vector<std::string>& args);
 int generate(const std::vector<std::string>& args);
 int warmup(const std::vector<std::string>& args);
+int compare(const std::vector<std::string>& args);
 
 // Shared by generate and warmup (generate.cc).
 int64_t parse_int(const std::string& flag, const std::string& value);  // "[cli] flag X expects an integer"

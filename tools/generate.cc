@@ -72,7 +72,7 @@ double parse_float(const std::string& flag, const std::string& v) {
 Options parse(const std::vector<std::string>& args) {
   Options o;
   o.call.prompt = kDefaultPrompt;
-  bool steps_given = false, prompt_given = false;
+  bool steps_given = false, prompt_given = false, length_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     auto value = [&]() -> std::string {
@@ -90,7 +90,7 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--width") o.call.width = parse_int(flag, value());
     else if (flag == "--steps") o.call.num_inference_steps = parse_int(flag, value()), steps_given = true;
     else if (flag == "--guidance") o.call.guidance_scale = parse_float(flag, value());
-    else if (flag == "--max-sequence-length") o.call.max_sequence_length = parse_int(flag, value());
+    else if (flag == "--max-sequence-length") o.call.max_sequence_length = parse_int(flag, value()), length_given = true;
     else if (flag == "--seed") o.call.seed = uint64_t(parse_int(flag, value()));
     else if (flag == "--latents") o.latents_file = value();
     else if (flag == "--out") o.out = value();
@@ -139,10 +139,11 @@ Options parse(const std::vector<std::string>& args) {
   if (o.model.empty()) {
     o.model = KILN_BUNDLED_MODEL;
     o.bundled = true;
-    // The bundled checkpoint is a toy: keep its default run small and quick.
-    if (!o.call.height) o.call.height = 128;
-    if (!o.call.width) o.call.width = 128;
-    if (!steps_given) o.call.num_inference_steps = 4;  // a schnell-style checkpoint
+    // The bundled checkpoint is a toy: its default run is its fixture's call (commands.h).
+    if (!o.call.height) o.call.height = kBundledSize;
+    if (!o.call.width) o.call.width = kBundledSize;
+    if (!steps_given) o.call.num_inference_steps = kBundledSteps;  // a schnell-style checkpoint
+    if (!length_given) o.call.max_sequence_length = kBundledMaxSequenceLength;
     std::fprintf(stderr, "kiln: no --model given, using the bundled tiny FLUX.1 checkpoint (%s)\n", o.model.c_str());
   }
   return o;

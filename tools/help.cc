@@ -18,7 +18,8 @@ const std::vector<CommandDoc>& commands() {
            {"--width", "W", "1024 (128 x vae_scale_factor)", "image width; not a multiple of 16: rounded down"},
            {"--steps", "N", "28 (4 for the bundled checkpoint)", "num_inference_steps (use 4 for schnell)"},
            {"--guidance", "G", "3.5", "guidance scale (guidance-distilled dev checkpoints only)"},
-           {"--max-sequence-length", "N", "512", "T5 tokens, 1 to 512; a longer prompt is cut with a warning"},
+           {"--max-sequence-length", "N", "512 (32 for the bundled checkpoint)",
+            "T5 tokens, 1 to 512; a longer prompt is cut with a warning"},
            {"--seed", "S", "0", "noise of torch.Generator(\"cpu\").manual_seed(S) + torch.randn"},
            {"--latents", "FILE[:TENSOR]", "", "initial noise from a safetensors file: the tensor 'latents', the only "
                                               "one, or TENSOR"},
@@ -44,7 +45,7 @@ const std::vector<CommandDoc>& commands() {
            {"--sizes", "HxW[,HxW...]", "required", "the sizes to compile for"},
            {"--model", "DIR", "the bundled checkpoint", "as for generate"},
            {"--compile", "full|blocks", "full", "the whole transformer or its repeated blocks"},
-           {"--max-sequence-length", "N", "512", "T5 tokens the executables are compiled for"},
+           {"--max-sequence-length", "N", "512 (32 for the bundled checkpoint)", "T5 tokens the executables are compiled for"},
            {"--report", "FILE", "", "a JSON report of the compiles"},
            {"--help", "", "", "this text"},
        }},
@@ -54,6 +55,13 @@ const std::vector<CommandDoc>& commands() {
        {
            {"--model", "DIR", "the bundled checkpoint", "as for generate"},
            {"--report", "FILE", "", "a JSON report"},
+           {"--help", "", "", "this text"},
+       }},
+      {"compare",
+       "Compare two PNG images channel value by channel value (e.g. a kiln image and Diffusers' image.png of a "
+       "fixture); exits 1 when they differ by more than the tolerance.",
+       {
+           {"--tolerance", "LEVELS", "1", "the largest difference (of 255) still counted as the same image"},
            {"--help", "", "", "this text"},
        }},
   };
@@ -73,7 +81,8 @@ bool wants_help(const std::vector<std::string>& args) {
 }
 
 void print_command_help(const CommandDoc& doc, std::FILE* out) {
-  std::fprintf(out, "usage: kiln %s [options]\n\n%s\n\noptions:\n", doc.name, doc.summary);
+  std::fprintf(out, "usage: kiln %s%s [options]\n\n%s\n\noptions:\n", doc.name,
+               std::string(doc.name) == "compare" ? " A.png B.png" : "", doc.summary);
   for (const FlagDoc& f : doc.flags) {
     std::string left = std::string("  ") + f.flag + (*f.value ? std::string(" ") + f.value : "");
     if (left.size() < 34) left.append(34 - left.size(), ' ');

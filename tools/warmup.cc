@@ -54,6 +54,7 @@ int warmup(const std::vector<std::string>& args) {
   bool report_given = false;
   std::string sizes_text, compile = "full";
   int64_t max_sequence_length = 512;
+  bool length_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     auto value = [&]() -> std::string {
@@ -63,7 +64,7 @@ int warmup(const std::vector<std::string>& args) {
     if (flag == "--model") model = value();
     else if (flag == "--sizes") sizes_text = value();
     else if (flag == "--compile") compile = value();
-    else if (flag == "--max-sequence-length") max_sequence_length = parse_int(flag, value());
+    else if (flag == "--max-sequence-length") max_sequence_length = parse_int(flag, value()), length_given = true;
     else if (flag == "--report") report = value(), report_given = true;
     else fail("cli", "unknown flag '", flag, "' for warmup (see kiln --help)");
   }
@@ -72,7 +73,10 @@ int warmup(const std::vector<std::string>& args) {
   check_compile_flag(compile);
   KILN_CHECK(max_sequence_length >= 1 && max_sequence_length <= 512, "cli",
              "--max-sequence-length must be in [1, 512], got ", max_sequence_length);
-  if (model.empty()) model = KILN_BUNDLED_MODEL;
+  if (model.empty()) {
+    model = KILN_BUNDLED_MODEL;
+    if (!length_given) max_sequence_length = kBundledMaxSequenceLength;  // as generate's bundled run
+  }
   if (report_given) io::resolve_output("--report", report);  // the output rule, before any work
   const std::filesystem::path dir = executable_cache_dir();
   if (dir.empty())

@@ -1,0 +1,44 @@
+// `kiln compare A.png B.png`: how far two images are apart, channel value by channel value — to
+// check a kiln image against Diffusers' (the fixtures' image.png) or two modes against each other.
+#include <cstdio>
+#include <cstdlib>
+
+#include "commands.h"
+#include "core/error.h"
+#include "io/png.h"
+
+namespace kiln::cli {
+
+int compare(const std::vector<std::string>& args) {
+  std::vector<std::string> files;
+  int64_t tolerance = 1;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--tolerance") {
+      KILN_CHECK(i + 1 < args.size(), "cli", "flag --tolerance needs a value");
+      tolerance = parse_int("--tolerance", args[++i]);
+      KILN_CHECK(tolerance >= 0 && tolerance <= 255, "cli", "--tolerance must be in [0, 255], got ", tolerance);
+    } else if (args[i].starts_with("--")) {
+      fail("cli", "unknown flag '", args[i], "' for compare (see kiln compare --help)");
+    } else {
+      files.push_back(args[i]);
+    }
+  }
+  KILN_CHECK(files.size() == 2, "cli", "compare needs two PNG files, got ", files.size());
+  const io::PngImage a = io::read_png(files[0]), b = io::read_png(files[1]);
+  KILN_CHECK(a.height == b.height && a.width == b.width, "compare", files[0], " is ", a.height, "x", a.width, " but ",
+             files[1], " is ", b.height, "x", b.width);
+  int worst = 0;
+  size_t differ = 0;
+  for (size_t i = 0; i < a.rgb.size(); ++i) {
+    const int d = std::abs(int(a.rgb[i]) - int(b.rgb[i]));
+    worst = std::max(worst, d);
+    differ += d != 0;
+  }
+  std::printf("%s vs %s (%lldx%lld): largest difference %d of 255, %zu of %zu channel values differ; %s (tolerance %lld)\n",
+              files[0].c_str(), files[1].c_str(), static_cast<long long>(a.height), static_cast<long long>(a.width),
+              worst, differ, a.rgb.size(), worst <= tolerance ? "same" : "DIFFERENT",
+              static_cast<long long>(tolerance));
+  return worst <= tolerance ? 0 : 1;
+}
+
+}  // namespace kiln::cli
