@@ -23,6 +23,7 @@ int compare(const std::vector<std::string>& args);
 
 // Shared by generate and warmup (generate.cc).
 int64_t parse_int(const std::string& flag, const std::string& value);  // "[cli] flag X expects an integer"
+std::string parse_model(const std::string& value);                      // --model: not "" (no --model = bundled)
 size_t parse_bytes(const std::string& flag, const std::string& value);  // "6GiB", "512MiB", "2GB", bytes
 void check_compile_flag(const std::string& value);                      // "full" or "blocks"
 void compile_transformer(FluxPipeline& pipe, const std::string& how, bool prepack_weights = true);   // --compile full|blocks

@@ -79,11 +79,7 @@ Options parse(const std::vector<std::string>& args) {
       KILN_CHECK(i + 1 < args.size(), "cli", "flag ", flag, " needs a value");
       return args[++i];
     };
-    if (flag == "--model") {
-      o.model = value();
-      KILN_CHECK(!o.model.empty(), "cli", "--model \"\": expected a model folder (leave --model out for the bundled "
-                                          "checkpoint)");
-    }
+    if (flag == "--model") o.model = parse_model(value());
     else if (flag == "--prompt") o.call.prompt = value(), prompt_given = true;
     else if (flag == "--prompt-2") o.call.prompt_2 = value();
     else if (flag == "--height") o.call.height = parse_int(flag, value());
@@ -150,6 +146,11 @@ Options parse(const std::vector<std::string>& args) {
 }
 
 }  // namespace
+
+std::string parse_model(const std::string& v) {
+  KILN_CHECK(!v.empty(), "cli", "--model \"\": expected a model folder (leave --model out for the bundled checkpoint)");
+  return v;
+}
 
 size_t parse_bytes(const std::string& flag, const std::string& v) {
   size_t used = 0;

@@ -35,7 +35,7 @@ Options parse(const std::vector<std::string>& args) {
       KILN_CHECK(i + 1 < args.size(), "cli", "flag ", args[i], " needs a value");
       return args[++i];
     };
-    if (args[i] == "--model") o.model = value();
+    if (args[i] == "--model") o.model = parse_model(value());
     else if (args[i] == "--report") o.report = value(), o.report_given = true;
     else fail("cli", "unknown flag '", args[i], "' for inspect (expected --model DIR, --report FILE)");
   }

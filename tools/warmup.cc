@@ -61,7 +61,7 @@ int warmup(const std::vector<std::string>& args) {
       KILN_CHECK(i + 1 < args.size(), "cli", "flag ", flag, " needs a value");
       return args[++i];
     };
-    if (flag == "--model") model = value();
+    if (flag == "--model") model = parse_model(value());
     else if (flag == "--sizes") sizes_text = value();
     else if (flag == "--compile") compile = value();
     else if (flag == "--max-sequence-length") max_sequence_length = parse_int(flag, value()), length_given = true;

@@ -43,18 +43,6 @@ fs::path hub_repo(Corpus& corpus, const std::string& name) {
   return repo;
 }
 
-// A case expecting exit code 1 and the message's key words.
-Case fails(std::string name, std::vector<std::string> args, std::vector<std::string> expect,
-           std::vector<std::string> forbid = {}, std::vector<std::string> env = {}) {
-  Case c;
-  c.name = std::move(name);
-  c.args = std::move(args);
-  c.env = std::move(env);
-  c.exit_code = 1;
-  c.expect = std::move(expect);
-  c.forbid = std::move(forbid);
-  return c;
-}
 
 }  // namespace
 
@@ -66,11 +54,11 @@ void add_hub_cache_cases(Corpus& corpus) {
   {
     const fs::path m = corpus.copy_model("hub_cache_shard_dotdot", corpus.tiny_model());
     write_transformer_index(m, "../transformer/diffusion_pytorch_model.safetensors");
-    corpus.add(fails("hub_cache/shard_name_dotdot", corpus.generate(m),
+    corpus.add(failing("hub_cache/shard_name_dotdot", corpus.generate(m),
                      {"diffusion_pytorch_model.safetensors.index.json", "weight_map entry for tensor '",
                       "shard '../transformer/diffusion_pytorch_model.safetensors'", "contains a '..' component",
                       "a shard file inside", rule}));
-    corpus.add(fails("hub_cache/shard_name_dotdot_inspect", {"inspect", "--model", m.string()},
+    corpus.add(failing("hub_cache/shard_name_dotdot_inspect", {"inspect", "--model", m.string()},
                      {"diffusion_pytorch_model.safetensors.index.json",
                       "shard '../transformer/diffusion_pytorch_model.safetensors'", "contains a '..' component"}));
   }
@@ -79,7 +67,7 @@ void add_hub_cache_cases(Corpus& corpus) {
     const fs::path m = corpus.copy_model("hub_cache_shard_absolute", corpus.tiny_model());
     const std::string abs = fs::absolute(m / "transformer" / "diffusion_pytorch_model.safetensors").string();
     write_transformer_index(m, abs);
-    corpus.add(fails("hub_cache/shard_name_absolute", corpus.generate(m),
+    corpus.add(failing("hub_cache/shard_name_absolute", corpus.generate(m),
                      {"diffusion_pytorch_model.safetensors.index.json", "shard '" + abs + "'", "is an absolute path",
                       rule}));
   }
@@ -87,7 +75,7 @@ void add_hub_cache_cases(Corpus& corpus) {
   {
     const fs::path m = corpus.copy_model("hub_cache_shard_empty", corpus.tiny_model());
     write_transformer_index(m, "");
-    corpus.add(fails("hub_cache/shard_name_empty", corpus.generate(m),
+    corpus.add(failing("hub_cache/shard_name_empty", corpus.generate(m),
                      {"diffusion_pytorch_model.safetensors.index.json", "shard ''", "is empty"}));
   }
 
@@ -101,9 +89,9 @@ void add_hub_cache_cases(Corpus& corpus) {
     });
     const std::vector<std::string> expect{"model_index.json", "component '../transformer'",
                                           "contains a '..' component", "a component folder inside", rule};
-    corpus.add(fails("hub_cache/component_dotdot_generate", corpus.generate(m), expect,
+    corpus.add(failing("hub_cache/component_dotdot_generate", corpus.generate(m), expect,
                      {"is not listed"}));
-    corpus.add(fails("hub_cache/component_dotdot_inspect", {"inspect", "--model", m.string()}, expect,
+    corpus.add(failing("hub_cache/component_dotdot_inspect", {"inspect", "--model", m.string()}, expect,
                      {"is missing"}));
   }
   // The same name when the folder it reaches exists (a sibling "transformer"): still refused.
@@ -112,7 +100,7 @@ void add_hub_cache_cases(Corpus& corpus) {
     const fs::path m = corpus.copy_model("hub_cache_component_dotdot_present/pipeline", corpus.tiny_model());
     fs::copy(m / "transformer", m.parent_path() / "transformer", fs::copy_options::recursive);
     Corpus::edit_json(m / "model_index.json", [](nlohmann::json& j) { j["../transformer"] = j["transformer"]; });
-    corpus.add(fails("hub_cache/component_dotdot_present_inspect", {"inspect", "--model", m.string()},
+    corpus.add(failing("hub_cache/component_dotdot_present_inspect", {"inspect", "--model", m.string()},
                      {"model_index.json", "component '../transformer'", "contains a '..' component"}));
   }
   // An absolute component name.
@@ -120,7 +108,7 @@ void add_hub_cache_cases(Corpus& corpus) {
     const fs::path m = corpus.copy_model("hub_cache_component_absolute", corpus.tiny_model());
     const std::string abs = fs::absolute(m / "vae").string();
     Corpus::edit_json(m / "model_index.json", [&](nlohmann::json& j) { j[abs] = j["vae"]; });
-    corpus.add(fails("hub_cache/component_absolute_generate", corpus.generate(m),
+    corpus.add(failing("hub_cache/component_absolute_generate", corpus.generate(m),
                      {"model_index.json", "component '" + abs + "'", "is an absolute path"}));
   }
 
@@ -129,11 +117,11 @@ void add_hub_cache_cases(Corpus& corpus) {
     const fs::path repo = hub_repo(corpus, "models--kiln--no-refs");
     const std::vector<std::string> expect{"[model]", repo.string(), "no refs/main",
                                           "pass the snapshot folder snapshots/REV instead", "available: " + rev};
-    corpus.add(fails("hub_cache/repo_without_refs_main_generate", corpus.generate(repo), expect));
-    corpus.add(fails("hub_cache/repo_without_refs_main_inspect", {"inspect", "--model", repo.string()}, expect));
-    corpus.add(fails("hub_cache/repo_without_refs_main_warmup",
+    corpus.add(failing("hub_cache/repo_without_refs_main_generate", corpus.generate(repo), expect));
+    corpus.add(failing("hub_cache/repo_without_refs_main_inspect", {"inspect", "--model", repo.string()}, expect));
+    corpus.add(failing("hub_cache/repo_without_refs_main_warmup",
                      {"warmup", "--model", repo.string(), "--sizes", "32x32", "--max-sequence-length", "16"},
-                     expect, {}, {"KILN_CACHE_DIR=none"}));
+                     expect, {"KILN_CACHE_DIR=none"}));
   }
   // refs/main naming a snapshot that is not there.
   {
@@ -143,14 +131,14 @@ void add_hub_cache_cases(Corpus& corpus) {
                                           "names snapshot '0000000000000000000000000000000000000000'",
                                           (repo / "snapshots" / "0000000000000000000000000000000000000000").string(),
                                           "is missing", "available: " + rev};
-    corpus.add(fails("hub_cache/refs_main_missing_snapshot_generate", corpus.generate(repo), expect));
-    corpus.add(fails("hub_cache/refs_main_missing_snapshot_inspect", {"inspect", "--model", repo.string()}, expect));
+    corpus.add(failing("hub_cache/refs_main_missing_snapshot_generate", corpus.generate(repo), expect));
+    corpus.add(failing("hub_cache/refs_main_missing_snapshot_inspect", {"inspect", "--model", repo.string()}, expect));
   }
   // refs/main naming something out of snapshots/.
   {
     const fs::path repo = hub_repo(corpus, "models--kiln--ref-out");
     std::ofstream(repo / "refs" / "main") << "../snapshots/" << rev << "/../..\n";
-    corpus.add(fails("hub_cache/refs_main_dotdot", corpus.generate(repo),
+    corpus.add(failing("hub_cache/refs_main_dotdot", corpus.generate(repo),
                      {"refs/main", "snapshot '../snapshots/", "contains a '..' component", "available: " + rev}));
   }
   // An empty snapshots/ with refs/main: nothing available.
@@ -159,7 +147,7 @@ void add_hub_cache_cases(Corpus& corpus) {
     fs::create_directories(repo / "snapshots");
     fs::create_directories(repo / "refs");
     std::ofstream(repo / "refs" / "main") << rev;
-    corpus.add(fails("hub_cache/repo_with_no_snapshots", {"inspect", "--model", repo.string()},
+    corpus.add(failing("hub_cache/repo_with_no_snapshots", {"inspect", "--model", repo.string()},
                      {"names snapshot '" + rev + "'", "is missing", "available: none"}));
   }
 }

@@ -32,17 +32,6 @@ bool make_socket(const fs::path& path) {
   return ok;
 }
 
-// A case that must fail with exit code 1 and every one of `expect` in its output.
-Case refused(std::string name, std::vector<std::string> args, std::vector<std::string> expect,
-             std::vector<std::string> env = {}) {
-  Case c;
-  c.name = std::move(name);
-  c.args = std::move(args);
-  c.env = std::move(env);
-  c.exit_code = 1;
-  c.expect = std::move(expect);
-  return c;
-}
 
 }  // namespace
 
@@ -61,56 +50,56 @@ void add_output_cases(Corpus& corpus) {
   };
   const std::string regular = " not a regular file; kiln writes only regular files";
 
-  corpus.add(refused("outputs/out-fifo", gen({"--out", fifo.string()}),
+  corpus.add(failing("outputs/out-fifo", gen({"--out", fifo.string()}),
                      {"[output] cannot write " + fifo.string() + " (--out)", "is a FIFO," + regular}));
-  corpus.add(refused("outputs/report-fifo", gen({"--report", fifo.string()}),
+  corpus.add(failing("outputs/report-fifo", gen({"--report", fifo.string()}),
                      {"[output] cannot write " + fifo.string() + " (--report)", "is a FIFO," + regular}));
-  corpus.add(refused("outputs/out-socket", gen({"--out", sock.string()}),
+  corpus.add(failing("outputs/out-socket", gen({"--out", sock.string()}),
                      {"cannot write " + sock.string() + " (--out)", "is a socket," + regular}));
-  corpus.add(refused("outputs/report-socket", gen({"--report", sock.string()}),
+  corpus.add(failing("outputs/report-socket", gen({"--report", sock.string()}),
                      {"cannot write " + sock.string() + " (--report)", "is a socket," + regular}));
-  corpus.add(refused("outputs/out-symlink-to-fifo", gen({"--out", (out / "to_fifo.png").string()}),
+  corpus.add(failing("outputs/out-symlink-to-fifo", gen({"--out", (out / "to_fifo.png").string()}),
                      {"cannot write " + (out / "to_fifo.png").string() + " (--out)", "its target " + fifo.string(),
                       "is a FIFO"}));
-  corpus.add(refused("outputs/report-relative-symlink-to-fifo",
+  corpus.add(failing("outputs/report-relative-symlink-to-fifo",
                      gen({"--report", (out / "to_fifo_relative.json").string()}),
                      {"(--report): ", "its target", "fifo.png is a FIFO"}));
   // A character device of our own (/dev/null's numbers): needs CAP_MKNOD, as root in CI.
   const fs::path node = out / "null.png";
   if (::mknod(node.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) {
-    corpus.add(refused("outputs/out-char-device", gen({"--out", node.string()}),
+    corpus.add(failing("outputs/out-char-device", gen({"--out", node.string()}),
                        {"cannot write " + node.string() + " (--out)", "is a character device," + regular}));
-    corpus.add(refused("outputs/report-char-device", gen({"--report", node.string()}),
+    corpus.add(failing("outputs/report-char-device", gen({"--report", node.string()}),
                        {"cannot write " + node.string() + " (--report)", "is a character device"}));
   }
-  corpus.add(refused("outputs/out-existing-folder", gen({"--out", folder.string()}),
+  corpus.add(failing("outputs/out-existing-folder", gen({"--out", folder.string()}),
                      {"cannot write " + folder.string() + " (--out)", "is a folder; expected a file name"}));
-  corpus.add(refused("outputs/report-existing-folder", gen({"--report", out.string()}),
+  corpus.add(failing("outputs/report-existing-folder", gen({"--report", out.string()}),
                      {"cannot write " + out.string() + " (--report)", "is a folder"}));
-  corpus.add(refused("outputs/out-empty", gen({"--out", ""}),
+  corpus.add(failing("outputs/out-empty", gen({"--out", ""}),
                      {"cannot write \"\" (--out)", "the path is empty; expected a file name"}));
-  corpus.add(refused("outputs/report-empty", gen({"--report", ""}), {"cannot write \"\" (--report)", "empty"}));
-  corpus.add(refused("outputs/out-trailing-slash", gen({"--out", (out / "somedir").string() + "/"}),
+  corpus.add(failing("outputs/report-empty", gen({"--report", ""}), {"cannot write \"\" (--report)", "empty"}));
+  corpus.add(failing("outputs/out-trailing-slash", gen({"--out", (out / "somedir").string() + "/"}),
                      {"cannot write " + (out / "somedir").string() + "/ (--out)", "ends in '/'",
                       "expected a file name"}));
-  corpus.add(refused("outputs/out-missing-folder", gen({"--out", (out / "missing" / "x.png").string()}),
+  corpus.add(failing("outputs/out-missing-folder", gen({"--out", (out / "missing" / "x.png").string()}),
                      {"(--out): ", "folder " + (out / "missing").string() + " does not exist"}));
-  corpus.add(refused("outputs/report-missing-folder", gen({"--report", (out / "missing" / "run.json").string()}),
+  corpus.add(failing("outputs/report-missing-folder", gen({"--report", (out / "missing" / "run.json").string()}),
                      {"(--report): ", "does not exist"}));
-  corpus.add(refused("outputs/out-dangling-symlink-into-missing-folder",
+  corpus.add(failing("outputs/out-dangling-symlink-into-missing-folder",
                      gen({"--out", (out / "dangling_into_missing.png").string()}),
                      {"(--out): ", "folder " + (out / "missing").string() + " does not exist"}));
-  corpus.add(refused("outputs/out-and-report-same-file", gen({"--report", (out / "out.png").string()}),
+  corpus.add(failing("outputs/out-and-report-same-file", gen({"--report", (out / "out.png").string()}),
                      {"--out " + (out / "out.png").string(), "--report", "name the same file"}));
-  corpus.add(refused("outputs/out-and-report-same-file-through-a-link",
+  corpus.add(failing("outputs/out-and-report-same-file-through-a-link",
                      gen({"--out", (out / "a.png").string(), "--report", (out / "to_a.json").string()}),
                      {"name the same file"}));
-  corpus.add(refused("outputs/inspect-report-fifo",
+  corpus.add(failing("outputs/inspect-report-fifo",
                      {"inspect", "--model", corpus.tiny_model().string(), "--report", fifo.string()},
                      {"cannot write " + fifo.string() + " (--report)", "is a FIFO"}));
-  corpus.add(refused("outputs/warmup-report-fifo", {"warmup", "--sizes", "32x32", "--report", fifo.string()},
+  corpus.add(failing("outputs/warmup-report-fifo", {"warmup", "--sizes", "32x32", "--report", fifo.string()},
                      {"cannot write " + fifo.string() + " (--report)", "is a FIFO"}, {"KILN_CACHE_DIR=none"}));
-  corpus.add(refused("outputs/warmup-report-socket",
+  corpus.add(failing("outputs/warmup-report-socket",
                      {"warmup", "--model", corpus.tiny_model().string(), "--sizes", "32x32", "--report",
                       sock.string()},
                      {"cannot write " + sock.string() + " (--report)", "is a socket"}, {"KILN_CACHE_DIR=none"}));
