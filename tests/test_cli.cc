@@ -228,6 +228,22 @@ TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
   }
 }
 
+// As Diffusers, a prompt longer than an encoder reads is cut with a warning naming the encoder.
+TEST_F(Cli, APromptLongerThanTheEncodersReadIsCutWithAWarning) {
+  const fs::path png = dir_ / "out.png";
+  std::string words;
+  for (int i = 0; i < 100; ++i) words += "fox ";
+  const CliRun r = kiln_cli("generate --prompt '" + words + "' --max-sequence-length 16 --steps 1 --out " + png.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: the CLIP prompt is "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokens but only the first 77 are used (CLIP reads 77 tokens)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("warning: the T5 prompt is"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("only the first 16 are used (max_sequence_length is 16)"), std::string::npos) << r.output;
+  const CliRun short_prompt = kiln_cli("generate --prompt 'a fox' --steps 1 --out " + png.string());
+  ASSERT_EQ(short_prompt.exit_code, 0) << short_prompt.output;
+  EXPECT_EQ(short_prompt.output.find("warning:"), std::string::npos) << short_prompt.output;
+}
+
 TEST_F(Cli, SizesThatAreNotMultiplesOf16AreRoundedDownWithAWarning) {
   const fs::path png = dir_ / "out.png";
   const CliRun r = kiln_cli("generate --height 100 --width 120 --steps 1 --out " + png.string());
