@@ -32,6 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/env.h"
 #include "deterministic_weights.h"
 #include "devices/cpu/kernels/linear_gemm.h"
 #include "devices/cpu/prepacked_weights.h"
@@ -283,7 +284,7 @@ void BM_Step(benchmark::State& state) {
     state.counters["packs_held_MiB"] = double(packs) / (1 << 20);
     state.counters["pooled_MiB"] = double(m.pooled_bytes) / (1 << 20);
   }
-  if (std::getenv("KILN_BENCH_KERNEL_TIMES"))  // where the time goes, per launch name
+  if (kiln::env::flag("KILN_BENCH_KERNEL_TIMES"))  // where the time goes, per launch name
     for (const auto& [name, t] : kiln::runtime(kiln::Device::cpu()).kernel_times())
       std::printf("  %s mode %lld: %-24s %8.1f ms/step  (%llu launches/step)\n", size == 256 ? "256" : "512",
                   static_cast<long long>(mode), name.c_str(), t.first * 1e3 / double(state.iterations()),

@@ -1,6 +1,9 @@
 // No silent black image (pipelines/pipeline_checks.h): bad values fail with the stage named, in
 // every execution mode, and good values pass the same checks untouched.
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "exec/compile.h"
@@ -8,6 +11,7 @@
 #include "exec/ops.h"
 #include "flux_call_args.h"
 #include "golden.h"
+#include "io/safetensors.h"
 #include "models/flux/flux_transformer.h"
 #include "pipelines/flux_pipeline.h"
 #include "pipelines/pipeline_checks.h"
@@ -22,9 +26,22 @@ TEST(PipelineChecks, ProbesAreZeroForFiniteValuesAndNotOtherwise) {
                     -std::numeric_limits<float>::infinity()}) {
     const Tensor t = from_vector({1, bad, 3}, {3});
     EXPECT_NE(item(pipeline_checks::finite_probe(t)), 0.0) << bad;
-    test::expect_error([&] { pipeline_checks::expect_finite(pipeline_checks::finite_probe(t), "stage x", "", "cause y"); },
+    test::expect_error([&] { pipeline_checks::expect_finite(pipeline_checks::finite_probe(t), "stage x", "", {}, "cause y"); },
                        {"[pipeline] stage x produced NaN/Inf values; likely cause: cause y"});
   }
+}
+
+// The scan that names the cause skips the tensors the model never reads (a VAE's encoder half).
+TEST(PipelineChecks, TheWeightScanNamesOnlyTensorsTheModelReads) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("kiln_scan_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  io::save_safetensors(dir / "diffusion_pytorch_model.safetensors",
+                       {{"decoder.w", from_vector({1, 2}, {2})}, {"encoder.w", from_vector({nan, 1}, {2})}});
+  const std::string named = pipeline_checks::nonfinite_weight(dir, {});
+  EXPECT_NE(named.find("tensor 'encoder.w'"), std::string::npos) << named;
+  EXPECT_EQ(pipeline_checks::nonfinite_weight(dir, {"encoder."}), "");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PipelineChecks, NanInitialLatentsFailBeforeAnyWork) {

@@ -43,6 +43,8 @@ const std::vector<Variable>& variables() {
       {"KILN_MAX_PENDING", Kind::positive_int, {}, "N", "kernels the CPU queue holds before the host waits (32)"},
       {"KILN_GEMM", Kind::choice, {"onednn", "openblas"}, "onednn|openblas", "matrix-multiply library (onednn)"},
       {"KILN_BENCH_KERNEL_TIMES", Kind::flag, {}, "1", "benchmarks: time every kernel"},
+      {"KILN_HOST_MEMORY_CHECK", Kind::choice, {"0", "1"}, "0",
+       "0 skips the fail-fast check against the host's available memory (without --device-memory)"},
   };
   return *v;
 }
@@ -75,7 +77,8 @@ void check(const Variable& v, const std::string& value) {
       char* end = nullptr;
       errno = 0;
       const unsigned long long x = std::strtoull(value.c_str(), &end, 10);
-      KILN_CHECK(value[0] != '-' && end != value.c_str() && *end == 0 && errno == 0 && x > 0, "env", v.name, "='",
+      const bool digits = value.find_first_not_of("0123456789") == std::string::npos;
+      KILN_CHECK(digits && end != value.c_str() && *end == 0 && errno == 0 && x > 0, "env", v.name, "='",
                  value, "': expected a positive whole number");
       return;
     }

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "devices/runtime.h"
 #include "exec/capture.h"
@@ -296,10 +297,15 @@ MemoryEstimate FluxPipeline::estimate_memory(const FluxCallArgs& args) const {
   const int64_t h = 2 * (height / multiple), w = 2 * (width / multiple), l_img = (h / 2) * (w / 2);
   MemoryEstimate e;
   DeviceRuntime& rt = runtime(c_->device);
-  e.capacity = rt.memory().capacity_bytes;
   // The traces upload their small inputs (token ids, position tables) as real tensors. They must
   // not count against the capacity being checked, or a capacity too small even for them would
-  // fail in the allocator instead of with this estimate's numbers.
+  // fail in the allocator instead of with this estimate's numbers. The capacity is the device's,
+  // so estimates are serialised process-wide: two overlapping lifts could otherwise restore each
+  // other's 0. (Another thread allocating during the lift is not capped; calls of one pipeline
+  // are serialised by call_mu.)
+  static std::mutex lift_mu;
+  std::lock_guard<std::mutex> lift_lock(lift_mu);
+  e.capacity = rt.memory().capacity_bytes;
   struct CapacityLifted {
     DeviceRuntime& rt;
     size_t capacity;
@@ -468,7 +474,10 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   // any work, against the device's capacity or, without one, the memory the device can still get
   // (the host's, on the CPU), and say what would fit instead.
   const MemoryStats mem = runtime(c_->device).memory();
-  const size_t physical = runtime(c_->device).physical_available_bytes();
+  // KILN_HOST_MEMORY_CHECK=0: no check against the machine's memory (swap, reclaimable caches).
+  const size_t physical = env::choice("KILN_HOST_MEMORY_CHECK").value_or("1") == "1"
+                              ? runtime(c_->device).physical_available_bytes()
+                              : 0;
   const size_t limit = mem.capacity_bytes ? mem.capacity_bytes : physical ? physical + mem.in_use_bytes : 0;
   if (physical != 0) {
     // A floor of host memory first, in closed form, so an absurd size fails before the estimate
@@ -518,8 +527,10 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   const Tensor embeds_ok = pipeline_checks::finite_probe(prompt_embeds);
   wait(prompt_embeds);
   pipeline_checks::expect_finite(pooled_ok, "text encoder (CLIP, text_encoder)", c_->dir / "text_encoder",
+                                 ClipTextModel::checkpoint_keys_not_loaded(),
                                  "the CLIP text encoder's weights or config");
   pipeline_checks::expect_finite(embeds_ok, "text encoder (T5, text_encoder_2)", c_->dir / "text_encoder_2",
+                                 T5EncoderModel::checkpoint_keys_not_loaded(),
                                  "the T5 text encoder's weights or config");
   out.timings.encode = seconds_since(t0);
   if (args.on_stage) args.on_stage("encode", out.timings.encode);
@@ -559,7 +570,7 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
     wait(latents);   // per-step timing and progress (the next step needs these latents anyway)
     pipeline_checks::expect_finite(
         latents_ok, "transformer step " + std::to_string(i + 1) + "/" + std::to_string(args.num_inference_steps),
-        c_->dir / "transformer",
+        c_->dir / "transformer", FluxTransformer2DModel::checkpoint_keys_not_loaded(),
         i == 0 ? "the initial latents, the guidance or the transformer's weights"
                : "the transformer's weights or activations overflowing (values beyond the dtype's range)");
     out.timings.steps.push_back(seconds_since(t0));
@@ -574,6 +585,7 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   c_->use(3);
   const Tensor image = c_->vae.decode(z);
   pipeline_checks::expect_finite(pipeline_checks::finite_probe(image), "VAE decode", c_->dir / "vae",
+                                 AutoencoderKL::checkpoint_keys_not_loaded(),
                                  "the VAE's weights or its config (scaling_factor, shift_factor)");
   out.image = image_processor::to_uint8_hwc(image);
   out.height = image.dim(2);

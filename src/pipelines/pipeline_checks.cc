@@ -40,19 +40,22 @@ void finite_input(const std::string& what, const Tensor& t) {
 Tensor finite_probe(const Tensor& t) { return sum(cast(t, DType::f32) * 0.0); }
 
 void expect_finite(const Tensor& probe, const std::string& stage, const fs::path& component_dir,
-                   const std::string& otherwise) {
+                   const std::vector<std::string>& not_loaded, const std::string& otherwise) {
   if (item(probe) == 0.0) return;
-  const std::string weight = nonfinite_weight(component_dir);
+  const std::string weight = nonfinite_weight(component_dir, not_loaded);
   fail("pipeline", stage, " produced NaN/Inf values; likely cause: ", weight.empty() ? otherwise : weight);
 }
 
-std::string nonfinite_weight(const fs::path& component_dir) {
+std::string nonfinite_weight(const fs::path& component_dir, const std::vector<std::string>& not_loaded) {
   if (!has_checkpoint(component_dir)) return "";
   try {
     const io::SafetensorsIndex index(component_dir);
     for (const std::string& name : index.names()) {
       const io::TensorInfo info = index.info(name);
       if (!info.dtype || !is_floating(*info.dtype)) continue;
+      bool skipped = false;
+      for (const std::string& prefix : not_loaded) skipped = skipped || name.starts_with(prefix);
+      if (skipped) continue;
       if (!all_finite(index.load(name)))
         return "tensor '" + name + "' in " + index.shard_path(name).string() + " holds NaN/Inf values";
     }

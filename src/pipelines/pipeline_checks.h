@@ -6,6 +6,7 @@
 #pragma once
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -23,10 +24,11 @@ Tensor finite_probe(const Tensor& t);
 // values; <cause>", where the cause is the first checkpoint tensor under `component_dir` that
 // holds NaN/Inf (if any) or `otherwise`.
 void expect_finite(const Tensor& probe, const std::string& stage, const std::filesystem::path& component_dir,
-                   const std::string& otherwise);
+                   const std::vector<std::string>& not_loaded, const std::string& otherwise);
 
 // The first floating-point tensor of the checkpoint in `component_dir` holding NaN or Inf, as
 // "tensor 'NAME' in FILE holds NaN/Inf values", or "" when there is none (or no checkpoint).
-std::string nonfinite_weight(const std::filesystem::path& component_dir);
+// Tensors under the `not_loaded` key prefixes (those the model skips) are not scanned.
+std::string nonfinite_weight(const std::filesystem::path& component_dir, const std::vector<std::string>& not_loaded);
 
 }  // namespace kiln::pipeline_checks

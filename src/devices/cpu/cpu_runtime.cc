@@ -42,7 +42,18 @@ size_t host_available_bytes() {
     std::fclose(f);
     return ok ? std::optional(v) : std::nullopt;
   };
-  const auto limit = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
+  const auto limit = read_number("/sys/fs/cgroup/memory.max");
+  auto used = read_number("/sys/fs/cgroup/memory.current");
+  // The cgroup's page cache it could drop (inactive_file: the mapped checkpoint, say) is not used.
+  if (used) {
+    if (std::FILE* f = std::fopen("/sys/fs/cgroup/memory.stat", "r")) {
+      char line[256];
+      unsigned long long inactive = 0;
+      while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "inactive_file %llu", &inactive) == 1) *used -= std::min(*used, inactive);
+      std::fclose(f);
+    }
+  }
   if (limit && used && *limit > *used) available = available ? std::min(available, size_t(*limit - *used)) : size_t(*limit - *used);
   return available;
 }
