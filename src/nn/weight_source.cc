@@ -92,15 +92,18 @@ CheckpointAudit::~CheckpointAudit() { t_audit = previous_; }
 CheckpointAudit* CheckpointAudit::active() { return t_audit; }
 void CheckpointAudit::opened(std::shared_ptr<const WeightSource> source) { sources_.push_back(std::move(source)); }
 
+bool key_under(const std::string& key, const std::vector<std::string>& prefixes) {
+  for (const std::string& prefix : prefixes)
+    if (key.starts_with(prefix)) return true;
+  return false;
+}
+
 std::vector<std::string> CheckpointAudit::unused(const std::vector<std::string>& not_loaded) const {
   std::vector<std::string> out;
   for (const auto& source : sources_) {
     std::vector<std::string> keys;
-    for (const std::string& k : source->unread()) {
-      bool skipped = false;
-      for (const std::string& prefix : not_loaded) skipped = skipped || k.starts_with(prefix);
-      if (!skipped) keys.push_back(k);
-    }
+    for (const std::string& k : source->unread())
+      if (!key_under(k, not_loaded)) keys.push_back(k);
     if (keys.empty()) continue;
     std::string list;
     for (size_t i = 0; i < keys.size() && i < 8; ++i) list += (i ? ", '" : "'") + keys[i] + "'";

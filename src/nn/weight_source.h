@@ -28,6 +28,9 @@ class WeightSource {
   virtual std::vector<std::string> unread() const { return {}; }
 };
 
+// Whether `key` starts with one of `prefixes` (a model's checkpoint_keys_not_loaded()).
+bool key_under(const std::string& key, const std::vector<std::string>& prefixes);
+
 // While alive, every checkpoint opened on this thread with open_checkpoint is remembered, so a
 // loader can name the tensors the model it built never read (Diffusers warns about those; a
 // strict load refuses them). `not_loaded` lists the key prefixes the model skips on purpose

@@ -1,6 +1,9 @@
 #include "pipelines/flux_pipeline.h"
 
+#include <array>
 #include <chrono>
+#include <map>
+#include <tuple>
 #include <mutex>
 
 #include "core/env.h"
@@ -137,6 +140,8 @@ struct FluxPipeline::Components {
   std::vector<OffloadEvent> events;
   // One call at a time: a call moves weights (offload) that another call's kernels may be using.
   mutable std::mutex call_mu;
+  std::mutex activations_mu;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::array<size_t, 4>> traced_activations;
 
   void onload(size_t i) {
     if (weights[i].resident()) return;
@@ -161,6 +166,47 @@ struct FluxPipeline::Components {
       if (j != i) offload(j);
     onload(i);
   }
+  // The peak activation bytes of each component's forward at these sizes, in
+  // model_cpu_offload_seq order: traced once per size (nothing runs), then remembered, since
+  // every call checks its memory first.
+  std::array<size_t, 4> activations(int64_t h, int64_t w, int64_t max_sequence_length) {
+    std::lock_guard<std::mutex> lock(activations_mu);
+    const auto key = std::make_tuple(h, w, max_sequence_length);
+    if (const auto it = traced_activations.find(key); it != traced_activations.end()) return it->second;
+    DeviceRuntime& rt = runtime(device);
+    // The traces upload their small inputs (token ids, position tables) as real tensors. They
+    // must not count against the capacity being checked, or a capacity too small even for them
+    // would fail in the allocator instead of with the estimate's numbers. The capacity is the
+    // device's, so lifts are serialised process-wide: two overlapping ones could otherwise
+    // restore each other's 0. (Another thread allocating during a lift is not capped.)
+    static std::mutex lift_mu;
+    std::lock_guard<std::mutex> lift_lock(lift_mu);
+    struct CapacityLifted {
+      DeviceRuntime& rt;
+      size_t capacity;
+      ~CapacityLifted() { rt.set_memory_capacity(capacity); }
+    } lifted{rt, rt.memory().capacity_bytes};
+    rt.set_memory_capacity(0);
+    auto traced = [](const char* what, const std::function<Tensor()>& f) {
+      return unfused_peak_bytes_on(detail::capture(what, [&] { return std::vector<Tensor>{f()}; }).recorded,
+                                   Device::cpu());
+    };
+    const Tensor clip_ids = from_ints(std::vector<int64_t>(size_t(tokenizer.model_max_length()), 0),
+                                      {1, tokenizer.model_max_length()});
+    const Tensor t5_ids = from_ints(std::vector<int64_t>(size_t(max_sequence_length), 0), {1, max_sequence_length});
+    const int64_t latent_channels = vae.config().latent_channels;
+    // The VAE's input only needs its shape (nothing runs): host memory, not the device's budget.
+    const Tensor z = Tensor::view_of(host_allocate(size_t(latent_channels * h * w) * 4), {1, latent_channels, h, w},
+                                     DType::f32);
+    const std::array<size_t, 4> act = {
+        traced("text_encoder", [&] { return text_encoder.forward(clip_ids).pooler_output; }),
+        traced("text_encoder_2", [&] { return text_encoder_2.forward(t5_ids).last_hidden_state; }),
+        transformer.activation_bytes(1, (h / 2) * (w / 2), max_sequence_length),
+        traced("vae", [&] { return vae.decode(z); }),
+    };
+    return traced_activations[key] = act;
+  }
+
   // maybe_free_model_hooks(): the end of a call under offload releases everything.
   void free_all() {
     if (placement != Placement::model_offload) return;
@@ -210,6 +256,8 @@ FluxPipeline FluxPipeline::from_pretrained(const fs::path& model, const FluxPipe
       std::move(weights),
       Placement::host,
       options.device,
+      {},
+      {},
       {},
       {},
   });
@@ -296,40 +344,8 @@ MemoryEstimate FluxPipeline::estimate_memory(const FluxCallArgs& args) const {
   KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "height and width must be at least ", multiple);
   const int64_t h = 2 * (height / multiple), w = 2 * (width / multiple), l_img = (h / 2) * (w / 2);
   MemoryEstimate e;
-  DeviceRuntime& rt = runtime(c_->device);
-  // The traces upload their small inputs (token ids, position tables) as real tensors. They must
-  // not count against the capacity being checked, or a capacity too small even for them would
-  // fail in the allocator instead of with this estimate's numbers. The capacity is the device's,
-  // so estimates are serialised process-wide: two overlapping lifts could otherwise restore each
-  // other's 0. (Another thread allocating during the lift is not capped; calls of one pipeline
-  // are serialised by call_mu.)
-  static std::mutex lift_mu;
-  std::lock_guard<std::mutex> lift_lock(lift_mu);
-  e.capacity = rt.memory().capacity_bytes;
-  struct CapacityLifted {
-    DeviceRuntime& rt;
-    size_t capacity;
-    ~CapacityLifted() { rt.set_memory_capacity(capacity); }
-  } lifted{rt, e.capacity};
-  rt.set_memory_capacity(0);
-  // Activations: each forward traced at the call's sizes (nothing runs) and its op-by-op peak.
-  auto traced = [](const char* what, const std::function<Tensor()>& f) {
-    return unfused_peak_bytes_on(detail::capture(what, [&] { return std::vector<Tensor>{f()}; }).recorded,
-                                 Device::cpu());
-  };
-  const Tensor clip_ids = from_ints(std::vector<int64_t>(size_t(c_->tokenizer.model_max_length()), 0),
-                                    {1, c_->tokenizer.model_max_length()});
-  const Tensor t5_ids = from_ints(std::vector<int64_t>(size_t(args.max_sequence_length), 0), {1, args.max_sequence_length});
-  const int64_t latent_channels = c_->vae.config().latent_channels;
-  // The VAE's input only needs its shape (nothing runs): host memory, not the device's budget.
-  const Tensor z = Tensor::view_of(host_allocate(size_t(latent_channels * h * w) * 4), {1, latent_channels, h, w},
-                                   DType::f32);
-  const size_t act[] = {
-      traced("text_encoder", [&] { return c_->text_encoder.forward(clip_ids).pooler_output; }),
-      traced("text_encoder_2", [&] { return c_->text_encoder_2.forward(t5_ids).last_hidden_state; }),
-      c_->transformer.activation_bytes(1, l_img, args.max_sequence_length),
-      traced("vae", [&] { return c_->vae.decode(z); }),
-  };
+  e.capacity = runtime(c_->device).memory().capacity_bytes;
+  const std::array<size_t, 4> act = c_->activations(h, w, args.max_sequence_length);
   size_t all_weights = 0, max_act = 0, max_component = 0;
   for (size_t i = 0; i < c_->weights.size(); ++i) {
     const size_t wb = c_->weights[i].device_bytes(c_->device);

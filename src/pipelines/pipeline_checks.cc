@@ -6,6 +6,7 @@
 #include "exec/host.h"
 #include "exec/ops.h"
 #include "io/safetensors.h"
+#include "nn/weight_source.h"
 
 namespace kiln::pipeline_checks {
 
@@ -52,10 +53,7 @@ std::string nonfinite_weight(const fs::path& component_dir, const std::vector<st
     const io::SafetensorsIndex index(component_dir);
     for (const std::string& name : index.names()) {
       const io::TensorInfo info = index.info(name);
-      if (!info.dtype || !is_floating(*info.dtype)) continue;
-      bool skipped = false;
-      for (const std::string& prefix : not_loaded) skipped = skipped || name.starts_with(prefix);
-      if (skipped) continue;
+      if (!info.dtype || !is_floating(*info.dtype) || nn::key_under(name, not_loaded)) continue;
       if (!all_finite(index.load(name)))
         return "tensor '" + name + "' in " + index.shard_path(name).string() + " holds NaN/Inf values";
     }
