@@ -42,6 +42,10 @@ class Buffer {
     derived_.clear();
   }
   bool here_for_one_call() const { return for_one_call_; }
+  // Whether the bytes it was made with are a view of a mapped checkpoint file (zero-copy
+  // weights), so reports can say where a weight lives. Set once, by the loader that made it.
+  void mark_file_mapping() { maps_file_ = true; }
+  bool maps_file() const { return maps_file_; }
   size_t bytes() const { return bytes_; }
   const Device& device() const { return device_; }
 
@@ -82,6 +86,7 @@ class Buffer {
  private:
   void* data_;
   std::shared_ptr<void> relocated_owner_;  // the device copy while relocated
+  bool maps_file_ = false;
   bool for_one_call_ = false;  // read on the queue: written only by relocate(), with no work queued
   size_t bytes_;
   Device device_;

@@ -17,7 +17,7 @@ Tensor ones(const Shape& shape, DType dtype = DType::f32, const Device& device =
 Tensor arange(double start, double end, double step = 1, DType dtype = DType::i64, const Device& device = Device::cpu());
 
 // ---- collectives over this process's world (distributed/process_group.h) ----
-Tensor all_reduce(const Tensor& x);                  // f32 sum over all ranks
+Tensor all_reduce(const Tensor& x);                  // sum over all ranks (in f32, rounded to x's dtype)
 Tensor all_gather(const Tensor& x, int64_t axis);    // every rank's x joined along axis, rank order
 
 // ---- elementwise ----

@@ -19,6 +19,7 @@ void ComponentWeights::add(const Tensor& weight) {
   KILN_CHECK(!resident_, "offload", name_, ": a weight was added while the component is on the device");
   buffers_.push_back(b);
   host_data_.push_back(b->data());
+  dtypes_.push_back(weight.dtype());
   bytes_ += b->bytes();
 }
 
@@ -27,6 +28,16 @@ size_t ComponentWeights::device_bytes(const Device& device) const {
   size_t n = 0;
   for (const BufferPtr& b : buffers_) n += rt.allocation_size(b->bytes());
   return n;
+}
+
+ComponentWeights::Bytes ComponentWeights::bytes_by() const {
+  Bytes b;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    const size_t n = buffers_[i]->bytes();
+    b.by_dtype[dtype_name(dtypes_[i])] += n;
+    b.by_place[resident_ ? "device" : buffers_[i]->maps_file() ? "mapped_file" : "host_copy"] += n;
+  }
+  return b;
 }
 
 void ComponentWeights::onload(const Device& device, bool for_one_call) {

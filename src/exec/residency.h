@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,13 @@ class ComponentWeights {
   // What onload takes from `device`'s capacity (each copy rounded to the allocator's size class).
   size_t device_bytes(const Device& device) const;
   size_t count() const { return buffers_.size(); }
+  // The weights' bytes by dtype ("bf16", ...) and by where they live now: "mapped_file" (read in
+  // place from a checkpoint's mapping), "host_copy" (host memory: converted at load, joined
+  // shards, a misaligned tensor) or "device" (copied to the device: pipe.to, model offload).
+  struct Bytes {
+    std::map<std::string, size_t> by_dtype, by_place;
+  };
+  Bytes bytes_by() const;
   bool resident() const { return resident_; }
 
   // Both wait for the device's queued work first (a kernel may still read the weights), and
@@ -44,6 +52,7 @@ class ComponentWeights {
   std::string name_;
   std::vector<BufferPtr> buffers_;
   std::vector<void*> host_data_;  // each buffer's own bytes
+  std::vector<DType> dtypes_;     // each buffer's, as added
   size_t bytes_ = 0;
   bool resident_ = false;
   Device device_ = Device::cpu();  // where it is while resident

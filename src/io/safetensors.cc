@@ -431,6 +431,7 @@ Tensor SafetensorsFile::load_uncounted(const std::string& name) const {
   if (bytes == 0 || reinterpret_cast<uintptr_t>(src) % dtype_size(dt) == 0) {
     auto keep_mapped = mapping_;
     auto buf = std::make_shared<Buffer>(src, bytes, Device::cpu(), [keep_mapped] {});
+    buf->mark_file_mapping();
     return Tensor::view_of(std::move(buf), ti.shape, dt);
   }
   BufferPtr buf = allocate_cpu(bytes);

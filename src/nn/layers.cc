@@ -70,9 +70,9 @@ Linear::Linear(const Weights& w, int64_t in_features, int64_t out_features, bool
     // Pieces of a packed weight are joined into one: that one is the weight offload moves.
     const bool one_piece = blocks.size() == 1;
     w_parts.push_back(
-        w.get_slice("weight", {out_features, in_features}, by_rows ? 0 : 1, start, piece, DType::f32, one_piece));
+        w.get_slice("weight", {out_features, in_features}, by_rows ? 0 : 1, start, piece, one_piece));
     if (has_bias && by_rows)
-      b_parts.push_back(w.get_slice("bias", {out_features}, 0, start, piece, DType::f32, one_piece));
+      b_parts.push_back(w.get_slice("bias", {out_features}, 0, start, piece, one_piece));
     offset += block;
   }
   weight = join_host(w_parts, by_rows ? 0 : 1);

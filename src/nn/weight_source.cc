@@ -1,6 +1,7 @@
 #include "nn/weight_source.h"
 
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -18,6 +19,7 @@ class SafetensorsSource final : public WeightSource {
   std::string describe() const override { return index_.path().string(); }
   bool contains(const std::string& key) const override { return index_.contains(key); }
   Shape shape(const std::string& key) const override { return index_.info(key).shape; }
+  std::optional<DType> stored_dtype(const std::string& key) const override { return index_.info(key).dtype; }
   Tensor load(const std::string& key, DType dtype) const override {
     check_dtype(key, dtype);
     Tensor t = index_.load(key, dtype);
@@ -59,6 +61,18 @@ class SafetensorsSource final : public WeightSource {
 thread_local CheckpointAudit* t_audit = nullptr;
 
 }  // namespace
+
+DType stored_float_dtype(const WeightSource& source) {
+  std::map<DType, int64_t> bytes;
+  for (const std::string& key : source.names())
+    if (const std::optional<DType> t = source.stored_dtype(key); t && is_floating(*t))
+      bytes[*t] += numel(source.shape(key)) * int64_t(dtype_size(*t));
+  DType best = DType::f32;
+  int64_t most = -1;
+  for (const auto& [t, b] : bytes)
+    if (b > most) best = t, most = b;
+  return best;
+}
 
 Tensor WeightSource::load_slice(const std::string& key, int dim, int64_t start, int64_t length, DType dtype) const {
   const Tensor whole = load(key, dtype);

@@ -4,6 +4,7 @@
 #pragma once
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,12 @@ class WeightSource {
   virtual std::string describe() const = 0;  // names the source in errors (a path)
   virtual bool contains(const std::string& key) const = 0;
   virtual Shape shape(const std::string& key) const = 0;  // key must exist
+  // The dtype `key` is stored in (key must exist); nullopt when kiln has no such dtype or the
+  // source cannot tell.
+  virtual std::optional<DType> stored_dtype(const std::string& key) const {
+    (void)key;
+    return std::nullopt;
+  }
   virtual Tensor load(const std::string& key, DType dtype) const = 0;
   // Rows (dim 0) or columns (dim 1) [start, start+length) of a 2-D tensor, or rows of a 1-D
   // one (tensor parallelism: a rank's shard). The default loads the whole tensor and copies the
@@ -27,6 +34,10 @@ class WeightSource {
   virtual std::vector<std::string> names() const { return {}; }
   virtual std::vector<std::string> unread() const { return {}; }
 };
+
+// torch_dtype="auto": the floating-point dtype that holds most of the source's weight bytes
+// (f32 when it cannot tell).
+DType stored_float_dtype(const WeightSource& source);
 
 // Whether `key` starts with one of `prefixes` (a model's checkpoint_keys_not_loaded()).
 bool key_under(const std::string& key, const std::vector<std::string>& prefixes);

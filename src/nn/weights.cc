@@ -13,6 +13,14 @@ Weights::Weights(std::shared_ptr<const WeightSource> source, std::string prefix)
 Weights Weights::sub(const std::string& name) const {
   Weights w(source_, prefix_ + name + ".");
   w.plan_ = plan_;
+  w.dtype_ = dtype_;
+  return w;
+}
+
+Weights Weights::with_dtype(DType dtype) const {
+  KILN_CHECK(is_floating(dtype), "weights", "weights are held in a floating-point dtype, not ", dtype_name(dtype));
+  Weights w = *this;
+  w.dtype_ = dtype;
   return w;
 }
 
@@ -46,8 +54,8 @@ Tensor Weights::get(const std::string& name, const Shape& shape, DType dtype) co
 }
 
 Tensor Weights::get_slice(const std::string& name, const Shape& shape, int dim, int64_t start, int64_t length,
-                          DType dtype, bool collect) const {
-  Tensor t = source_->load_slice(checked_key(name, shape), dim, start, length, dtype);
+                          bool collect) const {
+  Tensor t = source_->load_slice(checked_key(name, shape), dim, start, length, dtype_);
   if (collect) collect_weight(t);
   return t;
 }

@@ -24,9 +24,15 @@ class Weights {
   Weights sub(const std::string& name, int64_t index) const { return sub(name + "." + std::to_string(index)); }
 
   bool has(const std::string& name) const;
-  // The tensor `name` converted to `dtype` (zero-copy when it is stored as `dtype`);
-  // throws naming the key when missing or when its shape is not `shape`.
-  Tensor get(const std::string& name, const Shape& shape, DType dtype = DType::f32) const;
+  // The tensor `name` in this module's dtype (dtype()), or in `dtype`: read in place (zero-copy)
+  // when it is stored in that dtype, else converted once, here; throws naming the key when
+  // missing or when its shape is not `shape`.
+  Tensor get(const std::string& name, const Shape& shape) const { return get(name, shape, dtype_); }
+  Tensor get(const std::string& name, const Shape& shape, DType dtype) const;
+  // The dtype float weights are held and computed in (Diffusers' torch_dtype; children inherit
+  // it). f32 unless the loader chose another (PipelineOptions::dtype).
+  DType dtype() const { return dtype_; }
+  Weights with_dtype(DType dtype) const;
   std::string key(const std::string& name) const { return prefix_ + name; }
   std::string describe() const { return source_ ? source_->describe() : "(no checkpoint)"; }
   // This module's path: the prefix without its trailing '.' ("transformer_blocks.3.attn.to_q").
@@ -41,7 +47,7 @@ class Weights {
   // `collect`: whether model offload learns the slice as one of the component's weights (false
   // for pieces a layer joins into one weight, which it then reports with collect_weight).
   Tensor get_slice(const std::string& name, const Shape& shape, int dim, int64_t start, int64_t length,
-                   DType dtype = DType::f32, bool collect = true) const;
+                   bool collect = true) const;
   // Reports a weight a layer built itself (joined shards) to model offload (exec/residency.h).
   static void collect_weight(const Tensor& weight);
 
@@ -52,6 +58,7 @@ class Weights {
   std::shared_ptr<const WeightSource> source_;
   std::string prefix_;
   std::shared_ptr<const ShardPlan> plan_;
+  DType dtype_ = DType::f32;
 };
 
 }  // namespace kiln::nn

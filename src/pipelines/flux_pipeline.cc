@@ -117,6 +117,40 @@ auto collected(ComponentWeights& weights, const std::vector<std::string>& not_lo
   return model;
 }
 
+// The components whose dtype a caller may choose, in model_cpu_offload_seq order.
+constexpr const char* kModelComponents[] = {"text_encoder", "text_encoder_2", "transformer", "vae"};
+
+// torch_dtype of one component: its own choice, else the pipeline's; "auto" (std::nullopt) is
+// the dtype its checkpoint stores most of its weight bytes in.
+DType component_dtype(const FluxPipelineOptions& options, const std::string& name, const fs::path& folder) {
+  std::optional<DType> want = options.dtype;
+  if (const auto it = options.component_dtype.find(name); it != options.component_dtype.end()) want = it->second;
+  if (want) {
+    KILN_CHECK(is_floating(*want), "pipeline", "dtype for ", name, " must be bf16, f16 or f32, got ",
+               dtype_name(*want));
+    return *want;
+  }
+  return nn::stored_float_dtype(*nn::open_checkpoint(folder));
+}
+
+void check_component_dtype_names(const FluxPipelineOptions& options) {
+  for (const auto& [name, dtype] : options.component_dtype) {
+    bool known = false;
+    for (const char* c : kModelComponents) known = known || name == c;
+    KILN_CHECK(known, "pipeline", "dtype given for unknown component '", name,
+               "' (FluxPipeline's are text_encoder, text_encoder_2, transformer, vae)");
+  }
+}
+
+// The value `v` has once stored in dtype `t` (a host scalar rounded as a device tensor would be).
+float rounded_to(DType t, float v) {
+  float out = 0;
+  char bytes[8];
+  store_from_double(bytes, t, 0, double(v));
+  out = float(load_as_double(bytes, t, 0));
+  return out;
+}
+
 enum class Placement { host, device, model_offload };
 
 }  // namespace
@@ -233,6 +267,10 @@ FluxPipeline FluxPipeline::from_pretrained(const fs::path& model, const FluxPipe
                             component(dir, index, "text_encoder"),   component(dir, index, "text_encoder_2"),
                             component(dir, index, "transformer"),    component(dir, index, "vae"),
                             component(dir, index, "scheduler")};
+  check_component_dtype_names(options);
+  const DType dtypes[] = {component_dtype(options, "text_encoder", paths[2]),
+                          component_dtype(options, "text_encoder_2", paths[3]),
+                          component_dtype(options, "transformer", paths[4]), component_dtype(options, "vae", paths[5])};
   std::vector<ComponentWeights> weights{ComponentWeights("text_encoder"), ComponentWeights("text_encoder_2"),
                                         ComponentWeights("transformer"), ComponentWeights("vae")};
   auto c = std::unique_ptr<Components>(new Components{
@@ -242,16 +280,17 @@ FluxPipeline FluxPipeline::from_pretrained(const fs::path& model, const FluxPipe
       tokenizers::ClipTokenizer::from_pretrained(paths[0]),
       tokenizers::T5Tokenizer::from_pretrained(paths[1]),
       collected(weights[0], ClipTextModel::checkpoint_keys_not_loaded(), options,
-                [&] { return ClipTextModel::from_pretrained(paths[2]); }),
+                [&] { return ClipTextModel::from_pretrained(paths[2], ClipPooledRule::eos2_argmax, dtypes[0]); }),
       collected(weights[1], T5EncoderModel::checkpoint_keys_not_loaded(), options,
-                [&] { return T5EncoderModel::from_pretrained(paths[3]); }),
+                [&] { return T5EncoderModel::from_pretrained(paths[3], dtypes[1]); }),
       collected(weights[2], FluxTransformer2DModel::checkpoint_keys_not_loaded(), options,
                 [&] {
-                  return options.tensor_parallel ? FluxTransformer2DModel::from_pretrained(paths[4], *options.tensor_parallel)
-                                                 : FluxTransformer2DModel::from_pretrained(paths[4]);
+                  return options.tensor_parallel
+                             ? FluxTransformer2DModel::from_pretrained(paths[4], *options.tensor_parallel, dtypes[2])
+                             : FluxTransformer2DModel::from_pretrained(paths[4], dtypes[2]);
                 }),
       collected(weights[3], AutoencoderKL::checkpoint_keys_not_loaded(), options,
-                [&] { return AutoencoderKL::from_pretrained(paths[5]); }),
+                [&] { return AutoencoderKL::from_pretrained(paths[5], dtypes[3]); }),
       FlowMatchEulerConfig::load(paths[6] / "scheduler_config.json"),
       std::move(weights),
       Placement::host,
@@ -266,6 +305,22 @@ FluxPipeline FluxPipeline::from_pretrained(const fs::path& model, const FluxPipe
 }
 
 int64_t FluxPipeline::vae_scale_factor() const { return c_->vae.config().vae_scale_factor(); }
+
+std::vector<std::pair<std::string, DType>> FluxPipeline::dtypes() const {
+  return {{"text_encoder", c_->text_encoder.dtype()},
+          {"text_encoder_2", c_->text_encoder_2.dtype()},
+          {"transformer", c_->transformer.dtype()},
+          {"vae", c_->vae.dtype()}};
+}
+
+std::vector<FluxPipeline::WeightBytes> FluxPipeline::weight_bytes() const {
+  std::vector<WeightBytes> out;
+  for (const ComponentWeights& w : c_->weights) {
+    ComponentWeights::Bytes b = w.bytes_by();
+    out.push_back({w.name(), std::move(b.by_dtype), std::move(b.by_place)});
+  }
+  return out;
+}
 double FluxPipeline::load_seconds() const { return c_->load_seconds; }
 const fs::path& FluxPipeline::model_dir() const { return c_->dir; }
 
@@ -539,6 +594,11 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   const Tensor prompt_embeds =
       c_->text_encoder_2.forward(from_ints(t5_ids, {1, int64_t(t5_ids.size())})).last_hidden_state;
   const Tensor txt_ids = zeros({int64_t(t5_ids.size()), 3});
+  // The transformer computes in its dtype; its inputs arrive in it (the same as the encoders'
+  // unless a component was given another dtype, which torch would refuse to mix).
+  const DType dt = c_->transformer.dtype();
+  const Tensor pooled_in = pooled.dtype() == dt ? pooled : cast(pooled, dt);
+  const Tensor embeds_in = prompt_embeds.dtype() == dt ? prompt_embeds : cast(prompt_embeds, dt);
   const Tensor pooled_ok = pipeline_checks::finite_probe(pooled);
   const Tensor embeds_ok = pipeline_checks::finite_probe(prompt_embeds);
   wait(prompt_embeds);
@@ -555,9 +615,12 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   Tensor latents;
   if (args.latents.defined()) {
     latents = args.latents.rank() == 4 ? pack_latents(args.latents) : args.latents;
-    latents = cast(latents, DType::f32);
+    latents = cast(latents, dt);
   } else {
+    // fp32 noise, rounded to the dtype (Diffusers draws bf16 noise with another generator path,
+    // flux1.md §6.4: pass --latents to reproduce a bf16 run's noise exactly).
     latents = pack_latents(from_vector(TorchGenerator(args.seed).randn(numel(unpacked)), unpacked));
+    if (dt != DType::f32) latents = cast(latents, dt);
   }
   const Tensor img_ids = image_ids(h, w);
 
@@ -578,8 +641,9 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   for (int64_t i = 0; i < args.num_inference_steps; ++i) {
     t0 = std::chrono::steady_clock::now();
     const float t = scheduler.timesteps()[size_t(i)];
-    const Tensor timestep = from_vector({t / 1000.0f}, {1});
-    const Tensor v = c_->transformer.forward(latents, prompt_embeds, pooled, timestep, img_ids, txt_ids, guidance);
+    // §6.6: t in the latents' dtype, divided by 1000 in that dtype.
+    const Tensor timestep = from_vector({rounded_to(dt, rounded_to(dt, t) / 1000.0f)}, {1}, dt);
+    const Tensor v = c_->transformer.forward(latents, embeds_in, pooled_in, timestep, img_ids, txt_ids, guidance);
     latents = scheduler.step(v, latents);
     const Tensor latents_ok = pipeline_checks::finite_probe(latents);
     mark_step();     // deferred mode: this step's graph is complete; same fingerprint every step

@@ -4,6 +4,7 @@
 #pragma once
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,14 @@ struct FluxPipelineOptions {
   bool strict = false;
   // Called with each load warning (unused checkpoint tensors).
   std::function<void(const std::string&)> on_warning;
+  // Diffusers' torch_dtype (design.md §6): the dtype every component's weights are held in and
+  // its activations computed in. std::nullopt is "auto": each component's checkpoint dtype, so
+  // a bf16 checkpoint runs in bf16 with its weights read in place and never widened. f32 is the
+  // reference path (a bf16 checkpoint's weights are then converted once, at load).
+  std::optional<DType> dtype;
+  // Per-component choice ("text_encoder", "text_encoder_2", "transformer", "vae"; std::nullopt:
+  // auto), over `dtype`.
+  std::map<std::string, std::optional<DType>> component_dtype;
 };
 
 struct FluxCallArgs {
@@ -120,6 +129,16 @@ class FluxPipeline {
   void warmup(int64_t height, int64_t width, int64_t max_sequence_length = 512) const;
 
   int64_t vae_scale_factor() const;
+  // The dtype each component was loaded in (after "auto" was resolved), in
+  // model_cpu_offload_seq order: text_encoder, text_encoder_2, transformer, vae.
+  std::vector<std::pair<std::string, DType>> dtypes() const;
+  // The bytes of every weight each component holds, by dtype and by where they live now
+  // (mapped checkpoint file, host copy, device), in model_cpu_offload_seq order.
+  struct WeightBytes {
+    std::string component;
+    std::map<std::string, size_t> by_dtype, by_place;
+  };
+  std::vector<WeightBytes> weight_bytes() const;
   int64_t default_sample_size() const { return 128; }
   double load_seconds() const;
   const std::filesystem::path& model_dir() const;

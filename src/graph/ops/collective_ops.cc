@@ -7,15 +7,16 @@ namespace kiln {
 
 namespace {
 
-// all_reduce: the elementwise sum of x over all ranks (f32).
+// all_reduce: the elementwise sum of x over all ranks, computed in f32 (a bf16/f16 x is widened,
+// summed and rounded once, as a reduced-precision NCCL sum of two ranks rounds once).
 void register_all_reduce() {
   OpDef def;
   def.name = "all_reduce";
   def.kind = OpKind::collective;
   def.min_inputs = def.max_inputs = 1;
   def.infer = [](const std::vector<Tensor>& in, const Attrs&) {
-    KILN_CHECK(in[0].dtype() == DType::f32, "all_reduce", "sums f32 tensors, got ", in[0].describe());
-    return OutputMeta{in[0].shape(), DType::f32};
+    KILN_CHECK(is_floating(in[0].dtype()), "all_reduce", "sums floating-point tensors, got ", in[0].describe());
+    return OutputMeta{in[0].shape(), in[0].dtype()};
   };
   def.reference = [](const std::vector<HostTensor>& in, const Attrs&, const OutputMeta&) { return in[0].data; };
   register_op(std::move(def));

@@ -40,10 +40,11 @@ ClipTextModel::Config ClipTextModel::Config::from_json(const io::JsonConfig& jso
   return c;
 }
 
-ClipTextModel ClipTextModel::from_pretrained(const std::filesystem::path& dir, ClipPooledRule pooled_rule) {
+ClipTextModel ClipTextModel::from_pretrained(const std::filesystem::path& dir, ClipPooledRule pooled_rule,
+                                             DType dtype) {
   Config config = Config::from_json(io::JsonConfig(dir / "config.json"));
   config.pooled_rule = pooled_rule;
-  return ClipTextModel(config, nn::Weights(dir));
+  return ClipTextModel(config, nn::Weights(dir).with_dtype(dtype));
 }
 
 ClipTextModel::ClipTextModel(const Config& config, const nn::Weights& weights) : config_(config) {

@@ -55,13 +55,15 @@ class ClipTextModel {
   // carry (recomputed here).
   static std::vector<std::string> checkpoint_keys_not_loaded() { return {"text_model.embeddings.position_ids"}; }
   static ClipTextModel from_pretrained(const std::filesystem::path& dir,
-                                       ClipPooledRule pooled_rule = ClipPooledRule::eos2_argmax);
+                                       ClipPooledRule pooled_rule = ClipPooledRule::eos2_argmax,
+                                       DType dtype = DType::f32);  // torch_dtype
   ClipTextModel(const Config& config, const nn::Weights& weights);  // weights at the state-dict root
 
   // input_ids: integer [B, L] with L <= max_position_embeddings. Reads the ids on the host
   // (for the pooled positions).
   Output forward(const Tensor& input_ids, bool output_hidden_states = false) const;
   const Config& config() const { return config_; }
+  DType dtype() const { return token_embedding_.weight.dtype(); }  // torch_dtype it was loaded in
 
   // The position pooler_output takes in each row of ids [B, L] (row-major).
   static std::vector<int64_t> pooled_positions(const std::vector<int64_t>& ids, int64_t batch, int64_t length,

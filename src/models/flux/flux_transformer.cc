@@ -102,19 +102,19 @@ std::vector<TensorParallelEntry> FluxTransformer2DModel::tp_plan(bool shard_modu
 
 // ---- construction ----
 
-FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir) {
+FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir, DType dtype) {
   return FluxTransformer2DModel(FluxTransformerConfig::from_json(io::JsonConfig(dir / "config.json")),
-                                nn::Weights(dir));
+                                nn::Weights(dir).with_dtype(dtype));
 }
 
 FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir,
-                                                               const TensorParallelConfig& tp) {
+                                                               const TensorParallelConfig& tp, DType dtype) {
   FluxTransformerConfig config = FluxTransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
   const int n = tp.mesh.size();
   KILN_CHECK(config.num_attention_heads % n == 0, "tp", "tp_degree (", n, ") must divide the number of attention heads (",
              config.num_attention_heads, ") of ", (dir / "config.json").string());
   return FluxTransformer2DModel(
-      std::move(config), nn::Weights(dir).with_plan(ShardPlan::make(tp_plan(tp.shard_modulation), tp.mesh)));
+      std::move(config), nn::Weights(dir).with_dtype(dtype).with_plan(ShardPlan::make(tp_plan(tp.shard_modulation), tp.mesh)));
 }
 
 FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, const nn::Weights& w)
@@ -146,6 +146,8 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, con
   m.norm_out = flux::AdaLayerNormContinuous(w.sub("norm_out"), D);
   m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features());
 }
+
+DType FluxTransformer2DModel::dtype() const { return core_.x_embedder.weight.dtype(); }
 
 // ---- forward ----
 

@@ -49,10 +49,12 @@ class FluxTransformer2DModel {
   // `dir` is the transformer folder (config.json and diffusion_pytorch_model*.safetensors).
   // Checkpoint keys this model leaves unread on purpose: none.
   static std::vector<std::string> checkpoint_keys_not_loaded() { return {}; }
-  static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir);
+  // `dtype`: torch_dtype, the dtype its weights are held and computed in.
+  static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir, DType dtype = DType::f32);
   // Tensor parallel: this rank loads (and reads from disk) only its shard of every planned
   // weight. Errors before any load when the mesh does not divide the heads or a planned width.
-  static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir, const TensorParallelConfig& tp);
+  static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir, const TensorParallelConfig& tp,
+                                                DType dtype = DType::f32);
   // Builds from an explicit config and checkpoint (shapes checked against the config).
   FluxTransformer2DModel(FluxTransformerConfig config, const nn::Weights& weights);
 
@@ -65,6 +67,7 @@ class FluxTransformer2DModel {
                  std::optional<Tensor> guidance = std::nullopt) const;
 
   const FluxTransformerConfig& config() const { return config_; }
+  DType dtype() const;  // torch_dtype it was loaded in
 
   // ---- compiled mode (runtime.md §2.4, §5) ----
   // Whole-model compile (torch.compile(transformer, fullgraph, dynamic=False)): forward runs one

@@ -57,8 +57,8 @@ T5EncoderModel::Config T5EncoderModel::Config::from_json(const io::JsonConfig& j
   return c;
 }
 
-T5EncoderModel T5EncoderModel::from_pretrained(const std::filesystem::path& dir) {
-  return T5EncoderModel(Config::from_json(io::JsonConfig(dir / "config.json")), nn::Weights(dir));
+T5EncoderModel T5EncoderModel::from_pretrained(const std::filesystem::path& dir, DType dtype) {
+  return T5EncoderModel(Config::from_json(io::JsonConfig(dir / "config.json")), nn::Weights(dir).with_dtype(dtype));
 }
 
 T5EncoderModel::T5EncoderModel(const Config& config, const nn::Weights& weights) : config_(config) {

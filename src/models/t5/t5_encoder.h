@@ -48,12 +48,13 @@ class T5EncoderModel {
   static std::vector<std::string> checkpoint_keys_not_loaded() {
     return {"shared.weight", "encoder.embed_tokens.weight", "decoder.", "lm_head."};
   }
-  static T5EncoderModel from_pretrained(const std::filesystem::path& dir);
+  static T5EncoderModel from_pretrained(const std::filesystem::path& dir, DType dtype = DType::f32);  // torch_dtype
   T5EncoderModel(const Config& config, const nn::Weights& weights);  // weights at the state-dict root
 
   // input_ids: integer [B, L]; no attention mask (FLUX passes none: padding is attended to).
   Output forward(const Tensor& input_ids, bool output_hidden_states = false) const;
   const Config& config() const { return config_; }
+  DType dtype() const { return shared_.weight.dtype(); }  // torch_dtype it was loaded in
 
   // Bidirectional relative-position bucket of (query q, key k) for rel = k - q, computed as
   // transformers does (fp32 log branch).

@@ -10,9 +10,9 @@ namespace {
 
 constexpr const char* kWhere = "vae";
 
-
-// The VAE computes in f32 (flux1.md §3.2: no upcast inside; kiln's parity target is fp32).
-Tensor as_f32(const Tensor& x) { return x.dtype() == DType::f32 ? x : cast(x, DType::f32); }
+// The VAE computes in its weights' dtype (flux1.md §3.2: no upcast inside); an input in
+// another dtype is cast to it first (torch would refuse the mix).
+Tensor as_dtype(const Tensor& x, DType dtype) { return x.dtype() == dtype ? x : cast(x, dtype); }
 
 }  // namespace
 
@@ -59,8 +59,8 @@ VaeConfig VaeConfig::from_json(const io::JsonConfig& json) {
   return c;
 }
 
-AutoencoderKL AutoencoderKL::from_pretrained(const std::filesystem::path& dir) {
-  return AutoencoderKL(VaeConfig::from_json(io::JsonConfig(dir / "config.json")), nn::Weights(dir));
+AutoencoderKL AutoencoderKL::from_pretrained(const std::filesystem::path& dir, DType dtype) {
+  return AutoencoderKL(VaeConfig::from_json(io::JsonConfig(dir / "config.json")), nn::Weights(dir).with_dtype(dtype));
 }
 
 AutoencoderKL::AutoencoderKL(VaeConfig config, const nn::Weights& weights) : config_(std::move(config)) {
@@ -105,13 +105,15 @@ AutoencoderKL::AutoencoderKL(VaeConfig config, const nn::Weights& weights) : con
   }
 }
 
+DType AutoencoderKL::dtype() const { return decoder_.conv_in.weight.dtype(); }
+
 Tensor AutoencoderKL::decode(const Tensor& z_in, VaeTrace* trace) const {
   KILN_CHECK(z_in.rank() == 4 && z_in.dim(1) == config_.latent_channels, kWhere, "decode expects latents [B, ",
              config_.latent_channels, ", h, w], got ", to_string(z_in.shape()));
   auto record = [&](const char* name, const Tensor& t) {
     if (trace) (*trace)[name] = t;
   };
-  Tensor z = as_f32(z_in);
+  Tensor z = as_dtype(z_in, decoder_.conv_in.weight.dtype());
   if (post_quant_conv_) z = (*post_quant_conv_)(z);
   Tensor h = decoder_.conv_in(z);
   record("decoder.conv_in", h);
@@ -133,7 +135,7 @@ Tensor AutoencoderKL::encode_moments(const Tensor& image) const {
   KILN_CHECK(image.rank() == 4 && image.dim(1) == config_.in_channels, kWhere, "encode expects an image [B, ",
              config_.in_channels, ", H, W], got ", to_string(image.shape()));
   const Encoder& enc = *encoder_;
-  Tensor h = enc.conv_in(as_f32(image));
+  Tensor h = enc.conv_in(as_dtype(image, enc.conv_in.weight.dtype()));
   for (const auto& b : enc.down_blocks) h = b(h);
   h = (*enc.mid_block)(h);
   h = enc.conv_out(silu(enc.conv_norm_out(h)));

@@ -49,7 +49,7 @@ class AutoencoderKL {
   // Checkpoint keys this model leaves unread on purpose: the encoder half (text-to-image only
   // decodes).
   static std::vector<std::string> checkpoint_keys_not_loaded() { return {"encoder.", "quant_conv."}; }
-  static AutoencoderKL from_pretrained(const std::filesystem::path& dir);
+  static AutoencoderKL from_pretrained(const std::filesystem::path& dir, DType dtype = DType::f32);  // torch_dtype
   AutoencoderKL(VaeConfig config, const nn::Weights& weights);
 
   // z: [B, latent_channels, h, w], already latents / scaling_factor + shift_factor.
@@ -62,6 +62,7 @@ class AutoencoderKL {
   Tensor encode_mean(const Tensor& image) const;
 
   const VaeConfig& config() const { return config_; }
+  DType dtype() const;  // torch_dtype it was loaded in
 
  private:
   struct Decoder {

@@ -16,8 +16,15 @@ namespace {
 void all_reduce_kernel(const KernelArgs& args) {
   const TensorView &x = args.in[0], &out = args.out;
   const size_t n = size_t(out.numel());
-  std::memcpy(out.data, x.data, n * sizeof(float));  // dense inputs (the dispatcher's rule)
-  ProcessGroup::world()->all_reduce_sum(static_cast<float*>(out.data), n);
+  if (x.dtype == DType::f32) {
+    std::memcpy(out.data, x.data, n * sizeof(float));  // dense inputs (the dispatcher's rule)
+    ProcessGroup::world()->all_reduce_sum(static_cast<float*>(out.data), n);
+    return;
+  }
+  std::vector<float> sum(n);  // activations, not weights: summed in f32, rounded once
+  convert_to_f32(x.data, x.dtype, sum.data(), int64_t(n));
+  ProcessGroup::world()->all_reduce_sum(sum.data(), n);
+  convert_from_f32(sum.data(), out.data, out.dtype, int64_t(n));
 }
 
 void all_gather_kernel(const KernelArgs& args) {
