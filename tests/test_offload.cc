@@ -175,8 +175,10 @@ TEST_F(ModelOffload, EveryExecutionModeGivesTheSameImage) {
 // Compiled mode's pre-packed weights (devices/cpu/prepacked_weights.h) follow placement: weights
 // placed on the device with to() are packed once and reused by later calls; weights model
 // offload brings in for one call are not packed (they would be packed again on every call).
+// Where oneDNN would read a pack with another kernel (other bits) nothing is packed, placed or
+// not; the placed pipeline then counts skips instead (test_compiled.cc checks that AVX-512 packs).
 TEST_F(ModelOffload, PlacedWeightsArePrepackedOnceOnloadedOnesNever) {
-  if (!cpu::linear_packing_keeps_bits(64, 64)) GTEST_SKIP() << "oneDNN reads packed weights with another kernel here";
+  const bool packs = cpu::linear_packing_keeps_bits(64, 64);
   const FluxCallArgs args = test::flux_call_args(kSet);
   CompileOptions o;
   o.fullgraph = true;
@@ -187,8 +189,8 @@ TEST_F(ModelOffload, PlacedWeightsArePrepackedOnceOnloadedOnesNever) {
   cpu::PrepackStats p0 = cpu::prepack_stats();
   const FluxOutput first = placed(args);
   cpu::PrepackStats p1 = cpu::prepack_stats();
-  EXPECT_GT(p1.packed, p0.packed);
-  EXPECT_EQ(p1.skipped, p0.skipped);
+  EXPECT_EQ(p1.packed > p0.packed, packs);
+  EXPECT_EQ(p1.skipped > p0.skipped, !packs);
   // The packs stay on the device: a later call's fail-fast plan counts them as taken.
   const size_t derived = runtime(Device::cpu()).memory().derived_bytes;
   EXPECT_GE(derived, p1.bytes - p0.bytes);
@@ -196,7 +198,7 @@ TEST_F(ModelOffload, PlacedWeightsArePrepackedOnceOnloadedOnesNever) {
   placed(args);
   cpu::PrepackStats p2 = cpu::prepack_stats();
   EXPECT_EQ(p2.packed, p1.packed) << "packed once, reused by the next call";
-  EXPECT_GT(p2.reused, p1.reused);
+  EXPECT_EQ(p2.reused > p1.reused, packs);
 
   FluxPipeline offloaded = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
   offloaded.enable_model_cpu_offload();
