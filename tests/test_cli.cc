@@ -219,6 +219,10 @@ TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
       {"generate --offload none --device-memory 21MiB --out " + png.string(), "--offload model"},
       {"warmup --sizes 512", "--sizes expects HEIGHTxWIDTH"},
       {"warmup --sizes 8x8", "smaller than 16x16"},
+      {"generate --dtype int8 --out " + png.string(), "--dtype int8: 'int8' is not a dtype; expected auto, bf16"},
+      {"generate --dtype bf16,unet=f32 --out " + png.string(), "unknown component 'unet'"},
+      {"generate --dtype vae=f32,bf16 --out " + png.string(), "only the first entry may be a plain dtype"},
+      {"generate --dtype \"\" --out " + png.string(), "--dtype \"\": expected auto, bf16"},
   };
   for (const Case& c : cases) {
     const CliRun r = kiln_cli(c.args);
@@ -226,6 +230,33 @@ TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
     EXPECT_FALSE(fs::exists(png)) << c.args;
   }
+}
+
+// --dtype: the report names each component's dtype and the bytes its weights hold, by dtype
+// and place; the bundled f32 checkpoint in bf16 holds half the bytes, all bf16 (converted once
+// at load: host copies), and no f32 copy of any weight.
+TEST_F(Cli, DtypeIsReportedWithTheBytesItsWeightsHold) {
+  const auto run = [&](const std::string& dtype) {
+    const fs::path png = dir_ / (dtype + ".png"), report = dir_ / (dtype + ".json");
+    const CliRun r = kiln_cli("generate --dtype " + dtype + " --out " + png.string() + " --report " + report.string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(report);
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json f32 = run("auto"), bf16 = run("bf16"), mixed = run("bf16,vae=f32");
+  for (const char* c : {"text_encoder", "text_encoder_2", "transformer", "vae"}) {
+    EXPECT_EQ(f32["engine"]["dtype"][c], "f32") << c;
+    EXPECT_EQ(bf16["engine"]["dtype"][c], "bf16") << c;
+  }
+  EXPECT_EQ(mixed["engine"]["dtype"]["vae"], "f32");
+  EXPECT_EQ(mixed["engine"]["dtype"]["transformer"], "bf16");
+  const nlohmann::json &w32 = f32["memory"]["weights_bytes"], &w16 = bf16["memory"]["weights_bytes"];
+  EXPECT_EQ(w16["total"].get<size_t>() * 2, w32["total"].get<size_t>());
+  EXPECT_EQ(w16["by_dtype"].size(), 1u);
+  EXPECT_EQ(w16["by_dtype"]["bf16"], w16["total"]);
+  EXPECT_EQ(w16["by_place"]["host_copy"], w16["total"]);
+  EXPECT_EQ(w32["by_place"]["mapped_file"], w32["total"]);  // stored f32: read in place
+  EXPECT_GT(bf16["memory"]["estimate"]["required_bytes"].get<size_t>(), 0u);
 }
 
 // As Diffusers, a prompt longer than an encoder reads is cut with a warning naming the encoder.

@@ -54,6 +54,7 @@ struct Options {
   int64_t tp = 0;            // --tp N: tensor parallel over N processes (mpirun -np N)
   size_t device_memory = 0;  // --device-memory: the device allocator's capacity (0 = unlimited)
   bool strict = false;       // --strict: unused checkpoint tensors are errors
+  std::string dtype = "auto";  // --dtype (parse_dtype)
 };
 
 double parse_float(const std::string& flag, const std::string& v) {
@@ -102,6 +103,7 @@ Options parse(const std::vector<std::string>& args) {
     }
     else if (flag == "--device-memory") o.device_memory = parse_bytes(flag, value());
     else if (flag == "--strict") o.strict = true;
+    else if (flag == "--dtype") o.dtype = value();
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
   // Checked here, before minutes of model loading.
@@ -132,6 +134,8 @@ Options parse(const std::vector<std::string>& args) {
              "memory) or off");
   KILN_CHECK(!o.prepack_given || o.mode == "compile", "cli", "--prepack ", o.prepack, " needs --mode compile");
   KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");
+  FluxPipelineOptions dtype_check;
+  parse_dtype(o.dtype, dtype_check);  // a bad --dtype fails before any model is loaded
   if (o.model.empty()) {
     o.model = KILN_BUNDLED_MODEL;
     o.bundled = true;
@@ -261,6 +265,7 @@ int generate(const std::vector<std::string>& args) {
   FluxPipelineOptions pipe_options;
   if (o.tp > 1) pipe_options.tensor_parallel = TensorParallelConfig{DeviceMesh(world)};
   pipe_options.strict = o.strict;
+  parse_dtype(o.dtype, pipe_options);
   const auto warn = [writer](const std::string& w) {
     if (writer) std::fprintf(stderr, "kiln: warning: %s\n", w.c_str());
   };
@@ -332,7 +337,8 @@ int generate(const std::vector<std::string>& args) {
                           {"mode", o.mode == "compile" ? std::string("compile") : eager_mode_name(eager_mode())},
                           {"eager_mode", eager_mode_name(eager_mode())},
                           {"compile", o.mode == "compile" ? o.compile : "none"},
-                          {"prepack", o.mode == "compile" ? o.prepack : "none"}};
+                          {"prepack", o.mode == "compile" ? o.prepack : "none"},
+                          {"dtype", dtype_report(pipe)}};
     nlohmann::json events = nlohmann::json::array();
     for (const OffloadEvent& e : pipe.offload_events())
       events.push_back({{"component", e.component},
@@ -352,6 +358,7 @@ int generate(const std::vector<std::string>& args) {
     nlohmann::json tp{{"world_size", world->size()}, {"ranks", per_rank}};
     write_report(o.report, std::move(inputs), std::move(timings),
                  {{"engine", std::move(engine)},
+                  {"memory", {{"weights_bytes", weight_bytes_report(pipe)}, {"estimate", estimate_report(pipe, o.call, result)}}},
                   {"compiled", compile_report()},
                   {"offload", std::move(offload)},
                   {"tensor_parallel", std::move(tp)}});

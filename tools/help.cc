@@ -36,6 +36,9 @@ const std::vector<CommandDoc>& commands() {
                                                     "cannot fit fails before any work"},
            {"--tp", "N", "1", "shard the transformer over the N processes of mpirun -np N"},
            {"--strict", "", "off", "a checkpoint tensor the model does not use is an error, not a warning"},
+           {"--dtype", "auto|bf16|f16|f32[,COMPONENT=DTYPE...]", "auto",
+            "torch_dtype: weights held and computed in it; auto = the checkpoint's (bf16 weights stay bf16, read in "
+            "place); per component: e.g. bf16,vae=f32"},
            {"--help", "", "", "this text"},
        }},
       {"warmup",
@@ -46,6 +49,7 @@ const std::vector<CommandDoc>& commands() {
            {"--model", "DIR", "the bundled checkpoint", "as for generate"},
            {"--compile", "full|blocks", "full", "the whole transformer or its repeated blocks"},
            {"--max-sequence-length", "N", "512 (32 for the bundled checkpoint)", "T5 tokens the executables are compiled for"},
+           {"--dtype", "auto|bf16|f16|f32[,COMPONENT=DTYPE...]", "auto", "as for generate (executables are per dtype)"},
            {"--report", "FILE", "", "a JSON report of the compiles"},
            {"--help", "", "", "this text"},
        }},
@@ -55,6 +59,19 @@ const std::vector<CommandDoc>& commands() {
        {
            {"--model", "DIR", "the bundled checkpoint", "as for generate"},
            {"--report", "FILE", "", "a JSON report"},
+           {"--help", "", "", "this text"},
+       }},
+      {"make-random",
+       "Write a complete Diffusers FLUX.1 folder at DIR with deterministic random weights at the real widths (configs "
+       "as on the Hub, bundled tokenizers), to measure speed and memory without the download. Weights are streamed to "
+       "disk; DIR must be new or empty and is only created once every file is written.",
+       {
+           {"--like", "flux1-schnell|flux1-dev", "required", "the checkpoint to imitate (dev adds the guidance embedding "
+                                                            "and the scheduler's dynamic shifting)"},
+           {"--blocks", "D+S", "19+38", "double-stream + single-stream transformer blocks"},
+           {"--t5-layers", "N", "24", "T5 encoder layers"},
+           {"--dtype", "bf16|f16|f32", "bf16", "the stored dtype of every weight"},
+           {"--seed", "S", "0", "the weights' seed: the same seed writes the same bytes"},
            {"--help", "", "", "this text"},
        }},
       {"compare",
@@ -81,8 +98,9 @@ bool wants_help(const std::vector<std::string>& args) {
 }
 
 void print_command_help(const CommandDoc& doc, std::FILE* out) {
+  const std::string name = doc.name;
   std::fprintf(out, "usage: kiln %s%s [options]\n\n%s\n\noptions:\n", doc.name,
-               std::string(doc.name) == "compare" ? " A.png B.png" : "", doc.summary);
+               name == "compare" ? " A.png B.png" : name == "make-random" ? " DIR" : "", doc.summary);
   for (const FlagDoc& f : doc.flags) {
     std::string left = std::string("  ") + f.flag + (*f.value ? std::string(" ") + f.value : "");
     if (left.size() < 34) left.append(34 - left.size(), ' ');
@@ -97,7 +115,7 @@ void print_command_help(const CommandDoc& doc, std::FILE* out) {
 void print_usage(std::FILE* out) {
   std::fprintf(out, "kiln %s — diffusion pipelines in C++\n\nusage: kiln <command> [options]\n\ncommands:\n",
                KILN_VERSION);
-  for (const CommandDoc& d : commands()) std::fprintf(out, "  %-10s %s\n", d.name, d.summary);
+  for (const CommandDoc& d : commands()) std::fprintf(out, "  %-12s %s\n", d.name, d.summary);
   std::fprintf(out,
                "\n  kiln <command> --help   that command's flags and their defaults\n"
                "  kiln --version          the engine version\n\nenvironment (read once at start):\n%s",

@@ -68,7 +68,11 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
       {"compiles", compiles},
       {"memory", {{"device_peak_bytes", mem.peak_bytes}, {"host_peak_rss_bytes", int64_t(usage.ru_maxrss) * 1024}}},
       {"io", {{"bytes_read", io::bytes_read()}}}};
-  for (auto& [k, v] : extra.items()) report[k] = v;
+  // An object given for a key the report already has (memory) adds to it.
+  for (auto& [k, v] : extra.items()) {
+    if (v.is_object() && report.contains(k) && report[k].is_object()) report[k].update(v);
+    else report[k] = v;
+  }
   // Through a temporary next to the final target, renamed onto it (io/output_file.h).
   const std::string text = report.dump(2) + '\n';
   io::write_output_atomically("report", file, [&](FILE* f) {

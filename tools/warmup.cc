@@ -52,7 +52,7 @@ std::vector<Size> parse_sizes(const std::string& v) {
 int warmup(const std::vector<std::string>& args) {
   std::filesystem::path model, report;
   bool report_given = false;
-  std::string sizes_text, compile = "full";
+  std::string sizes_text, compile = "full", dtype = "auto";
   int64_t max_sequence_length = 512;
   bool length_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -66,11 +66,14 @@ int warmup(const std::vector<std::string>& args) {
     else if (flag == "--compile") compile = value();
     else if (flag == "--max-sequence-length") max_sequence_length = parse_int(flag, value()), length_given = true;
     else if (flag == "--report") report = value(), report_given = true;
+    else if (flag == "--dtype") dtype = value();
     else fail("cli", "unknown flag '", flag, "' for warmup (see kiln --help)");
   }
   KILN_CHECK(!sizes_text.empty(), "cli", "warmup needs --sizes HEIGHTxWIDTH[,...] (e.g. --sizes 512x512,1024x1024)");
   const std::vector<Size> sizes = parse_sizes(sizes_text);
   check_compile_flag(compile);
+  FluxPipelineOptions pipe_options;
+  parse_dtype(dtype, pipe_options);
   KILN_CHECK(max_sequence_length >= 1 && max_sequence_length <= 512, "cli",
              "--max-sequence-length must be in [1, 512], got ", max_sequence_length);
   if (model.empty()) {
@@ -84,7 +87,7 @@ int warmup(const std::vector<std::string>& args) {
                          "fills this process's cache\n");
 
   reset_compile_stats();
-  FluxPipeline pipe = FluxPipeline::from_pretrained(model);
+  FluxPipeline pipe = FluxPipeline::from_pretrained(model, pipe_options);
   compile_transformer(pipe, compile);
   for (const Size& s : sizes) {
     const CompileStats before = compile_stats();

@@ -1,0 +1,84 @@
+// One component of a random benchmark checkpoint (kiln make-random) as data: its folder, its
+// config.json, its weights file name and shard limit, and every tensor with its shape and how
+// its values are drawn (random_values.h). The per-model files (flux_transformer_random.h, ...)
+// build these; write_random_component turns one into files.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/shape.h"
+#include "io/safetensors_stream_writer.h"
+#include "models/random/random_values.h"
+
+namespace kiln::random_weights {
+
+struct RandomTensor {
+  std::string name;  // the Diffusers / transformers state-dict key
+  Shape shape;
+  Init init;
+};
+
+struct RandomComponent {
+  std::string folder;        // "transformer", "text_encoder_2", ...
+  nlohmann::json config;     // config.json (written with sorted keys, as save_pretrained does)
+  std::string weights_base;  // "diffusion_pytorch_model" (Diffusers) or "model" (transformers)
+  uint64_t max_shard_bytes;  // the shard limit of that library's save_pretrained
+  std::vector<RandomTensor> tensors;
+
+  int64_t parameters() const;
+};
+
+// Diffusers' save_pretrained default max_shard_size ("10GB"); transformers' ("5GB").
+constexpr uint64_t kDiffusersShardBytes = 10'000'000'000ull;
+constexpr uint64_t kTransformersShardBytes = 5'000'000'000ull;
+
+// The standard deviation of every bias: small, so that a bias never dominates its layer.
+constexpr double kBiasStd = 0.01;
+
+// Declares tensors in state-dict order with the scales that keep activations O(1): a weight
+// that maps n inputs has standard deviation gain/sqrt(n) (unit variance in, unit variance out;
+// `gain` < 1 for the last layer of a residual branch), norms are the identity (weight 1, bias 0).
+class TensorList {
+ public:
+  explicit TensorList(std::vector<RandomTensor>& out) : out_(out) {}
+  void add(const std::string& name, Shape shape, Init init);
+  // Linear: PREFIX.weight [out, in], PREFIX.bias [out] when `bias`.
+  void linear(const std::string& prefix, int64_t in, int64_t out, bool bias = true, double gain = 1);
+  // Conv2d: PREFIX.weight [out, in, k, k], PREFIX.bias [out].
+  void conv2d(const std::string& prefix, int64_t in, int64_t out, int64_t k, double gain = 1);
+  // LayerNorm / GroupNorm / RMSNorm: PREFIX.weight [n] = 1 (and PREFIX.bias [n] = 0).
+  void norm(const std::string& prefix, int64_t n, bool bias);
+  // Embedding table PREFIX.weight [rows, dim] with standard deviation `std`.
+  void embedding(const std::string& prefix, int64_t rows, int64_t dim, double std);
+
+ private:
+  std::vector<RandomTensor>& out_;
+};
+
+// torch_dtype as transformers writes it into config.json ("bfloat16", "float16", "float32").
+const char* torch_dtype_name(DType dtype);
+
+// The tensors of `c` in `dtype`, each drawing its values from tensor_key(seed, folder/name).
+std::vector<io::StreamedTensor> streamed_tensors(const RandomComponent& c, DType dtype, uint64_t seed);
+
+struct WrittenComponent {
+  std::string folder;
+  int64_t tensors = 0;
+  int64_t parameters = 0;
+  uint64_t bytes = 0;              // every file: config.json, weights, index
+  std::vector<std::string> files;  // in the component folder
+};
+
+// What write_random_component would write (names and sizes), without writing.
+WrittenComponent plan_random_component(const RandomComponent& c, DType dtype);
+// Writes DIR/FOLDER/config.json and the weights (sharded at c.max_shard_bytes) in `dtype`.
+// DIR/FOLDER is created; it should be new (see safetensors_shards.h on errors).
+WrittenComponent write_random_component(const std::filesystem::path& dir, const RandomComponent& c, DType dtype,
+                                        uint64_t seed);
+
+}  // namespace kiln::random_weights

@@ -1,0 +1,50 @@
+// What a run's report says of the loaded pipeline: the dtype each component computes in, the
+// bytes its weights hold (by dtype and by where they live), and the memory estimate of the call.
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "pipelines/flux_pipeline.h"
+
+namespace kiln::cli {
+
+nlohmann::json dtype_report(const FluxPipeline& pipe) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [component, dtype] : pipe.dtypes()) out[component] = dtype_name(dtype);
+  return out;
+}
+
+nlohmann::json weight_bytes_report(const FluxPipeline& pipe) {
+  nlohmann::json components = nlohmann::json::object();
+  std::map<std::string, size_t> by_dtype, by_place;
+  size_t total = 0;
+  for (const FluxPipeline::WeightBytes& w : pipe.weight_bytes()) {
+    size_t mine = 0;
+    for (const auto& [k, v] : w.by_dtype) by_dtype[k] += v, mine += v;
+    for (const auto& [k, v] : w.by_place) by_place[k] += v;
+    components[w.component] = {{"total", mine}, {"by_dtype", w.by_dtype}, {"by_place", w.by_place}};
+    total += mine;
+  }
+  return {{"total", total}, {"by_dtype", by_dtype}, {"by_place", by_place}, {"components", components}};
+}
+
+nlohmann::json estimate_report(const FluxPipeline& pipe, const FluxCallArgs& call, const FluxOutput& result) {
+  FluxCallArgs sized = call;
+  sized.height = result.height;
+  sized.width = result.width;
+  const MemoryEstimate e = pipe.estimate_memory(sized);
+  nlohmann::json components = nlohmann::json::object();
+  size_t largest_activations = 0;
+  for (const ComponentMemory& m : e.components) {
+    components[m.name] = {{"weight_bytes", m.weight_bytes}, {"activation_bytes", m.activation_bytes}};
+    largest_activations = std::max(largest_activations, m.activation_bytes);
+  }
+  return {{"placement", e.placement},
+          {"required_bytes", e.required},
+          {"largest_activation_bytes", largest_activations},
+          {"carried_bytes", e.carried_bytes},
+          {"components", components}};
+}
+
+}  // namespace kiln::cli
