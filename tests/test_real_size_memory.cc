@@ -1,0 +1,118 @@
+// Real checkpoints in real memory: a bf16 FLUX.1-schnell folder at the real widths (kiln
+// make-random, 2 double + 4 single blocks, one T5 layer: 3.2 GB of weights) runs through the CLI
+// with its weights held as stored — memory.weights_bytes equal to the files' tensor bytes, all
+// bf16, no f32 copy of any weight — and a host peak RSS within 15 % of those weights plus what
+// the call's memory estimate says it needs; the same under model offload and, per rank, under
+// tensor parallelism over two MPI processes (each rank holding about half the transformer).
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string run(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (p && std::fgets(buf.data(), int(buf.size()), p)) out += buf.data();
+  const int status = p ? ::pclose(p) : -1;
+  EXPECT_EQ(status, 0) << command << "\n" << out;
+  return out;
+}
+
+nlohmann::json read_json(const fs::path& file) {
+  std::ifstream in(file);
+  return nlohmann::json::parse(in);
+}
+
+// Bytes of every tensor in a component folder's safetensors files.
+size_t tensor_bytes(const fs::path& folder) {
+  size_t n = 0;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    const io::SafetensorsFile f(entry.path());
+    for (const std::string& name : f.names()) n += f.info(name).nbytes();
+  }
+  return n;
+}
+
+TEST(RealSizeMemory, Bf16FolderHoldsItsFileBytesInPlaceUnderOffloadAndTensorParallel) {
+  // A RAM disk when there is room (writes in seconds), else the temp folder.
+  const fs::path base = fs::space("/dev/shm").available > (size_t(8) << 30) ? fs::path("/dev/shm")
+                                                                               : fs::temp_directory_path();
+  const fs::path dir = base / ("kiln_real_size_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  struct Cleanup {
+    fs::path dir;
+    ~Cleanup() { fs::remove_all(dir); }
+  } cleanup{dir};
+  const fs::path model = dir / "schnell", report = dir / "run.json", png = dir / "out.png";
+  const std::string cli = KILN_CLI_PATH;
+  run(cli + " make-random " + model.string() + " --like flux1-schnell --blocks 2+4 --t5-layers 1 --dtype bf16");
+  const char* components[] = {"text_encoder", "text_encoder_2", "transformer", "vae"};
+  std::map<std::string, size_t> file_bytes;
+  size_t files_total = 0;
+  for (const char* c : components) files_total += file_bytes[c] = tensor_bytes(model / c);
+  ASSERT_GT(file_bytes["transformer"], size_t(2) << 30);  // the real widths: 2.6 GB for 2+4 blocks
+
+  const std::string call = " generate --model " + model.string() +
+                           " --prompt 'a red fox in the snow' --height 256 --width 256 --steps 1 --guidance 0"
+                           " --max-sequence-length 64 --out " + png.string() + " --report " + report.string();
+  const auto check = [&](const std::string& what, const nlohmann::json& r) {
+    const nlohmann::json& w = r["memory"]["weights_bytes"];
+    for (const char* c : components) EXPECT_EQ(r["engine"]["dtype"][c], "bf16") << what << " " << c;
+    // No f32 (or any other) copy of a weight: every byte held is bf16.
+    EXPECT_EQ(w["by_dtype"].size(), 1u) << what << ": " << w["by_dtype"].dump();
+    EXPECT_EQ(w["by_dtype"]["bf16"], w["total"]) << what;
+    const double rss = r["memory"]["host_peak_rss_bytes"].get<double>();
+    const double need = w["total"].get<double>() + r["memory"]["estimate"]["required_bytes"].get<double>();
+    std::printf("%s: weights %.3f GB (files %.3f GB), estimate %.3f GB, peak RSS %.3f GB = %.3f x (weights + "
+                "estimate)\n",
+                what.c_str(), w["total"].get<double>() / 1e9, double(files_total) / 1e9,
+                r["memory"]["estimate"]["required_bytes"].get<double>() / 1e9, rss / 1e9, rss / need);
+    EXPECT_LE(rss, 1.15 * need) << what;
+    return w;
+  };
+
+  // Weights read in place: exactly the files' tensor bytes, all of them from the mapping.
+  run(cli + call);
+  nlohmann::json w = check("in place", read_json(report));
+  EXPECT_NEAR(w["total"].get<double>(), double(files_total), 0.01 * double(files_total));
+  EXPECT_EQ(w["by_place"]["mapped_file"], w["total"]);
+
+  // Model offload: one component at a time on the device (its copy counted by the estimate), all
+  // back on the host, in place, at the end of the call.
+  run(cli + call + " --offload model");
+  w = check("model offload", read_json(report));
+  EXPECT_NEAR(w["total"].get<double>(), double(files_total), 0.01 * double(files_total));
+  EXPECT_EQ(w["by_place"]["mapped_file"], w["total"]);
+
+  // Two ranks: each reads and holds its half of the transformer (plus the replicated rest).
+  run(std::string(KILN_MPIRUN_COMMAND) + " " + cli + call + " --tp 2");
+  const nlohmann::json r = read_json(report);
+  w = check("tensor parallel, rank 0", r);
+  const double transformer = w["components"]["transformer"]["total"].get<double>();
+  std::printf("tensor parallel: rank 0 holds %.3f of the transformer's %.3f GB\n", transformer / 1e9,
+              double(file_bytes["transformer"]) / 1e9);
+  EXPECT_GT(transformer, 0.45 * double(file_bytes["transformer"]));
+  EXPECT_LT(transformer, 0.55 * double(file_bytes["transformer"]));
+  for (const nlohmann::json& rank : r["tensor_parallel"]["ranks"]) {
+    const double rss = rank["host_peak_rss_bytes"].get<double>();
+    const double need = w["total"].get<double>() + r["memory"]["estimate"]["required_bytes"].get<double>();
+    EXPECT_LE(rss, 1.15 * need) << "rank " << rank["rank"];
+  }
+}
+
+}  // namespace
+}  // namespace kiln
