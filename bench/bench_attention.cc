@@ -1,18 +1,25 @@
-// Tiled attention kernel vs the two plain GEMMs it replaces, at FLUX sizes.
+// Tiled attention kernel vs the two plain GEMMs it replaces, and bf16 vs f32 attention, at
+// FLUX sizes.
 //
-// Case L=4608 (FLUX at 1024x1024: 4096 image + 512 text tokens), 24 heads, head dim 128,
-// batch 1; and L=1024 for quick runs. Times
-//   attention/L:*  kiln's scaled_dot_product_attention op over all heads,
-//   qk/L:*         per head, S = Q K^T as one full sgemm into an [L,L] buffer,
-//   pv/L:*         per head, O = P V as one full sgemm from that buffer,
-// then prints the ratio attention / (qk + pv) (target <= 1.5) and peak memory: the
-// kernel's attention_workspace_bytes; the peak-RSS growth (VmHWM, reset through
-// /proc/self/clear_refs) of the first attention call, which includes oneDNN's own packing
-// buffers; and that of the reference (its one-head [L,L] buffer and first GEMM), all
+// Cases L=4608 (FLUX at 1024x1024: 4096 image + 512 text tokens) and L=1536 (512x512: 1024
+// image + 512 text tokens), 24 heads, head dim 128, batch 1. Times
+//   attention/L:*       kiln's scaled_dot_product_attention op over all heads, f32 tensors,
+//   attention_bf16/L:*  the same op on bf16 q/k/v (bf16 output), the same values rounded,
+//   qk/L:*              per head, S = Q K^T as one full sgemm into an [L,L] buffer,
+//   pv/L:*              per head, O = P V as one full sgemm from that buffer,
+//   tiles_widened/L:*   the bf16 kernel's tile products alone (no softmax), as it runs them:
+//                       bf16 rows widened to f32, then sgemm,
+//   tiles_bf16/L:*      the same products with bf16 operands through oneDNN's bf16 matmul
+//                       (f32 accumulation): the alternative the kernel was measured against,
+// then prints the ratio attention / (qk + pv) (target <= 1.5), the speedup f32 / bf16, the
+// ratio tiles_bf16 / tiles_widened, and
+// peak memory: the kernel's attention_workspace_bytes; the peak-RSS growth (VmHWM, reset
+// through /proc/self/clear_refs) of the first attention call, which includes oneDNN's own
+// packing buffers; and that of the reference (its one-head [L,L] buffer and first GEMM), all
 // against the L*L*heads*4 bytes of a full score tensor.
 //
-//   ./bench_attention                            # both sizes (~25 s on 2 cores)
-//   ./bench_attention --benchmark_filter=L:1024  # quick
+//   ./bench_attention                            # both sizes (~60 s on 2 cores)
+//   ./bench_attention --benchmark_filter=L:1536  # quick
 #include <benchmark/benchmark.h>
 #include <malloc.h>
 #include <omp.h>
@@ -28,8 +35,12 @@
 #include <utility>
 #include <vector>
 
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "core/dtype.h"
 #include "devices/cpu/kernels/attention.h"
 #include "devices/cpu/kernels/gemm.h"
+#include "devices/cpu/kernels/onednn.h"
 #include "devices/runtime.h"
 #include "exec/host.h"
 #include "exec/ops.h"
@@ -42,7 +53,7 @@ struct Case {
   int64_t L;
   std::string suffix() const { return "/L:" + std::to_string(L); }
 };
-const Case kCases[] = {{4608}, {1024}};
+const Case kCases[] = {{4608}, {1536}};
 
 // q, k, v [1,H,L,D] with smooth values in [-1,1] and the [1,H,L,D] output.
 struct Inputs {
@@ -64,15 +75,15 @@ struct Inputs {
   size_t head_offset(int64_t h) const { return static_cast<size_t>(h * L * kHeadDim); }
 };
 
-// kiln's public attention op on [1, H, L, D] tensors, through the strict-eager dispatcher;
-// the host waits for the result.
+// kiln's public attention op on [1, H, L, D] tensors of `dtype`, through the strict-eager
+// dispatcher; the host waits for the result.
 struct OpInputs {
   kiln::Tensor q, k, v;
-  explicit OpInputs(const Inputs& in) {
+  explicit OpInputs(const Inputs& in, kiln::DType dtype = kiln::DType::f32) {
     const kiln::Shape s{1, kHeads, in.L, kHeadDim};
-    q = kiln::from_vector(in.q, s);
-    k = kiln::from_vector(in.k, s);
-    v = kiln::from_vector(in.v, s);
+    q = kiln::from_vector(in.q, s, dtype);
+    k = kiln::from_vector(in.k, s, dtype);
+    v = kiln::from_vector(in.v, s, dtype);
   }
 };
 
@@ -150,6 +161,12 @@ void BM_Attention(benchmark::State& state, int64_t L) {
   for (auto _ : state) run_attention(in);
 }
 
+void BM_AttentionBf16(benchmark::State& state, int64_t L) {
+  const OpInputs in{Inputs(L), kiln::DType::bf16};
+  run_attention(in);  // warm-up
+  for (auto _ : state) run_attention(in);
+}
+
 void BM_QK(benchmark::State& state, int64_t L) {
   Inputs in(L);
   std::vector<float> s;
@@ -174,6 +191,118 @@ void BM_PV(benchmark::State& state, int64_t L) {
   for (auto _ : state) {
     for (int64_t h = 0; h < kHeads; ++h) run_pv(in, h, s);
   }
+}
+
+// ---- the tile products of bf16 attention, two ways -------------------------------------
+
+// Tile sizes of attention() with bf16 operands; both FLUX lengths are whole multiples.
+constexpr int64_t kTileQ = 256, kTileK = 512;
+
+// [H,L,D] q/k/v as bf16 bits.
+struct Bf16Inputs {
+  int64_t L;
+  std::vector<uint16_t> q, k, v;
+  explicit Bf16Inputs(const Inputs& in) : L(in.L), q(narrow(in.q)), k(narrow(in.k)), v(narrow(in.v)) {}
+  static std::vector<uint16_t> narrow(const std::vector<float>& x) {
+    std::vector<uint16_t> b(x.size());
+    for (size_t i = 0; i < x.size(); ++i) b[i] = kiln::f32_to_bf16(x[i]);
+    return b;
+  }
+};
+
+// Runs body(thread, head, i0) for every (head, query block) in parallel, as attention() does.
+template <typename Body>
+void for_each_query_block(int64_t L, Body body) {
+  const int64_t blocks = L / kTileQ;
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t task = 0; task < kHeads * blocks; ++task) body(omp_get_thread_num(), task / blocks, task % blocks * kTileQ);
+}
+
+// Per head and query block: Q widened once; per key block K and V widened, S = Q K^T, O += S V.
+void run_tiles_widened(const Bf16Inputs& in, std::vector<std::vector<float>>& scratch) {
+  const int64_t L = in.L, D = kHeadDim;
+  for_each_query_block(L, [&](int thread, int64_t h, int64_t i0) {
+    float* q = scratch[size_t(thread)].data();
+    float *k = q + kTileQ * D, *v = k + kTileK * D, *s = v + kTileK * D, *o = s + kTileQ * kTileK;
+    const size_t head = static_cast<size_t>(h * L * D);
+    kiln::convert_to_f32(in.q.data() + head + i0 * D, kiln::DType::bf16, q, kTileQ * D);
+    for (int64_t j0 = 0; j0 < L; j0 += kTileK) {
+      kiln::convert_to_f32(in.k.data() + head + j0 * D, kiln::DType::bf16, k, kTileK * D);
+      kiln::cpu::sgemm(false, true, kTileQ, kTileK, D, 1.0f, q, D, k, D, 0.0f, s, kTileK);
+      kiln::convert_to_f32(in.v.data() + head + j0 * D, kiln::DType::bf16, v, kTileK * D);
+      kiln::cpu::sgemm(false, false, kTileQ, D, kTileK, 1.0f, s, kTileK, v, D, j0 == 0 ? 0.0f : 1.0f, o, D);
+    }
+  });
+}
+
+// The same products on bf16 operands through oneDNN matmul primitives (S in bf16 for PV).
+struct Bf16TileMatmuls {
+  using md = dnnl::memory::desc;
+  using dt = dnnl::memory::data_type;
+  md q{{kTileQ, kHeadDim}, dt::bf16, {kHeadDim, 1}};
+  md kt{{kHeadDim, kTileK}, dt::bf16, {1, kHeadDim}};  // K^T: K's rows read as columns
+  md s{{kTileQ, kTileK}, dt::bf16, {kTileK, 1}};
+  md v{{kTileK, kHeadDim}, dt::bf16, {kHeadDim, 1}};
+  md o{{kTileQ, kHeadDim}, dt::f32, {kHeadDim, 1}};
+  dnnl::matmul::primitive_desc qk_pd, pv_pd;
+  dnnl::matmul qk, pv;
+  Bf16TileMatmuls() {
+    const dnnl::engine& eng = kiln::cpu::onednn::engine();
+    dnnl::primitive_attr accumulate = kiln::cpu::onednn::user_scratchpad_attr();
+    dnnl::post_ops sum;
+    sum.append_sum(1.0f);
+    accumulate.set_post_ops(sum);
+    qk_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(q, kt, s), kiln::cpu::onednn::user_scratchpad_attr(), eng);
+    pv_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(s, v, o), accumulate, eng);
+    qk = dnnl::matmul(qk_pd);
+    pv = dnnl::matmul(pv_pd);
+  }
+};
+
+void run_tiles_bf16(const Bf16TileMatmuls& mm, Bf16Inputs& in, std::vector<std::vector<float>>& scratch) {
+  const int64_t L = in.L, D = kHeadDim;
+  const dnnl::engine& eng = kiln::cpu::onednn::engine();
+  for_each_query_block(L, [&](int thread, int64_t h, int64_t i0) {
+    dnnl::stream& stream = kiln::cpu::onednn::thread_stream();
+    float* o = scratch[size_t(thread)].data();
+    void* s = o + kTileQ * D;  // bf16 [kTileQ, kTileK]
+    const size_t head = static_cast<size_t>(h * L * D);
+    const dnnl::memory q(mm.q, eng, in.q.data() + head + i0 * D), sm(mm.s, eng, s), om(mm.o, eng, o);
+    std::fill_n(o, kTileQ * D, 0.0f);
+    for (int64_t j0 = 0; j0 < L; j0 += kTileK) {
+      kiln::cpu::onednn::Args qk{{DNNL_ARG_SRC, q},
+                                 {DNNL_ARG_WEIGHTS, dnnl::memory(mm.kt, eng, in.k.data() + head + j0 * D)},
+                                 {DNNL_ARG_DST, sm}};
+      kiln::cpu::onednn::add_scratchpad(qk, mm.qk_pd.scratchpad_desc());
+      mm.qk.execute(stream, qk);
+      kiln::cpu::onednn::Args pv{{DNNL_ARG_SRC, sm},
+                                 {DNNL_ARG_WEIGHTS, dnnl::memory(mm.v, eng, in.v.data() + head + j0 * D)},
+                                 {DNNL_ARG_DST, om}};
+      kiln::cpu::onednn::add_scratchpad(pv, mm.pv_pd.scratchpad_desc());
+      mm.pv.execute(stream, pv);
+    }
+    stream.wait();
+  });
+}
+
+std::vector<std::vector<float>> tile_scratch() {
+  const size_t floats = static_cast<size_t>(kTileQ * kHeadDim + 2 * kTileK * kHeadDim + kTileQ * kTileK + kTileQ * kHeadDim);
+  return std::vector<std::vector<float>>(size_t(omp_get_max_threads()), std::vector<float>(floats));
+}
+
+void BM_TilesWidened(benchmark::State& state, int64_t L) {
+  const Bf16Inputs in{Inputs(L)};
+  auto scratch = tile_scratch();
+  run_tiles_widened(in, scratch);  // warm-up
+  for (auto _ : state) run_tiles_widened(in, scratch);
+}
+
+void BM_TilesBf16(benchmark::State& state, int64_t L) {
+  Bf16Inputs in{Inputs(L)};
+  const Bf16TileMatmuls mm;
+  auto scratch = tile_scratch();
+  run_tiles_bf16(mm, in, scratch);  // warm-up
+  for (auto _ : state) run_tiles_bf16(mm, in, scratch);
 }
 
 // ---- summary -----------------------------------------------------------------------
@@ -205,9 +334,22 @@ void print_summary(const std::map<std::string, double>& best) {
       const auto it = best.find(what + c.suffix());
       return it == best.end() ? 0.0 : it->second;
     };
-    const double attn = get("attention"), qk = get("qk"), pv = get("pv");
-    if (attn == 0.0 || qk == 0.0 || pv == 0.0) continue;  // filtered out
+    const double attn = get("attention"), qk = get("qk"), pv = get("pv"), bf16 = get("attention_bf16");
     const double flops = 4.0 * static_cast<double>(c.L) * c.L * kHeadDim * kHeads;
+    if (attn > 0.0 && bf16 > 0.0) {
+      std::printf("L=%-5ld attention f32 %8.1f ms (%5.1f GFLOP/s)  bf16 %8.1f ms (%5.1f GFLOP/s)  speedup f32/bf16 = "
+                  "%.3f  (bf16 workspace %.2f MiB)\n",
+                  static_cast<long>(c.L), attn, flops / attn * 1e-6, bf16, flops / bf16 * 1e-6, attn / bf16,
+                  mib(static_cast<double>(kiln::cpu::attention_workspace_bytes(c.L, c.L, kHeadDim, kHeadDim, true))));
+    }
+    const double widened = get("tiles_widened"), tiles_bf16 = get("tiles_bf16");
+    if (widened > 0.0 && tiles_bf16 > 0.0) {
+      std::printf("L=%-5ld tile products: widened + sgemm %8.1f ms (%5.1f GFLOP/s)  bf16 matmul %8.1f ms (%5.1f "
+                  "GFLOP/s)  ratio bf16/widened = %.3f\n",
+                  static_cast<long>(c.L), widened, flops / widened * 1e-6, tiles_bf16, flops / tiles_bf16 * 1e-6,
+                  tiles_bf16 / widened);
+    }
+    if (attn == 0.0 || qk == 0.0 || pv == 0.0) continue;  // filtered out
     std::printf("L=%-5ld attention %8.1f ms (%5.1f GFLOP/s)  qk %8.1f ms + pv %8.1f ms = %8.1f ms"
                 "  ratio attention/(qk+pv) = %.3f (target <= 1.5)\n",
                 static_cast<long>(c.L), attn, flops / attn * 1e-6, qk, pv, qk + pv,
@@ -236,11 +378,12 @@ int main(int argc, char** argv) {
               kiln::cpu::gemm_backend_name(kiln::cpu::gemm_backend()));
   for (const Case& c : kCases) {
     // L=4608 is ~260 GFLOP per attention call (seconds on 2 cores): one iteration per
-    // repetition. L=1024 is ~20x cheaper.
+    // repetition. L=1536 is 9x cheaper.
     const bool big = c.L > 2048;
     using Body = void (*)(benchmark::State&, int64_t);
     const std::pair<const char*, Body> bodies[] = {
-        {"attention", BM_Attention}, {"qk", BM_QK}, {"pv", BM_PV}};
+        {"attention", BM_Attention}, {"attention_bf16", BM_AttentionBf16}, {"qk", BM_QK}, {"pv", BM_PV},
+        {"tiles_widened", BM_TilesWidened}, {"tiles_bf16", BM_TilesBf16}};
     for (const auto& [name, fn] : bodies) {
       auto* b = benchmark::RegisterBenchmark((name + c.suffix()).c_str(), fn, c.L)
                     ->Unit(benchmark::kMillisecond)

@@ -1,11 +1,14 @@
-// The GEMM of a multi-row linear layer at a DiT step's row counts: dnnl_sgemm (what kiln's
-// linears ran on before), the oneDNN matmul primitive reading the plain [N,K] weight (what every
-// mode's linears run on now: kernels/linear_gemm.h) and the same primitive reading the weight
-// pre-packed (compiled mode, CompileOptions::prepack_weights), plus the one-off packing itself.
-// GFLOP/s counters (2*M*N*K per product, mean); after the runs a summary prints each path's best
-// GFLOP/s and its ratio to dnnl_sgemm's per shape.
+// The GEMM of a multi-row linear layer at FLUX.1's shapes (a 512² image: 1024 image + 512 text
+// tokens; rows 512, 1024, 1536 and 4096), f32 against bf16 (kernels/linear_gemm.h):
+//   f32:  dnnl_sgemm (kiln's f32 linears of 1024+ rows), the oneDNN matmul primitive reading the
+//         plain [N,K] weight (2..1023 rows) and reading it pre-packed (compiled mode);
+//   bf16: the dot path (oneDNN's bf16 primitive) reading the plain and the pre-packed weight, and
+//         the widened path (bf16 widened to f32 a weight panel at a time, then the f32 primitive).
+// GFLOP/s counters (2*M*N*K per product); after the runs a summary prints each path's best
+// GFLOP/s per shape, kiln's f32 and bf16 linear as this process runs them (eager: plain weights;
+// compiled: pre-packed where the path reads packs) and their ratio bf16/f32.
 //
-//   ./bench_linear        # ~1 min on 2 cores
+//   ./bench_linear        # ~3 min on 2 cores; --benchmark_filter=BM_Linear/M:512/ for one row count
 #include <benchmark/benchmark.h>
 
 #include <oneapi/dnnl/dnnl.h>
@@ -20,40 +23,64 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/dtype.h"
 #include "devices/cpu/kernels/linear_gemm.h"
 
 namespace {
 
-// A = [M,K] activations, W = [N,K] weight, C = [M,N].
+using kiln::DType;
+using kiln::cpu::Bf16LinearPath;
+
+// A = [M,K] activations, W = [N,K] weight, C = [M,N]; the same values in f32 and bf16.
 struct Problem {
   int64_t M, K, N;
   std::vector<float> a, w, c;
+  std::vector<uint16_t> a16, w16, c16;
   Problem(int64_t m, int64_t k, int64_t n)
-      : M(m), K(k), N(n), a(size_t(m * k)), w(size_t(n * k)), c(size_t(m * n)) {
+      : M(m), K(k), N(n), a(size_t(m * k)), w(size_t(n * k)), c(size_t(m * n)), a16(a.size()), w16(w.size()),
+        c16(c.size()) {
     for (size_t i = 0; i < a.size(); ++i) a[i] = float(i % 17) * 0.01f;
     for (size_t i = 0; i < w.size(); ++i) w[i] = float(i % 13) * 0.01f;
+    kiln::convert_from_f32(a.data(), a16.data(), DType::bf16, int64_t(a.size()));
+    kiln::convert_from_f32(w.data(), w16.data(), DType::bf16, int64_t(w.size()));
   }
   double flops() const { return 2.0 * double(M) * double(N) * double(K); }
 };
+
+enum Path { kSgemm, kF32Plain, kF32Packed, kDotPlain, kDotPacked, kWidened, kPaths };
+const char* const kPathName[] = {"f32 dnnl_sgemm",   "f32 primitive",   "f32 primitive, packed",
+                                 "bf16 dot",         "bf16 dot, packed", "bf16 widened"};
 
 // GFLOP/s by (M, K, N) and path, for the summary.
 std::map<std::tuple<int64_t, int64_t, int64_t>, std::map<int, double>>& results() {
   static std::map<std::tuple<int64_t, int64_t, int64_t>, std::map<int, double>> r;
   return r;
 }
-const char* const kPath[] = {"dnnl_sgemm", "primitive, plain weight", "primitive, pre-packed weight"};
 
-// path 0: dnnl_sgemm; 1: linear_f32 reading the plain weight; 2: linear_f32 reading it pre-packed.
 void BM_Linear(benchmark::State& st) {
   Problem p(st.range(0), st.range(1), st.range(2));
   const int path = int(st.range(3));
+  if ((path == kDotPlain || path == kDotPacked) && !kiln::cpu::bf16_dot_path_available()) {
+    st.SkipWithError("this oneDNN has no bf16 matmul for this CPU");
+    return;
+  }
   std::shared_ptr<const kiln::cpu::PackedLinearWeight> packed;
-  if (path == 2) packed = kiln::cpu::pack_linear_weight(p.w.data(), p.N, p.K);
+  if (path == kF32Packed) packed = kiln::cpu::pack_linear_weight(p.w.data(), p.N, p.K);
+  if (path == kDotPacked) packed = kiln::cpu::pack_linear_weight(p.w16.data(), DType::bf16, p.N, p.K);
   auto run = [&] {
-    if (path == 0)
-      dnnl_sgemm('N', 'T', p.M, p.N, p.K, 1.0f, p.a.data(), p.K, p.w.data(), p.K, 0.0f, p.c.data(), p.N);
-    else
-      kiln::cpu::linear_f32(p.a.data(), p.w.data(), packed.get(), nullptr, p.c.data(), p.M, p.N, p.K);
+    switch (path) {
+      case kSgemm:
+        dnnl_sgemm('N', 'T', p.M, p.N, p.K, 1.0f, p.a.data(), p.K, p.w.data(), p.K, 0.0f, p.c.data(), p.N);
+        return;
+      case kF32Plain:
+      case kF32Packed:
+        kiln::cpu::linear_f32(p.a.data(), p.w.data(), packed.get(), nullptr, p.c.data(), p.M, p.N, p.K);
+        return;
+      default:
+        kiln::cpu::linear_bf16(p.a16.data(), p.w16.data(), packed.get(), nullptr, DType::f32, p.c16.data(),
+                               DType::bf16, p.M, p.N, p.K,
+                               path == kWidened ? Bf16LinearPath::widened : Bf16LinearPath::dot);
+    }
   };
   run();  // first use of the shape (JIT, primitive creation) stays out of the timing
   double fastest = 1e30;
@@ -64,43 +91,64 @@ void BM_Linear(benchmark::State& st) {
   }
   st.counters["GFLOP/s"] = benchmark::Counter(p.flops(), benchmark::Counter::kIsIterationInvariantRate);
   results()[{p.M, p.K, p.N}][path] = p.flops() / fastest * 1e-9;  // the summary takes the best run
-  st.SetLabel(kPath[path]);
+  st.SetLabel(kPathName[path]);
 }
 
-// Packing one weight into the primitive's layout (once per weight in compiled mode), GB/s of weight.
+// Packing one weight into the primitive's layout (once per weight in compiled mode), GB/s of the
+// weight as stored.
 void BM_Pack(benchmark::State& st) {
   Problem p(1, st.range(0), st.range(1));
-  const kiln::BufferPtr storage = kiln::host_allocate(kiln::cpu::packed_linear_weight_bytes(p.N, p.K));
-  for (auto _ : st) kiln::cpu::pack_linear_weight(p.w.data(), p.N, p.K, storage->data(), storage);
-  st.counters["GB/s"] =
-      benchmark::Counter(double(p.w.size()) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
+  const DType type = st.range(2) ? DType::bf16 : DType::f32;
+  const void* w = type == DType::bf16 ? static_cast<const void*>(p.w16.data()) : p.w.data();
+  const kiln::BufferPtr storage = kiln::host_allocate(kiln::cpu::packed_linear_weight_bytes(p.N, p.K, type));
+  for (auto _ : st) kiln::cpu::pack_linear_weight(w, type, p.N, p.K, storage->data(), storage);
+  st.counters["GB/s"] = benchmark::Counter(double(p.w.size() * kiln::dtype_size(type)),
+                                           benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(kiln::dtype_name(type));
 }
 
 void linear_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "K", "N", "path"});
-  // The image stream at 256² (256 rows), the text stream (512), a single block at 256² (768),
-  // and the larger row counts of 512² (1024, 1536) and 1024² (4608).
-  for (int64_t M : {256, 512, 768, 1024, 1536, 4608})
-    for (auto [K, N] : {std::pair<int64_t, int64_t>{3072, 3072}, {3072, 12288}, {15360, 3072}})
-      for (int64_t path : {0, 1, 2}) b->Args({M, K, N, path});
+  // FLUX.1 at 512²: the text stream (512 rows), the image stream (1024), a single block's joint
+  // sequence (1536), and 4096 (1024² images). K x N: attention projections (3072 x 3072), a
+  // double block's MLP in and out (3072 x 12288, 12288 x 3072), a single block's output
+  // projection (15360 x 3072) and its fused q/k/v (3072 x 9216).
+  for (int64_t M : {512, 1024, 1536, 4096})
+    for (auto [K, N] : {std::pair<int64_t, int64_t>{3072, 3072}, {3072, 12288}, {12288, 3072}, {15360, 3072},
+                        {3072, 9216}})
+      for (int64_t path = 0; path < kPaths; ++path) b->Args({M, K, N, path});
 }
 
 }  // namespace
 
 BENCHMARK(BM_Linear)->Apply(linear_shapes)->MinTime(0.2)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_Pack)->ArgNames({"K", "N"})->Args({3072, 3072})->Args({3072, 12288})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Pack)
+    ->ArgNames({"K", "N", "bf16"})
+    ->ArgsProduct({{3072}, {3072, 12288}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
-  std::printf("\nGFLOP/s (and / dnnl_sgemm), B = weight [N,K]:\n");
-  std::printf("%6s %6s %6s  %22s  %30s  %34s\n", "M", "K", "N", kPath[0], kPath[1], kPath[2]);
+  using kiln::cpu::kPrimitiveMaxRows;
+  const Bf16LinearPath bf16 = kiln::cpu::bf16_linear_path();
+  std::printf("\nGFLOP/s, weight [N,K]; this process's bf16 path: %s\n", kiln::cpu::bf16_linear_path_name(bf16));
+  std::printf("%5s %6s %6s |", "M", "K", "N");
+  for (int p = 0; p < kPaths; ++p) std::printf(" %22s", kPathName[p]);
+  std::printf(" | %24s %24s\n", "eager: f32  bf16 (ratio)", "compiled: f32  bf16 (ratio)");
   for (const auto& [shape, by_path] : results()) {
     const auto [M, K, N] = shape;
     const auto at = [&](int p) { return by_path.count(p) ? by_path.at(p) : 0.0; };
-    const double base = at(0);
-    std::printf("%6lld %6lld %6lld  %22.1f  %22.1f (%5.3f)  %26.1f (%5.3f)\n", (long long)M, (long long)K,
-                (long long)N, base, at(1), base > 0 ? at(1) / base : 0.0, at(2), base > 0 ? at(2) / base : 0.0);
+    std::printf("%5lld %6lld %6lld |", (long long)M, (long long)K, (long long)N);
+    for (int p = 0; p < kPaths; ++p) std::printf(" %22.1f", at(p));
+    // What kiln runs: f32 rows < kPrimitiveMaxRows on the primitive (packed when compiled), the
+    // rest on dnnl_sgemm; bf16 on the process's path (the dot path reads packs when compiled).
+    const bool prim = M < kPrimitiveMaxRows, dot = bf16 == Bf16LinearPath::dot;
+    const double f32_eager = at(prim ? kF32Plain : kSgemm), f32_compiled = at(prim ? kF32Packed : kSgemm);
+    const double bf16_eager = at(dot ? kDotPlain : kWidened), bf16_compiled = at(dot ? kDotPacked : kWidened);
+    const auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+    std::printf(" | %7.1f %7.1f (%5.3f)   %7.1f %7.1f (%5.3f)\n", f32_eager, bf16_eager, ratio(bf16_eager, f32_eager),
+                f32_compiled, bf16_compiled, ratio(bf16_compiled, f32_compiled));
   }
   benchmark::Shutdown();
   return 0;

@@ -282,9 +282,10 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
             "a launch writing outside the concat it writes into");
     } else if (grp.into >= 0) {  // a transposed write: sdpa into the copy of its permuted view
       value(grp.into);
-      check(grp.kind == LaunchGroup::Kind::single_op && rnode.op == "sdpa" && rnode.dtype == DType::f32 &&
-                !g.is_input(grp.into) && g.nodes[size_t(g.node_of(grp.into))].op == "copy" &&
-                g.dtype_of(grp.into) == DType::f32 && grp.into_offset == 0 &&
+      check(grp.kind == LaunchGroup::Kind::single_op && rnode.op == "sdpa" &&
+                (rnode.dtype == DType::f32 || rnode.dtype == DType::bf16) && !g.is_input(grp.into) &&
+                g.nodes[size_t(g.node_of(grp.into))].op == "copy" && g.dtype_of(grp.into) == rnode.dtype &&
+                grp.into_offset == 0 &&
                 grp.into_strides.size() == rnode.shape.size() && grp.into_strides.back() == 1,
             "a transposed write that does not fit its copy");
       int64_t last = 0;  // the highest element written must lie inside the copy

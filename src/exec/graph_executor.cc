@@ -194,10 +194,10 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
   };
   auto prepack_of = [&](const GraphNode& op) {
     Prepack p;
-    if (op.op != "linear" || weights.empty() || op.shape.back() == 0 ||
-        !cpu::linear_runs_on_primitive(numel(op.shape) / op.shape.back()))
-      return p;
+    if (op.op != "linear" || weights.empty() || op.shape.back() == 0) return p;
     const int w = op.args.at(1);
+    if (!cpu::linear_reads_packed_weight(numel(op.shape) / op.shape.back(), g.dtype_of(op.args.at(0)), g.dtype_of(w)))
+      return p;
     if (!g.is_input(w) || !weights.at(size_t(w))) return p;
     p.w = val[size_t(w)];
     p.after_write = p.w.buffer()->ready_seq();

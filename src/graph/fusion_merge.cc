@@ -222,9 +222,9 @@ class Merger {
       if (vn < 0 || is_out_[size_t(v)] || !only_consumer(v, grp.nodes[0])) continue;
       const GraphNode& view = g_.nodes[size_t(vn)];
       const int p = view.args.empty() ? -1 : view.args[0], pn = view.op == "view" ? g_.node_of(p) : -1;
-      // f32: the kernels write other dtypes through a dense f32 staging copy.
-      if (pn < 0 || is_out_[size_t(p)] || !only_consumer(p, vn) || g_.dtype_of(p) != DType::f32 ||
-          copy.dtype != DType::f32 || numel(g_.shape_of(p)) != numel(view.shape))
+      // f32 or bf16 (what sdpa writes through strides); other dtypes go through a dense staging copy.
+      if (pn < 0 || is_out_[size_t(p)] || !only_consumer(p, vn) || g_.dtype_of(p) != copy.dtype ||
+          (copy.dtype != DType::f32 && copy.dtype != DType::bf16) || numel(g_.shape_of(p)) != numel(view.shape))
         continue;
       const int pg = owner[size_t(p)];
       if (pg < 0 || groups_[size_t(pg)].kind != Kind::single_op || groups_[size_t(pg)].into >= 0 ||

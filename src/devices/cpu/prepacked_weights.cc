@@ -19,11 +19,13 @@ PrepackStats prepack_stats() {
 }
 
 std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& w, uint64_t after_write) {
-  if (w.dtype() != DType::f32 || w.rank() != 2 || !w.is_contiguous() || w.numel() == 0) return nullptr;
+  const DType type = w.dtype();
+  if ((type != DType::f32 && type != DType::bf16) || w.rank() != 2 || !w.is_contiguous() || w.numel() == 0)
+    return nullptr;
   const int64_t N = w.shape()[0], K = w.shape()[1];
   // One buffer may hold several weights (tied or sliced): the key names this one's place in it.
   const std::string key = "cpu.linear_packed@" + std::to_string(w.offset()) + ":" + std::to_string(N) + "x" +
-                          std::to_string(K);
+                          std::to_string(K) + ":" + dtype_name(type);
   Buffer& buf = *w.buffer();
   if (auto found = buf.derived(key, after_write)) {
     g_reused.fetch_add(1, std::memory_order_relaxed);
@@ -41,11 +43,11 @@ std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& 
   std::shared_ptr<const PackedLinearWeight> packed;
   size_t bytes = 0;
   try {
-    if (!linear_packing_keeps_bits(N, K)) {  // this oneDNN would give the pack other bits
+    if (!linear_packing_keeps_bits(N, K, type)) {  // this oneDNN would give the pack other bits
       g_skipped.fetch_add(1, std::memory_order_relaxed);
       return nullptr;
     }
-    bytes = packed_linear_weight_bytes(N, K);
+    bytes = packed_linear_weight_bytes(N, K, type);
     BufferPtr storage = rt.allocate(bytes);
     void* data = storage->data();
     const size_t held = rt.allocation_size(bytes);  // what the allocator counts for it
@@ -54,7 +56,7 @@ std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& 
       g_live_bytes.fetch_sub(held, std::memory_order_relaxed);
       storage.reset();
     });
-    packed = pack_linear_weight(static_cast<const float*>(w.data_ptr()), N, K, data, std::move(owner));
+    packed = pack_linear_weight(w.data_ptr(), type, N, K, data, std::move(owner));
   } catch (const std::exception&) {  // no memory or a library error: the linear reads w as it is
     g_skipped.fetch_add(1, std::memory_order_relaxed);
     return nullptr;

@@ -26,13 +26,14 @@ struct PrepackStats {
 };
 PrepackStats prepack_stats();
 
-// The packed form of linear weight `w` ([N,K], f32, dense) as the write numbered `after_write`
-// left it (its buffer's ready_seq() when the reading launch was enqueued), made now when there is
-// none; nullptr when `w` is not a dense f32 matrix, when the device has a memory capacity
-// (--device-memory: its fail-fast memory plan counts no new packed copies), when `w` was brought
-// in by model offload, when packing would change the bits (linear_packing_keeps_bits) or when it
-// fails (no memory); the linear then reads `w` as it is. Call it on the device queue, where `w`'s
-// bytes are ready.
+// The packed form of linear weight `w` ([N,K], f32 or bf16, dense; packed in its own dtype) as the
+// write numbered `after_write` left it (its buffer's ready_seq() when the reading launch was
+// enqueued), made now when there is none; nullptr when `w` is not a dense f32 or bf16 matrix,
+// when the device has a memory capacity (--device-memory: its fail-fast memory plan counts no new
+// packed copies), when `w` was brought in by model offload, when packing would change the bits
+// (linear_packing_keeps_bits) or when it fails (no memory); the linear then reads `w` as it is.
+// Call it on the device queue, where `w`'s bytes are ready. Which linears ask for one:
+// linear_reads_packed_weight.
 std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& w, uint64_t after_write);
 
 }  // namespace kiln::cpu

@@ -13,6 +13,7 @@
 #include <hwy/highway.h>
 
 #include "core/error.h"
+#include "core/tensor_view.h"
 #include "devices/cpu/kernels/gemm.h"
 
 namespace kiln::cpu {
@@ -37,26 +38,52 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // GEMM mmap/munmap and slows this kernel ~4x.
 constexpr int64_t kQBlock = 128;
 constexpr int64_t kKBlock = 512;
+// With bf16 operands every query block widens all of its head's k and v rows, so larger query
+// blocks widen less: 256 halves that work (it was ~4% of the time at 128), and the thread's
+// tiles (~1.3 MiB) still fit L2. The products themselves run as f32 GEMMs: on AVX-512 cores
+// without AMX, vdpbf16ps retires half the multiply-adds per cycle of f32 FMA, and oneDNN's bf16
+// matmul on these tiles was slower than sgemm (bench_attention's tiles_* cases compare the two).
+constexpr int64_t kQBlockWidened = 256;
 
 // Tile geometry for one call: a thread scores `bq` queries against `bk` keys at a time.
-// Score rows are padded to `ld` (a whole number of vectors) to keep rows aligned.
+// Score rows are padded to `ld` (a whole number of vectors) to keep rows aligned. When an
+// operand is bf16, a thread also keeps f32 copies of its query rows (bq x D), of the current
+// key block's k and v rows (bk x D, bk x Dv) and an f32 output accumulator (bq x Dv).
 struct Tiles {
   int64_t bq, bk, ld;
+  int64_t D, Dv;
+  bool widens;
 };
 
-Tiles choose_tiles(int64_t Lq, int64_t Lk) {
+Tiles choose_tiles(int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, bool widens) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DF()));
-  const int64_t bq = std::max<int64_t>(1, std::min(kQBlock, Lq));
+  const int64_t bq = std::max<int64_t>(1, std::min(widens ? kQBlockWidened : kQBlock, Lq));
   const int64_t bk = std::max<int64_t>(1, std::min(kKBlock, Lk));
-  return {bq, bk, (bk + lanes - 1) / lanes * lanes};
+  return {bq, bk, (bk + lanes - 1) / lanes * lanes, D, Dv, widens};
 }
 
-// One thread's scratch, in floats: the score tile plus running max, running sum and the
-// per-row rescale factor of the current key block. Rounded up to whole cache lines so
-// that each thread's part of the shared buffer starts aligned and shares no line.
-size_t scratch_floats(const Tiles& t) {
-  constexpr int64_t kLine = 64 / sizeof(float);
-  return static_cast<size_t>((t.bq * t.ld + 3 * t.bq + kLine - 1) / kLine * kLine);
+// Where one thread's part of the scratch buffer keeps what, in floats from its start.
+struct ScratchLayout {
+  size_t stats, qf, kf, vf, acc, total;
+};
+
+// Each part starts on a cache line, and the total is whole cache lines, so that each thread's
+// part of the shared buffer starts aligned and shares no line.
+ScratchLayout scratch_layout(const Tiles& t) {
+  constexpr size_t kLine = 64 / sizeof(float);
+  const auto lines = [](int64_t floats) { return (static_cast<size_t>(floats) + kLine - 1) / kLine * kLine; };
+  ScratchLayout l{};
+  l.stats = lines(t.bq * t.ld);  // the score tile comes first
+  l.qf = l.stats + lines(3 * t.bq);
+  if (!t.widens) {
+    l.kf = l.vf = l.acc = l.total = l.qf;
+    return l;
+  }
+  l.kf = l.qf + lines(t.bq * t.D);
+  l.vf = l.kf + lines(t.bk * t.D);
+  l.acc = l.vf + lines(t.bk * t.Dv);
+  l.total = l.acc + lines(t.bq * t.Dv);
+  return l;
 }
 
 // Threads the parallel region below may use; it sizes the shared scratch buffer.
@@ -121,18 +148,55 @@ void scale_row(float* row, int64_t n, float f) {
   for (; j < n; ++j) row[j] *= f;
 }
 
+// row[j] = float(bf16(row[j])) in place, rounding as f32_to_bf16 does (to nearest, ties to
+// even), so each value is exactly the bf16 that convert_from_f32 would store. NaNs stay.
+void round_to_bf16(float* row, int64_t n) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto bias = hn::Set(du, 0x7fffu), one = hn::Set(du, 1u), high = hn::Set(du, 0xffff0000u);
+  int64_t j = 0;
+  for (; j + lanes <= n; j += lanes) {
+    const auto x = hn::LoadU(d, row + j);
+    const auto bits = hn::BitCast(du, x);
+    const auto lsb = hn::And(hn::ShiftRight<16>(bits), one);
+    const auto r = hn::BitCast(d, hn::And(hn::Add(bits, hn::Add(bias, lsb)), high));
+    hn::StoreU(hn::IfThenElse(hn::IsNaN(x), x, r), d, row + j);
+  }
+  for (; j < n; ++j) row[j] = std::isnan(row[j]) ? row[j] : bf16_to_f32(f32_to_bf16(row[j]));
+}
+
+// Rows of one [L, width] matrix of a head: row r at base + r * ld elements.
+struct Rows {
+  const char* base;
+  DType dtype;  // f32 or bf16
+  int64_t ld;
+
+  // Rows [r0, r0 + n) as f32: the operand's own memory when it is f32, else widened into
+  // `buf` (rows `width` apart). Sets `ld_out` to the row stride of what it returns.
+  const float* f32(int64_t r0, int64_t n, int64_t width, float* buf, int64_t& ld_out) const {
+    if (dtype == DType::f32) {
+      ld_out = ld;
+      return reinterpret_cast<const float*>(base) + r0 * ld;
+    }
+    const size_t es = dtype_size(dtype);
+    for (int64_t r = 0; r < n; ++r) convert_to_f32(base + (r0 + r) * ld * int64_t(es), dtype, buf + r * width, width);
+    ld_out = width;
+    return buf;
+  }
+};
+
 // The operands of one (b,h) pair, already offset to that head.
 struct Head {
-  const float* q;     // [Lq,D], rows ldq apart
-  const float* k;     // [Lk,D], rows ldk apart
-  const float* v;     // [Lk,Dv], rows ldv apart
-  int64_t ldq, ldk, ldv;
+  Rows q, k, v;       // [Lq,D], [Lk,D], [Lk,Dv]
   const float* mask;  // mask + b*ms[0] + h*ms[1], or null
   int64_t mask_row_stride, mask_col_stride;
-  float* out;  // [Lq,Dv], rows ldo apart
+  char* out;  // [Lq,Dv], rows ldo elements apart
+  DType out_dtype;
   int64_t ldo;
   int64_t Lk, D, Dv;
   float scale;
+  bool round_p;  // v is bf16: the probabilities are rounded to bf16 before the PV product
 };
 
 // Running softmax state of the rows of one query block.
@@ -163,51 +227,79 @@ void softmax_tile(const Head& h, int64_t i0, int64_t j0, int64_t nq, int64_t nk,
   }
 }
 
-// Computes the output rows [i0, i0+nq) of one head, streaming over key blocks and
-// accumulating straight into `out`.
+// Computes the output rows [i0, i0+nq) of one head, streaming over key blocks. An f32 output
+// accumulates in place; any other output accumulates in the scratch's f32 tile and is rounded
+// into the output once, at the end.
 void attend_query_block(const Head& h, int64_t i0, int64_t nq, const Tiles& t, float* scratch) {
+  const ScratchLayout sl = scratch_layout(t);
   float* s = scratch;
-  RowStats st{s + t.bq * t.ld, s + t.bq * t.ld + t.bq, s + t.bq * t.ld + 2 * t.bq};
+  RowStats st{scratch + sl.stats, scratch + sl.stats + t.bq, scratch + sl.stats + 2 * t.bq};
   std::fill(st.max, st.max + nq, kNegInf);
   std::fill(st.sum, st.sum + nq, 0.0f);
-  const float* q = h.q + i0 * h.ldq;
-  float* o = h.out + i0 * h.ldo;
+  int64_t ldq = 0, ldk = 0, ldv = 0;
+  const float* q = h.q.f32(i0, nq, h.D, scratch + sl.qf, ldq);
+  const bool in_place = h.out_dtype == DType::f32;
+  float* o = in_place ? reinterpret_cast<float*>(h.out) + i0 * h.ldo : scratch + sl.acc;
+  const int64_t ldo = in_place ? h.ldo : h.Dv;
   for (int64_t j0 = 0; j0 < h.Lk; j0 += t.bk) {
     const int64_t nk = std::min(t.bk, h.Lk - j0);
-    sgemm(false, true, nq, nk, h.D, h.scale, q, h.ldq, h.k + j0 * h.ldk, h.ldk, 0.0f, s, t.ld);
+    const float* k = h.k.f32(j0, nk, h.D, scratch + sl.kf, ldk);
+    sgemm(false, true, nq, nk, h.D, h.scale, q, ldq, k, ldk, 0.0f, s, t.ld);
     softmax_tile(h, i0, j0, nq, nk, s, t.ld, st);
+    if (h.round_p) {
+      for (int64_t r = 0; r < nq; ++r) round_to_bf16(s + r * t.ld, nk);
+    }
     const bool first = j0 == 0;
     if (!first) {
       for (int64_t r = 0; r < nq; ++r) {
-        if (st.corr[r] != 1.0f) scale_row(o + r * h.ldo, h.Dv, st.corr[r]);
+        if (st.corr[r] != 1.0f) scale_row(o + r * ldo, h.Dv, st.corr[r]);
       }
     }
-    sgemm(false, false, nq, h.Dv, nk, 1.0f, s, t.ld, h.v + j0 * h.ldv, h.ldv, first ? 0.0f : 1.0f,
-          o, h.ldo);
+    const float* v = h.v.f32(j0, nk, h.Dv, scratch + sl.vf, ldv);
+    sgemm(false, false, nq, h.Dv, nk, 1.0f, s, t.ld, v, ldv, first ? 0.0f : 1.0f, o, ldo);
   }
   for (int64_t r = 0; r < nq; ++r) {
-    scale_row(o + r * h.ldo, h.Dv, st.sum[r] > 0.0f ? 1.0f / st.sum[r] : 0.0f);
+    scale_row(o + r * ldo, h.Dv, st.sum[r] > 0.0f ? 1.0f / st.sum[r] : 0.0f);
+  }
+  if (!in_place) {
+    const int64_t es = int64_t(dtype_size(h.out_dtype));
+    for (int64_t r = 0; r < nq; ++r) convert_from_f32(o + r * ldo, h.out + (i0 + r) * h.ldo * es, h.out_dtype, h.Dv);
   }
 }
 
-void check_args(const float* q, const float* k, const float* v, const float* mask,
-                const int64_t* ms, const float* out, int64_t B, int64_t H, int64_t Lq,
-                int64_t Lk, int64_t D, int64_t Dv) {
+bool attention_dtype(DType t) { return t == DType::f32 || t == DType::bf16; }
+
+void check_args(const AttentionOperand& q, const AttentionOperand& k, const AttentionOperand& v,
+                const float* mask, const int64_t* ms, const AttentionOperand& out, int64_t B, int64_t H,
+                int64_t Lq, int64_t Lk, int64_t D, int64_t Dv) {
   KILN_CHECK(B >= 0 && H >= 0 && Lq >= 0 && Lk >= 0 && D >= 0 && Dv >= 0, kWhere,
              "negative size B=", B, " H=", H, " Lq=", Lq, " Lk=", Lk, " D=", D, " Dv=", Dv);
+  KILN_CHECK(q.layout.row >= D && k.layout.row >= D && v.layout.row >= Dv && out.layout.row >= Dv, kWhere,
+             "row strides ", q.layout.row, "/", k.layout.row, "/", v.layout.row, "/", out.layout.row,
+             " are shorter than the rows (", D, "/", Dv, ")");
+  KILN_CHECK(attention_dtype(q.dtype) && attention_dtype(k.dtype) && attention_dtype(v.dtype) &&
+                 attention_dtype(out.dtype),
+             kWhere, "q, k, v and out must be f32 or bf16, got ", dtype_name(q.dtype), ", ", dtype_name(k.dtype),
+             ", ", dtype_name(v.dtype), ", ", dtype_name(out.dtype));
   KILN_CHECK(mask == nullptr || ms != nullptr, kWhere, "mask given without mask strides");
   const bool any_q = B * H * Lq > 0, any_k = B * H * Lk > 0;
-  KILN_CHECK((q != nullptr || !any_q || D == 0) && (out != nullptr || !any_q || Dv == 0) &&
-                 (k != nullptr || !any_k || D == 0) && (v != nullptr || !any_k || Dv == 0),
+  KILN_CHECK((q.data != nullptr || !any_q || D == 0) && (out.data != nullptr || !any_q || Dv == 0) &&
+                 (k.data != nullptr || !any_k || D == 0) && (v.data != nullptr || !any_k || Dv == 0),
              kWhere, "null q, k, v or out");
+}
+
+// Rows of head (b, hh) of an operand.
+Rows head_rows(const AttentionOperand& x, int64_t b, int64_t hh) {
+  const int64_t off = (b * x.layout.batch + hh * x.layout.head) * int64_t(dtype_size(x.dtype));
+  return {static_cast<const char*>(x.data) + off, x.dtype, x.layout.row};
 }
 
 }  // namespace
 
-size_t attention_workspace_bytes(int64_t Lq, int64_t Lk, int64_t /*D*/, int64_t /*Dv*/) {
-  // The output tile accumulates in `out` itself, so only the score tile and row stats
-  // need scratch, one per thread.
-  return max_threads() * scratch_floats(choose_tiles(Lq, Lk)) * sizeof(float);
+size_t attention_workspace_bytes(int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, bool widens) {
+  // An f32 output tile accumulates in `out` itself, so without bf16 operands only the score
+  // tile and row stats need scratch, one per thread.
+  return max_threads() * scratch_layout(choose_tiles(Lq, Lk, D, Dv, widens)).total * sizeof(float);
 }
 
 void attention_f32(const float* q, const float* k, const float* v, const float* mask,
@@ -220,22 +312,33 @@ void attention_f32(const float* q, const float* k, const float* v, const float* 
 void attention_f32(const float* q, RowLayout ql, const float* k, RowLayout kl, const float* v, RowLayout vl,
                    const float* mask, const int64_t mask_strides[4], float* out, RowLayout ol, int64_t B, int64_t H,
                    int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, float scale) {
-  KILN_CHECK(ql.row >= D && kl.row >= D && vl.row >= Dv && ol.row >= Dv, kWhere, "row strides ", ql.row, "/", kl.row,
-             "/", vl.row, "/", ol.row, " are shorter than the rows (", D, "/", Dv, ")");
+  attention({q, DType::f32, ql}, {k, DType::f32, kl}, {v, DType::f32, vl}, mask, mask_strides,
+            {out, DType::f32, ol}, B, H, Lq, Lk, D, Dv, scale);
+}
+
+void attention(const AttentionOperand& q, const AttentionOperand& k, const AttentionOperand& v,
+               const float* mask, const int64_t mask_strides[4], const AttentionOperand& out, int64_t B,
+               int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, float scale) {
   check_args(q, k, v, mask, mask_strides, out, B, H, Lq, Lk, D, Dv);
   if (B * H * Lq == 0 || Dv == 0) return;
-  if (Lk == 0) {  // empty softmax: treated like a fully masked row
+  char* const out_base = static_cast<char*>(const_cast<void*>(out.data));
+  const int64_t out_es = int64_t(dtype_size(out.dtype));
+  const RowLayout ol = out.layout;
+  if (Lk == 0) {  // empty softmax: treated like a fully masked row (+0.0 is all-zero bits in f32 and bf16)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t hh = 0; hh < H; ++hh)
-        for (int64_t i = 0; i < Lq; ++i) std::fill_n(out + b * ol.batch + hh * ol.head + i * ol.row, Dv, 0.0f);
+        for (int64_t i = 0; i < Lq; ++i)
+          std::fill_n(out_base + (b * ol.batch + hh * ol.head + i * ol.row) * out_es, Dv * out_es, char(0));
     return;
   }
-  const Tiles t = choose_tiles(Lq, Lk);
+  const bool widens = q.dtype != DType::f32 || k.dtype != DType::f32 || v.dtype != DType::f32 ||
+                      out.dtype != DType::f32;
+  const Tiles t = choose_tiles(Lq, Lk, D, Dv, widens);
   const int64_t q_blocks = (Lq + t.bq - 1) / t.bq;
   const int64_t tasks = B * H * q_blocks;
   // Allocated here rather than per thread inside the region so that a failed allocation
   // throws normally; thread i uses part i.
-  const size_t per_thread = scratch_floats(t);
+  const size_t per_thread = scratch_layout(t).total;
   const size_t threads = max_threads();
   const std::unique_ptr<float, decltype(&std::free)> scratch(
       static_cast<float*>(std::aligned_alloc(64, threads * per_thread * sizeof(float))),
@@ -250,21 +353,20 @@ void attention_f32(const float* q, RowLayout ql, const float* k, RowLayout kl, c
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bh = task / q_blocks, b = bh / H, hh = bh % H;
       const int64_t i0 = (task % q_blocks) * t.bq;
-      const Head head{q + b * ql.batch + hh * ql.head,
-                      k + b * kl.batch + hh * kl.head,
-                      v + b * vl.batch + hh * vl.head,
-                      ql.row,
-                      kl.row,
-                      vl.row,
+      const Head head{head_rows(q, b, hh),
+                      head_rows(k, b, hh),
+                      head_rows(v, b, hh),
                       mask ? mask + b * mask_strides[0] + hh * mask_strides[1] : nullptr,
                       mask ? mask_strides[2] : 0,
                       mask ? mask_strides[3] : 0,
-                      out + b * ol.batch + hh * ol.head,
+                      out_base + (b * ol.batch + hh * ol.head) * out_es,
+                      out.dtype,
                       ol.row,
                       Lk,
                       D,
                       Dv,
-                      scale};
+                      scale,
+                      v.dtype == DType::bf16};
       // An exception must not leave the parallel region; keep the first, rethrow after.
       try {
         attend_query_block(head, i0, std::min(t.bq, Lq - i0), t, my_scratch);

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace kiln::cpu {
 
 // out = softmax(q k^T * scale + mask) v, independently for every (b,h).
@@ -33,9 +35,33 @@ void attention_f32(const float* q, RowLayout ql, const float* k, RowLayout kl, c
                    const float* mask, const int64_t mask_strides[4], float* out, RowLayout ol, int64_t B, int64_t H,
                    int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, float scale);
 
-// Upper bound of the scratch attention_f32 allocates (all threads together) for these
-// sizes: a few query-block x key-block tiles, far below Lq*Lk*4 bytes per head. Excludes
-// the GEMM library's own packing buffers.
-size_t attention_workspace_bytes(int64_t Lq, int64_t Lk, int64_t D, int64_t Dv);
+// An operand of attention(): f32 or bf16 elements whose rows lie as `layout` says (each row's
+// values contiguous). `data` is written only for the output.
+struct AttentionOperand {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  RowLayout layout;
+};
+
+// attention_f32 for operands that may also be bf16 (each independently), as Diffusers runs
+// attention under torch_dtype=bfloat16:
+//  - bf16 q/k/v rows are widened to f32 one tile at a time (exact) into per-thread scratch, so
+//    the products are of bf16 values with f32 accumulation; no whole-tensor copy is made;
+//  - the softmax statistics (running max and sum) stay f32;
+//  - when v is bf16 the probability tile is rounded to bf16 before the PV product (what bf16
+//    flash attention does; the row sums use the unrounded values);
+//  - a bf16 output accumulates in an f32 tile and is rounded once, after the normalisation.
+// Masks, fully masked rows and NaNs behave as in attention_f32; all-f32 operands give
+// attention_f32's bits. Results never depend on the thread count: every output row is computed
+// by one thread in a fixed order.
+void attention(const AttentionOperand& q, const AttentionOperand& k, const AttentionOperand& v,
+               const float* mask, const int64_t mask_strides[4], const AttentionOperand& out, int64_t B,
+               int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, float scale);
+
+// Upper bound of the scratch attention() allocates (all threads together) for these sizes: a
+// few query-block x key-block tiles, far below Lq*Lk*4 bytes per head. `widens` says whether any
+// operand is bf16 (f32 tiles for the widened rows and the output accumulator). Excludes the GEMM
+// library's own packing buffers.
+size_t attention_workspace_bytes(int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, bool widens = false);
 
 }  // namespace kiln::cpu

@@ -60,6 +60,14 @@ void linear_kernel(const KernelArgs& args) {
   const int64_t k = x.shape.back(), n = w.shape[0], rows = n ? args.out.numel() / n : 0;
   if (rows == 0) return;
   if (rows == 1) return grouped_linear_rows({args});  // weight-streaming: gemv.h
+  const TensorView* b = args.in.size() > 2 ? &args.in[2] : nullptr;
+  // bf16 x and w are read as they are (no f32 copies), with a bias and y of f32 or bf16.
+  if (x.dtype == DType::bf16 && w.dtype == DType::bf16 && (!b || f32_or_bf16(b->dtype)) &&
+      f32_or_bf16(args.out.dtype) && k > 0) {
+    linear_bf16(x.data, w.data, static_cast<const PackedLinearWeight*>(args.prepared), b ? b->data : nullptr,
+                b ? b->dtype : DType::f32, args.out.data, args.out.dtype, rows, n, k);
+    return;
+  }
   F32In fx(x), fw(w);
   std::vector<F32In> bias;
   if (args.in.size() > 2) bias.emplace_back(args.in[2]);
@@ -93,35 +101,57 @@ void grouped_linear_rows(const std::vector<KernelArgs>& linears) {
   if (linears.empty()) return;
   const TensorView& x = linears[0].in[0];
   const int64_t k = x.shape.back();
-  const F32In fx(x);
-  std::vector<std::unique_ptr<F32In>> keep;  // f32 copies of non-f32 weights and biases
+  // f32 and bf16 operands are read and written as they are (gemv.h); other dtypes through f32
+  // copies.
+  std::vector<std::unique_ptr<F32In>> keep;
   std::vector<std::unique_ptr<F32Out>> outs;
+  const auto in = [&](const TensorView& v, const void*& ptr, DType& type) {
+    ptr = v.data;
+    type = v.dtype;
+    if (gemv_reads(v.dtype)) return;
+    keep.push_back(std::make_unique<F32In>(v));
+    ptr = keep.back()->get();
+    type = DType::f32;
+  };
+  const void* xp = nullptr;
+  DType xt = DType::f32;
+  in(x, xp, xt);
   std::vector<RowProduct> products;
   for (const KernelArgs& a : linears) {
     KILN_CHECK(a.in[0].data == x.data && a.in[0].shape == x.shape && a.in[0].dtype == x.dtype && x.numel() == k,
                "linear", "a grouped launch's linears must read the same single row");
-    keep.push_back(std::make_unique<F32In>(a.in[1]));
-    const float* w = keep.back()->get();
-    const float* b = nullptr;
-    if (a.in.size() > 2) {
-      keep.push_back(std::make_unique<F32In>(a.in[2]));
-      b = keep.back()->get();
+    RowProduct p{nullptr, nullptr, a.out.data, a.in[1].shape[0], DType::f32, DType::f32, a.out.dtype};
+    in(a.in[1], p.w, p.w_type);
+    if (a.in.size() > 2) in(a.in[2], p.bias, p.bias_type);
+    if (!gemv_reads(a.out.dtype)) {
+      outs.push_back(std::make_unique<F32Out>(a.out));
+      p.y = outs.back()->get();
+      p.y_type = DType::f32;
     }
-    outs.push_back(std::make_unique<F32Out>(a.out));
-    products.push_back({w, b, outs.back()->get(), a.in[1].shape[0]});
+    products.push_back(p);
   }
-  gemv_rows(fx.get(), k, products);
+  gemv_rows(xp, xt, k, products);
 }
 
 namespace {
 
 void conv2d_kernel(const KernelArgs& args) {
-  const TensorView &x = args.in[0], &w = args.in[1];
+  const TensorView &x = args.in[0], &w = args.in[1], &y = args.out;
   const auto &st = args.attrs->get_ints("stride"), &pad = args.attrs->get_ints("padding");
+  const bool has_bias = args.in.size() > 2;
+  // f32 and bf16 tensors go to oneDNN as they are (its reorders change the dtype); others (f16)
+  // through f32 copies.
+  if (f32_or_bf16(x.dtype) && f32_or_bf16(w.dtype) && f32_or_bf16(y.dtype) &&
+      (!has_bias || f32_or_bf16(args.in[2].dtype))) {
+    const ConvOperand bias = has_bias ? ConvOperand{args.in[2].data, args.in[2].dtype} : ConvOperand{};
+    conv2d({x.data, x.dtype}, {w.data, w.dtype}, bias, y.data, y.dtype, x.shape[0], x.shape[1], x.shape[2],
+           x.shape[3], w.shape[0], w.shape[2], w.shape[3], st[0], st[1], pad[0], pad[1]);
+    return;
+  }
   F32In fx(x), fw(w);
   std::vector<F32In> bias;
-  if (args.in.size() > 2) bias.emplace_back(args.in[2]);
-  F32Out fo(args.out);
+  if (has_bias) bias.emplace_back(args.in[2]);
+  F32Out fo(y);
   conv2d_f32(fx.get(), fw.get(), bias.empty() ? nullptr : bias[0].get(), fo.get(), x.shape[0], x.shape[1], x.shape[2],
              x.shape[3], w.shape[0], w.shape[2], w.shape[3], st[0], st[1], pad[0], pad[1]);
 }
@@ -130,37 +160,48 @@ void conv2d_kernel(const KernelArgs& args) {
 std::vector<float> dense_f32(const TensorView& t) {
   std::vector<float> out(size_t(t.numel()));
   const StridedLoop loop = make_strided_loop(t.shape, {t.strides});
-  const int64_t es = int64_t(dtype_size(t.dtype));
+  const int64_t es = int64_t(dtype_size(t.dtype)), is = loop.inner_stride[0];
   float* dst = out.data();
   for (int64_t pos = 0; pos < loop.outer_count() && loop.inner > 0; ++pos, dst += loop.inner) {
     const char* src = static_cast<const char*>(t.data) + loop.offset(0, pos) * es;
-    for (int64_t i = 0; i < loop.inner; ++i) convert_to_f32(src + i * loop.inner_stride[0] * es, t.dtype, dst + i, 1);
+    if (is == 1) {
+      convert_to_f32(src, t.dtype, dst, loop.inner);
+    } else {
+      for (int64_t i = 0; i < loop.inner; ++i) convert_to_f32(src + i * is * es, t.dtype, dst + i, 1);
+    }
   }
   return out;
 }
 
-// An attention operand as rows: f32 rows with a contiguous last dim are read in place (e.g. a
-// transposed [B,L,H,D] projection); anything else is first made a dense f32 copy.
+// Whether attention() reads a [B,H,L,D] view in place: f32 or bf16 rows whose D values are
+// contiguous (e.g. a transposed [B,L,H,D] projection) and do not overlap.
+bool attention_reads_in_place(const TensorView& t) {
+  const int64_t L = t.shape[2], D = std::max<int64_t>(t.shape[3], 1);
+  const int64_t row = L <= 1 ? D : t.strides[2];  // a single row's stride is never used
+  return (t.dtype == DType::f32 || t.dtype == DType::bf16) && (t.shape[3] <= 1 || t.strides[3] == 1) && row >= D;
+}
+
+RowLayout attention_layout(const TensorView& t) {
+  const int64_t L = t.shape[2], D = std::max<int64_t>(t.shape[3], 1);
+  return {t.strides[0], t.strides[1], L <= 1 ? D : t.strides[2]};
+}
+
+// An attention operand: read in place when attention() can (bf16 rows are widened a tile at a
+// time inside it), else first made a dense f32 copy (other dtypes, rows with strided values).
 class AttentionRows {
  public:
   explicit AttentionRows(const TensorView& t) {
-    const int64_t L = t.shape[2], D = std::max<int64_t>(t.shape[3], 1);
-    const int64_t row = L <= 1 ? D : t.strides[2];  // a single row's stride is never used
-    if (t.dtype == DType::f32 && (t.shape[3] <= 1 || t.strides[3] == 1) && row >= D) {
-      ptr_ = t.as<const float>();
-      layout_ = {t.strides[0], t.strides[1], row};
+    if (attention_reads_in_place(t)) {
+      op_ = {t.data, t.dtype, attention_layout(t)};
       return;
     }
     copy_ = dense_f32(t);
-    ptr_ = copy_.data();
-    layout_ = RowLayout::dense(t.shape[1], t.shape[2], t.shape[3]);
+    op_ = {copy_.data(), DType::f32, RowLayout::dense(t.shape[1], t.shape[2], t.shape[3])};
   }
-  const float* get() const { return ptr_; }
-  RowLayout layout() const { return layout_; }
+  const AttentionOperand& get() const { return op_; }
 
  private:
-  const float* ptr_ = nullptr;
-  RowLayout layout_;
+  AttentionOperand op_;
   std::vector<float> copy_;
 };
 
@@ -186,18 +227,17 @@ void sdpa_kernel(const KernelArgs& args) {
     const Strides s = broadcast_strides(m.shape, st, {B, H, Lq, Lk});
     std::copy(s.begin(), s.end(), ms);
   }
-  // An f32 output whose rows are contiguous is written in place through its strides (deferred
-  // mode hands sdpa a [B,L,H,Dv] buffer viewed as [B,H,L,Dv]); anything else is dense.
+  // An f32 or bf16 output whose rows are contiguous is written in place through its strides
+  // (deferred mode hands sdpa a [B,L,H,Dv] buffer viewed as [B,H,L,Dv]); anything else is dense.
   const TensorView& o = args.out;
-  if (o.dtype == DType::f32 && (Dv <= 1 || o.strides[3] == 1)) {
-    const RowLayout ol{o.strides[0], o.strides[1], Lq <= 1 ? Dv : o.strides[2]};
-    attention_f32(fq.get(), fq.layout(), fk.get(), fk.layout(), fv.get(), fv.layout(), mask, ms, o.as<float>(), ol,
-                  B, H, Lq, Lk, D, Dv, scale);
+  if (attention_reads_in_place(o)) {
+    attention(fq.get(), fk.get(), fv.get(), mask, ms, {o.data, o.dtype, attention_layout(o)}, B, H, Lq, Lk, D, Dv,
+              scale);
     return;
   }
   F32Out fo(o);
-  attention_f32(fq.get(), fq.layout(), fk.get(), fk.layout(), fv.get(), fv.layout(), mask, ms, fo.get(),
-                RowLayout::dense(H, Lq, Dv), B, H, Lq, Lk, D, Dv, scale);
+  attention(fq.get(), fk.get(), fv.get(), mask, ms, {fo.get(), DType::f32, RowLayout::dense(H, Lq, Dv)}, B, H, Lq,
+            Lk, D, Dv, scale);
 }
 
 }  // namespace

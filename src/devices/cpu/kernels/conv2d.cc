@@ -9,6 +9,11 @@
 // and C=O=512 at 64x64: 105 ms vs 125 ms. So the blocked ("any") path is the default.
 // Reordered weights are not cached: one shape serves many layers with different weights.
 //
+// bf16 tensors: the caller's nchw/oihw bf16 buffers enter through the same reorders, which
+// change the dtype in the same pass as the layout. Whether the primitive itself computes in
+// bf16 or in f32 is ConvMath's choice (conv2d.h); a bf16 y is rounded once, by the last reorder
+// (or by the primitive when it writes y's layout directly).
+//
 // Thread safety: plans live in a mutex-guarded map and are immutable once built. The
 // primitives use user-managed scratchpads (scratchpad_mode::user), which the oneDNN
 // docs require for executing one primitive from several threads; every call allocates
@@ -20,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "core/error.h"
 #include "devices/cpu/kernels/onednn.h"
@@ -28,6 +34,7 @@ namespace kiln::cpu {
 namespace {
 
 using detail::ConvLayout;
+using detail::ConvMath;
 using dnnl::memory;
 using tag = memory::format_tag;
 
@@ -41,12 +48,24 @@ struct ConvShape {
   auto operator<=>(const ConvShape&) const = default;
 };
 
+// The dtypes of the caller's tensors and the one the primitive multiplies in.
+struct ConvTypes {
+  DType x, w, bias, y;
+  bool bf16_math;  // the primitive reads bf16 src and weights (else f32)
+  auto operator<=>(const ConvTypes&) const = default;
+};
+
 // Key for the plan cache: every parameter that changes the primitive.
 struct PlanKey {
   ConvShape shape;
   ConvLayout layout;
+  ConvTypes types;
   auto operator<=>(const PlanKey&) const = default;
 };
+
+memory::data_type dnnl_type(DType t) {
+  return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+}
 
 struct Reorder {
   dnnl::reorder prim;
@@ -73,22 +92,27 @@ std::optional<Reorder> make_reorder(const memory::desc& from, const memory::desc
   return Reorder{dnnl::reorder(pd), pd.scratchpad_desc()};
 }
 
-std::shared_ptr<const ConvPlan> build_plan(const ConvShape& s, ConvLayout layout) {
+std::shared_ptr<const ConvPlan> build_plan(const ConvShape& s, ConvLayout layout, const ConvTypes& types) {
   const memory::dims src_dims{s.N, s.C, s.H, s.W};
   const memory::dims wei_dims{s.O, s.C, s.KH, s.KW};
   const memory::dims dst_dims{s.N, s.O, s.out_h(), s.out_w()};
-  const auto f32 = memory::data_type::f32;
+  const auto f32 = memory::data_type::f32, bf16 = memory::data_type::bf16;
+  // f32 math reads an f32 bias (run_plan widens a bf16 one) and writes f32, rounded into a bf16
+  // y by the reorder out; bf16 math takes the bias and writes y in their own dtypes.
+  const auto math = types.bf16_math ? bf16 : f32;
+  const auto bias_dt = types.bf16_math ? dnnl_type(types.bias) : f32;
+  const auto dst_dt = types.bf16_math ? dnnl_type(types.y) : f32;
 
   auto plan = std::make_shared<ConvPlan>();
-  plan->user_src = memory::desc(src_dims, f32, tag::nchw);
-  plan->user_wei = memory::desc(wei_dims, f32, tag::oihw);
-  plan->user_dst = memory::desc(dst_dims, f32, tag::nchw);
-  plan->bias = s.has_bias ? memory::desc({s.O}, f32, tag::x) : memory::desc();
+  plan->user_src = memory::desc(src_dims, dnnl_type(types.x), tag::nchw);
+  plan->user_wei = memory::desc(wei_dims, dnnl_type(types.w), tag::oihw);
+  plan->user_dst = memory::desc(dst_dims, dnnl_type(types.y), tag::nchw);
+  plan->bias = s.has_bias ? memory::desc({s.O}, bias_dt, tag::x) : memory::desc();
 
   const bool blocked = layout == ConvLayout::kBlocked;
-  const memory::desc src = blocked ? memory::desc(src_dims, f32, tag::any) : plan->user_src;
-  const memory::desc wei = blocked ? memory::desc(wei_dims, f32, tag::any) : plan->user_wei;
-  const memory::desc dst = blocked ? memory::desc(dst_dims, f32, tag::any) : plan->user_dst;
+  const memory::desc src(src_dims, math, blocked ? tag::any : tag::nchw);
+  const memory::desc wei(wei_dims, math, blocked ? tag::any : tag::oihw);
+  const memory::desc dst(dst_dims, dst_dt, blocked ? tag::any : tag::nchw);
 
   // Symmetric padding: with floor division in out_h(), padding_r = pad is what PyTorch
   // does (trailing rows that do not fit a full window are dropped).
@@ -103,14 +127,14 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvShape& s, ConvLayout layout
   return plan;
 }
 
-std::shared_ptr<const ConvPlan> get_plan(const ConvShape& s, ConvLayout layout) {
+std::shared_ptr<const ConvPlan> get_plan(const ConvShape& s, ConvLayout layout, const ConvTypes& types) {
   static std::mutex* mu = new std::mutex;
   // Never destroyed: at exit the device queue may still be running a convolution.
   static auto* cache = new std::map<PlanKey, std::shared_ptr<const ConvPlan>>;
-  const PlanKey key{s, layout};
+  const PlanKey key{s, layout, types};
   std::lock_guard<std::mutex> lock(*mu);
   auto it = cache->find(key);
-  if (it == cache->end()) it = cache->emplace(key, build_plan(s, layout)).first;
+  if (it == cache->end()) it = cache->emplace(key, build_plan(s, layout, types)).first;
   return it->second;
 }
 
@@ -132,12 +156,12 @@ memory prepare_input(const std::optional<Reorder>& r, const memory& user,
   return converted;
 }
 
-void run_plan(const ConvPlan& p, const float* x, const float* w, const float* bias, float* y) {
+void run_plan(const ConvPlan& p, const void* x, const void* w, ConvOperand bias, void* y) {
   dnnl::stream& stream = onednn::thread_stream();
   const dnnl::engine& eng = onednn::engine();
   // oneDNN takes non-const handles but only reads inputs.
-  const memory user_x(p.user_src, eng, const_cast<float*>(x));
-  const memory user_w(p.user_wei, eng, const_cast<float*>(w));
+  const memory user_x(p.user_src, eng, const_cast<void*>(x));
+  const memory user_w(p.user_wei, eng, const_cast<void*>(w));
   const memory user_y(p.user_dst, eng, y);
 
   const memory src = prepare_input(p.src_in, user_x, p.pd.src_desc(), stream);
@@ -145,14 +169,23 @@ void run_plan(const ConvPlan& p, const float* x, const float* w, const float* bi
   const memory dst = p.dst_out ? memory(p.pd.dst_desc(), eng) : user_y;
 
   Args args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, memory(p.bias, eng, const_cast<float*>(bias)));
+  std::vector<float> wide_bias;  // [O]: a bf16 bias for an f32 primitive
+  if (bias.data) {
+    const void* b = bias.data;
+    if (p.bias.data_type() == memory::data_type::f32 && bias.dtype != DType::f32) {
+      wide_bias.resize(static_cast<size_t>(p.bias.dims()[0]));
+      convert_to_f32(bias.data, bias.dtype, wide_bias.data(), p.bias.dims()[0]);
+      b = wide_bias.data();
+    }
+    args.emplace(DNNL_ARG_BIAS, memory(p.bias, eng, const_cast<void*>(b)));
+  }
   add_scratchpad(args, p.pd.scratchpad_desc());
   p.conv.execute(stream, args);
   if (p.dst_out) run_reorder(*p.dst_out, dst, user_y, stream);
   stream.wait();
 }
 
-void check_shape(const ConvShape& s, const float* x, const float* w, const float* y) {
+void check_shape(const ConvShape& s, const void* x, const void* w, const void* y) {
   KILN_CHECK(s.N > 0 && s.C > 0 && s.H > 0 && s.W > 0 && s.O > 0 && s.KH > 0 && s.KW > 0, kOp,
              "non-positive shape: x [", s.N, ",", s.C, ",", s.H, ",", s.W, "], w [", s.O, ",", s.C,
              ",", s.KH, ",", s.KW, "]");
@@ -164,6 +197,25 @@ void check_shape(const ConvShape& s, const float* x, const float* w, const float
   KILN_CHECK(x && w && y, kOp, "null input, weight or output pointer");
 }
 
+bool conv_dtype(DType t) { return t == DType::f32 || t == DType::bf16; }
+
+void run_conv(ConvLayout layout, ConvMath math, ConvOperand x, ConvOperand w, ConvOperand bias, void* y,
+              DType y_dtype, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW,
+              int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w) {
+  const ConvShape s{N, C, H, W, O, KH, KW, stride_h, stride_w, pad_h, pad_w, bias.data != nullptr};
+  check_shape(s, x.data, w.data, y);
+  KILN_CHECK(conv_dtype(x.dtype) && conv_dtype(w.dtype) && conv_dtype(bias.dtype) && conv_dtype(y_dtype), kOp,
+             "x, weight, bias and y must be f32 or bf16, got ", dtype_name(x.dtype), ", ", dtype_name(w.dtype), ", ",
+             dtype_name(bias.dtype), ", ", dtype_name(y_dtype));
+  const bool bf16_math = math == ConvMath::kBf16 && x.dtype == DType::bf16 && w.dtype == DType::bf16;
+  const ConvTypes types{x.dtype, w.dtype, bias.data ? bias.dtype : DType::f32, y_dtype, bf16_math};
+  try {
+    run_plan(*get_plan(s, layout, types), x.data, w.data, bias, y);
+  } catch (const dnnl::error& e) {
+    fail(kOp, "oneDNN error (status ", static_cast<int>(e.status), "): ", e.what());
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -172,13 +224,25 @@ void conv2d_f32_layout(ConvLayout layout, const float* x, const float* w, const 
                        float* y, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH,
                        int64_t KW, int64_t stride_h, int64_t stride_w, int64_t pad_h,
                        int64_t pad_w) {
-  const ConvShape s{N, C, H, W, O, KH, KW, stride_h, stride_w, pad_h, pad_w, bias != nullptr};
-  check_shape(s, x, w, y);
-  try {
-    run_plan(*get_plan(s, layout), x, w, bias, y);
-  } catch (const dnnl::error& e) {
-    fail(kOp, "oneDNN error (status ", static_cast<int>(e.status), "): ", e.what());
-  }
+  run_conv(layout, ConvMath::kF32, {x, DType::f32}, {w, DType::f32}, {bias, DType::f32}, y, DType::f32, N, C, H, W,
+           O, KH, KW, stride_h, stride_w, pad_h, pad_w);
+}
+
+ConvMath conv2d_bf16_math() {
+  // AMX multiplies bf16 tiles many times faster than AVX-512 does f32; without it the f32
+  // kernel is the faster one (see ConvMath). Checked as a bit mask: later ISAs include AMX's bits.
+  static const ConvMath math = [] {
+    const int amx = static_cast<int>(dnnl::cpu_isa::avx512_core_amx);
+    return (static_cast<int>(dnnl::get_effective_cpu_isa()) & amx) == amx ? ConvMath::kBf16 : ConvMath::kF32;
+  }();
+  return math;
+}
+
+void conv2d_with_math(ConvMath math, ConvOperand x, ConvOperand w, ConvOperand bias, void* y, DType y_dtype,
+                      int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h,
+                      int64_t stride_w, int64_t pad_h, int64_t pad_w) {
+  run_conv(ConvLayout::kBlocked, math, x, w, bias, y, y_dtype, N, C, H, W, O, KH, KW, stride_h, stride_w, pad_h,
+           pad_w);
 }
 
 }  // namespace detail
@@ -193,6 +257,13 @@ void conv2d_f32(const float* x, const float* w, const float* bias, float* y, int
                 int64_t stride_w, int64_t pad_h, int64_t pad_w) {
   detail::conv2d_f32_layout(ConvLayout::kBlocked, x, w, bias, y, N, C, H, W, O, KH, KW, stride_h,
                             stride_w, pad_h, pad_w);
+}
+
+void conv2d(ConvOperand x, ConvOperand w, ConvOperand bias, void* y, DType y_dtype, int64_t N, int64_t C,
+            int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h, int64_t stride_w,
+            int64_t pad_h, int64_t pad_w) {
+  detail::conv2d_with_math(detail::conv2d_bf16_math(), x, w, bias, y, y_dtype, N, C, H, W, O, KH, KW, stride_h,
+                           stride_w, pad_h, pad_w);
 }
 
 }  // namespace kiln::cpu

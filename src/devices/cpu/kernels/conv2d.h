@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace kiln::cpu {
 
 // 2-D convolution, NCHW, groups = 1, dilation 1. x [N,C,H,W], w [O,C,KH,KW], bias [O] or
@@ -16,7 +18,38 @@ void conv2d_f32(const float* x, const float* w, const float* bias, float* y, int
                 int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h,
                 int64_t stride_w, int64_t pad_h, int64_t pad_w);
 
+// One tensor of conv2d(): contiguous f32 or bf16 elements (bias: data null when absent).
+struct ConvOperand {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+};
+
+// conv2d_f32 for tensors that may also be bf16 (each independently; y is written as y_dtype).
+// The products are of the operands' values with f32 accumulation, rounded once into y. How the
+// primitive multiplies bf16 inputs is ConvMath's choice for this CPU (conv2d_bf16_math()); the
+// weight is never converted as a whole beyond the reorder into the primitive's layout that the
+// f32 path does too.
+void conv2d(ConvOperand x, ConvOperand w, ConvOperand bias, void* y, DType y_dtype, int64_t N, int64_t C,
+            int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h, int64_t stride_w,
+            int64_t pad_h, int64_t pad_w);
+
 namespace detail {
+// What a convolution with bf16 inputs multiplies in.
+enum class ConvMath {
+  // The reorders into the primitive's layouts widen bf16 to f32 (exact) and the f32 kernel runs:
+  // without AMX, oneDNN's bf16 convolution (vdpbf16ps) is about half as fast as its f32 one on
+  // Intel's AVX-512 cores (bench_conv2d shows it), and widening costs nothing extra there since
+  // the f32 path reorders every tensor anyway.
+  kF32,
+  // A bf16 primitive: oneDNN's AMX (or AVX-512-BF16) kernels read bf16 directly.
+  kBf16,
+};
+// kBf16 where oneDNN dispatches to AMX, else kF32. Fixed for the process.
+ConvMath conv2d_bf16_math();
+void conv2d_with_math(ConvMath math, ConvOperand x, ConvOperand w, ConvOperand bias, void* y, DType y_dtype,
+                      int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h,
+                      int64_t stride_w, int64_t pad_h, int64_t pad_w);
+
 // How the oneDNN primitive sees its tensors. conv2d_f32 uses kBlocked (measured faster,
 // see conv2d.cc); kPlain is kept so tests and benchmarks can compare the two.
 enum class ConvLayout {

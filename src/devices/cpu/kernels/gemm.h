@@ -10,9 +10,10 @@ namespace kiln::cpu {
 
 enum class GemmBackend { openblas, onednn };
 
-// Backend used by kiln's matmul op, attention's GEMMs and linears of 1024 rows and more
+// Backend used by kiln's matmul op, attention's GEMMs and f32 linears of 1024 rows and more
 // (linear_gemm.h): oneDNN unless env KILN_GEMM=openblas|onednn says otherwise (read once, on
-// first call; openblas also moves every multi-row linear here). See gemm.cc for the measurements.
+// first call; openblas also moves every multi-row f32 linear here). See gemm.cc for the
+// measurements.
 GemmBackend gemm_backend();
 
 // Runs one tiny product on the backend in use so its library builds their global state (JIT kernels)

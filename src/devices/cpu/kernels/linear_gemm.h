@@ -1,55 +1,87 @@
-// The GEMM of a linear layer, y[M,N] = x[M,K] · w[N,K]ᵀ (+ bias[N]), f32, through a oneDNN
-// matmul primitive (on AVX-512 oneDNN picks its brgemm kernels), cached per shape. Every
-// execution mode runs its linears of 2..kPrimitiveMaxRows-1 rows here (linear_runs_on_primitive),
-// so they all get the same bits.
+// The GEMM of a linear layer, y[M,N] = x[M,K] · w[N,K]ᵀ (+ bias[N]), through oneDNN matmul
+// primitives (on AVX-512 oneDNN picks its brgemm kernels), cached per shape and dtypes.
 //
-// The weight is read either as the caller's plain [N,K] rows, which the primitive packs into
-// its blocked layout inside each call, or from a PackedLinearWeight made once ahead of time
-// (compiled mode pre-packs the weights of its executables), which skips that packing. Both
-// run the same kernel and give identical bits (tests/test_cpu_gemm_attention.cc).
+// f32: every execution mode runs its linears of 2..kPrimitiveMaxRows-1 rows here
+// (linear_runs_on_primitive), so they all get the same bits. The weight is read either as the
+// caller's plain [N,K] rows, which the primitive packs into its blocked layout inside each call,
+// or from a PackedLinearWeight made once ahead of time (compiled mode pre-packs the weights of
+// its executables), which skips that packing. Both run the same kernel and give identical bits
+// (tests/test_cpu_gemm_attention.cc).
 //
 // Why rows decide: at the row counts of a DiT step's text stream and small images dnnl_sgemm
 // is far from peak, while from ~1k rows on it is as fast as the primitive reading plain
-// weights, or faster. bench/bench_linear on the 2-core AMD EPYC (Zen 5, AVX-512) dev machine,
-// GFLOP/s, K = N = 3072 (FLOP peak of the two cores: 408):
-//   M       dnnl_sgemm   primitive, plain weights   primitive, pre-packed weights
-//   256     229.5        362.9                      385.5
-//   512     281.9        359.5                      377.2
-//   768     356.8        367.3                      379.8
-//   1024    359.4        357.2                      391.5
-//   4608    350.1        335.5                      356.1
-// and at K = 15360 (a single block's output projection) the primitive reading plain weights
-// was 0.92-0.98x dnnl_sgemm from 768 rows on. So linears of 1024 rows and more stay on
+// weights, or faster (bench/bench_linear; the primitive reading plain weights was 0.92-0.98x
+// dnnl_sgemm from 768 rows on at K = 15360). So f32 linears of 1024 rows and more stay on
 // dnnl_sgemm (kernels/gemm.h) in every mode, unpacked.
+//
+// bf16 (x and w bf16; the bias none, f32 or bf16; y f32 or bf16): every multi-row linear runs
+// here, reading the bf16 operands as they are (no f32 copy of the weight), accumulating in f32
+// and rounding once into y's dtype. One of two ways, fixed for the process (Bf16LinearPath), so
+// again every mode gets the same bits. KILN_GEMM does not apply (OpenBLAS is f32 only here).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
+#include "core/dtype.h"
+
 namespace kiln::cpu {
 
 constexpr int64_t kPrimitiveMaxRows = 1024;
-// Whether a linear of `rows` rows runs here: more than one row (single rows run on the GEMV,
-// gemv.h), fewer than kPrimitiveMaxRows, and the oneDNN backend (KILN_GEMM=openblas sends every
-// multi-row linear to OpenBLAS). The linear kernel and compiled mode's packing both ask this.
+// Whether an f32 linear of `rows` rows runs here: more than one row (single rows run on the
+// GEMV, gemv.h), fewer than kPrimitiveMaxRows, and the oneDNN backend (KILN_GEMM=openblas sends
+// every multi-row f32 linear to OpenBLAS).
 bool linear_runs_on_primitive(int64_t rows);
 
-// A linear weight [N,K] in the primitive's blocked layout. Immutable; shareable across threads.
+// How bf16 linears of 2+ rows compute.
+//  dot:      oneDNN's bf16 matmul primitive: bf16 dot products summed in f32 (AVX512_BF16 or
+//            AMX instructions). Reads its weight pre-packed in compiled mode, as f32 does.
+//  widened:  x widened to f32 (exact), the weight widened a panel of rows at a time straight
+//            into the f32 primitive's blocked layout (a panel is at most ~16 MiB of f32, never
+//            the whole weight), then the f32 primitive: the f32 kernel's speed less the widening
+//            passes, on the f32 products of the same bf16 values.
+// bf16 dot products win only where the CPU runs them faster than f32 FMAs: AMX, and AMD's
+// AVX512_BF16 (Zen 4 and later, by their instruction tables). A Xeon with AVX512_BF16 but without
+// AMX (or with AMX hidden, as in a VM) was measured issuing VDPBF16PS at a quarter of VFMADD's
+// rate, half its FLOPs: there oneDNN's bf16 primitive ran at ~0.55x its f32 one and the widened
+// path at 0.75-1.0x (bench/bench_linear, FLUX.1 shapes). CPUs without AVX512_BF16 would emulate the dot products.
+enum class Bf16LinearPath { dot, widened };
+// The path of this process: chosen from the CPU on first use (above), then fixed.
+Bf16LinearPath bf16_linear_path();
+// Whether this oneDNN has a bf16 matmul for this CPU (AVX-512 and up: native with AVX512_BF16,
+// emulated without): where not, the dot path fails and only the widened path runs.
+bool bf16_dot_path_available();
+const char* bf16_linear_path_name(Bf16LinearPath p);
+
+// Whether a linear of `rows` rows with x and weight of these dtypes reads its weight through a
+// primitive that can read it pre-packed: f32 weights where linear_runs_on_primitive (whatever x
+// is), bf16 ones with bf16 x on the dot path. Compiled mode pre-packs the weights of exactly these
+// (prepacked_weights.h).
+bool linear_reads_packed_weight(int64_t rows, DType x, DType w);
+
+// A linear weight [N,K] in the primitive's blocked layout, in the weight's dtype. Immutable;
+// shareable across threads.
 class PackedLinearWeight;
 
-// Whether a packed [N,K] weight gives linear_f32 the bits of the plain one: the primitive reading
-// it packed must be the same implementation as the one reading it plain (on AVX-512 both are
-// brgemm, which only copies the plain weight into that layout inside the call). False where
-// oneDNN picks different kernels for the two (then nothing should be packed).
-bool linear_packing_keeps_bits(int64_t N, int64_t K);
-// Bytes of a packed [N,K] weight. The primitive's packed layout depends only on N and K (on this
-// oneDNN, for every row count), so one packed copy serves every M; linear_f32 checks it anyway.
-size_t packed_linear_weight_bytes(int64_t N, int64_t K);
-// Packs w [N,K] (dense f32) into `storage` (packed_linear_weight_bytes(N, K) bytes, 64-byte
-// aligned), which `owner` keeps alive for as long as the packed weight lives.
+// Whether a packed [N,K] weight of dtype w (f32 or bf16) gives the linear the bits of the plain
+// one: the primitive reading it packed must be the same implementation as the one reading it
+// plain (on AVX-512 both are brgemm, which only copies the plain weight into that layout inside
+// the call). False where oneDNN picks different kernels for the two (then nothing should be
+// packed).
+bool linear_packing_keeps_bits(int64_t N, int64_t K, DType w = DType::f32);
+// Bytes of a packed [N,K] weight. The primitive's packed layout depends only on N, K and the
+// dtype (on this oneDNN, for every row count), so one packed copy serves every M; the linear
+// checks it anyway.
+size_t packed_linear_weight_bytes(int64_t N, int64_t K, DType w = DType::f32);
+// Packs w [N,K] (dense, of dtype w_type: f32 or bf16) into `storage`
+// (packed_linear_weight_bytes(N, K, w_type) bytes, 64-byte aligned), which `owner` keeps alive
+// for as long as the packed weight lives.
+std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const void* w, DType w_type, int64_t N, int64_t K,
+                                                             void* storage, std::shared_ptr<void> owner);
 std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const float* w, int64_t N, int64_t K, void* storage,
                                                              std::shared_ptr<void> owner);
 // As above, into host memory the packed weight owns (tests, benchmarks).
+std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const void* w, DType w_type, int64_t N, int64_t K);
 std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const float* w, int64_t N, int64_t K);
 
 // y[M,N] = x[M,K] · w[N,K]ᵀ + bias. x, w dense row-major; bias [N] or nullptr; y dense [M,N],
@@ -59,9 +91,17 @@ std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const float* w, int
 void linear_f32(const float* x, const float* w, const PackedLinearWeight* packed, const float* bias, float* y,
                 int64_t M, int64_t N, int64_t K);
 
-// How many linear_f32 calls read a packed weight, and how many packed w inside the call.
+// As linear_f32 for bf16 x and w; bias of bias_type (f32 or bf16) or nullptr; y of y_type (f32
+// or bf16): the f32 sum plus the bias, rounded once when y is bf16. `packed` (a bf16 pack) is
+// read only on the dot path, under linear_f32's rule. `path`: the process's unless given (tests
+// and benchmarks run both).
+void linear_bf16(const void* x, const void* w, const PackedLinearWeight* packed, const void* bias, DType bias_type,
+                 void* y, DType y_type, int64_t M, int64_t N, int64_t K, Bf16LinearPath path = bf16_linear_path());
+
+// How many linear calls read a packed weight, how many packed w inside the call (f32, and bf16 on
+// the dot path), and how many bf16 ones ran on the widened path.
 struct LinearGemmCounts {
-  int64_t prepacked = 0, packed_in_call = 0;
+  int64_t prepacked = 0, packed_in_call = 0, widened = 0;
 };
 LinearGemmCounts linear_gemm_counts();
 
