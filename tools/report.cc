@@ -7,6 +7,8 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "devices/cpu/kernels/f32_io.h"
+#include "devices/cpu/kernels/linear_gemm.h"
 #include "devices/cpu/prepacked_weights.h"
 #include "devices/runtime.h"
 #include "exec/compile.h"
@@ -49,7 +51,13 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   nlohmann::json report{
-      {"engine", {{"version", KILN_VERSION}, {"device", "cpu:0"}, {"mode", eager_mode_name(eager_mode())}}},
+      {"engine",
+       {{"version", KILN_VERSION},
+        {"device", "cpu:0"},
+        {"mode", eager_mode_name(eager_mode())},
+        // How this CPU runs bf16 linears: bf16 dot products, or widened into the f32 GEMM where
+        // those are slower (kernels/linear_gemm.h).
+        {"bf16_linear", cpu::bf16_linear_path_name(cpu::bf16_linear_path())}}},
       {"inputs", std::move(inputs)},
       {"timings", std::move(timings)},
       {"counters",
@@ -64,7 +72,10 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
         {"graphs_run", d.graphs_run},
         {"flushes", flushes},
         {"sync_points", c.sync_points},
-        {"host_waits", c.host_waits}}},
+        {"host_waits", c.host_waits},
+        // Bytes of operands kernels had to convert to f32 copies (0 when every weight and
+        // activation is read in its own dtype).
+        {"f32_conversion_bytes", cpu::f32_conversion_bytes()}}},
       {"compiles", compiles},
       {"memory", {{"device_peak_bytes", mem.peak_bytes}, {"host_peak_rss_bytes", int64_t(usage.ru_maxrss) * 1024}}},
       {"io", {{"bytes_read", io::bytes_read()}}}};
