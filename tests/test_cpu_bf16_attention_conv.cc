@@ -156,7 +156,12 @@ INSTANTIATE_TEST_SUITE_P(Bf16Attention, Bf16AttentionShapes,
                          ::testing::Values(AttnShape{2, 3, 77, 333, 40, 24},    // Lq != Lk, D != Dv
                                            AttnShape{1, 2, 300, 1100, 64, 64},  // several query and key blocks
                                            AttnShape{2, 1, 5, 3, 7, 9},         // tiny, odd
-                                           AttnShape{1, 1, 259, 17, 33, 65}));  // Lk < lanes
+                                           AttnShape{1, 1, 259, 17, 33, 65}),   // Lk < lanes
+                         [](const ::testing::TestParamInfo<AttnShape>& i) {
+                           const AttnShape& a = i.param;
+                           return "B" + std::to_string(a.B) + "H" + std::to_string(a.H) + "Lq" + std::to_string(a.Lq) +
+                                  "Lk" + std::to_string(a.Lk) + "D" + std::to_string(a.D) + "Dv" + std::to_string(a.Dv);
+                         });
 
 // The probabilities that multiply a bf16 v are bf16 (as in bf16 flash attention); the row sum
 // that divides them is not. Two keys with scores 0 and s1: out = bf16(p1) * v1 / (1 + p1).
@@ -367,7 +372,13 @@ INSTANTIATE_TEST_SUITE_P(Bf16Conv, Bf16ConvShapes,
                                            ConvShape{2, 40, 9, 13, 24, 1, 1, 0},    // 1x1, odd sizes
                                            ConvShape{1, 16, 17, 17, 32, 3, 2, 0},   // 3x3, stride 2
                                            ConvShape{1, 128, 16, 16, 128, 3, 1, 1}  // VAE channels
-                                           ));
+                                           ),
+                         [](const ::testing::TestParamInfo<ConvShape>& i) {
+                           const ConvShape& c = i.param;
+                           return "C" + std::to_string(c.C) + "x" + std::to_string(c.H) + "x" + std::to_string(c.W) +
+                                  "O" + std::to_string(c.O) + "K" + std::to_string(c.K) + "s" +
+                                  std::to_string(c.stride) + "p" + std::to_string(c.pad) + "N" + std::to_string(c.N);
+                         });
 
 TEST(Bf16Conv, ThreadCountDoesNotChangeTheBits) {
   const ConvData c = make_conv({1, 64, 32, 32, 64, 3, 1, 1});
