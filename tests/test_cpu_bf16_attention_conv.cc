@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <vector>
 
 #include "core/attrs.h"
@@ -159,8 +160,9 @@ INSTANTIATE_TEST_SUITE_P(Bf16Attention, Bf16AttentionShapes,
                                            AttnShape{1, 1, 259, 17, 33, 65}),   // Lk < lanes
                          [](const ::testing::TestParamInfo<AttnShape>& i) {
                            const AttnShape& a = i.param;
-                           return "B" + std::to_string(a.B) + "H" + std::to_string(a.H) + "Lq" + std::to_string(a.Lq) +
-                                  "Lk" + std::to_string(a.Lk) + "D" + std::to_string(a.D) + "Dv" + std::to_string(a.Dv);
+                           std::ostringstream name;
+                           name << "B" << a.B << "H" << a.H << "Lq" << a.Lq << "Lk" << a.Lk << "D" << a.D << "Dv" << a.Dv;
+                           return name.str();
                          });
 
 // The probabilities that multiply a bf16 v are bf16 (as in bf16 flash attention); the row sum
@@ -375,9 +377,10 @@ INSTANTIATE_TEST_SUITE_P(Bf16Conv, Bf16ConvShapes,
                                            ),
                          [](const ::testing::TestParamInfo<ConvShape>& i) {
                            const ConvShape& c = i.param;
-                           return "C" + std::to_string(c.C) + "x" + std::to_string(c.H) + "x" + std::to_string(c.W) +
-                                  "O" + std::to_string(c.O) + "K" + std::to_string(c.K) + "s" +
-                                  std::to_string(c.stride) + "p" + std::to_string(c.pad) + "N" + std::to_string(c.N);
+                           std::ostringstream name;
+                           name << "C" << c.C << "x" << c.H << "x" << c.W << "O" << c.O << "K" << c.K << "s" << c.stride
+                                << "p" << c.pad << "N" << c.N;
+                           return name.str();
                          });
 
 TEST(Bf16Conv, ThreadCountDoesNotChangeTheBits) {
