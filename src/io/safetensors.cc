@@ -743,18 +743,21 @@ std::string build_header(const fs::path& path,
                     {"data_offsets", {offset, end}}};
     offset = end;
   }
+  return padded_header_text(path, header);
+}
+
+}  // namespace
+
+std::string padded_header_text(const fs::path& path, const nlohmann::json& header) {
   std::string text;
   try {
     text = header.dump();
   } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not valid UTF-8
     file_fail(path, "cannot write the header: ", e.what());
   }
-  // The data section must start 8-byte aligned so that readers can map tensors in place.
   text.append((8 - text.size() % 8) % 8, ' ');
   return text;
 }
-
-}  // namespace
 
 void save_safetensors(const fs::path& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,

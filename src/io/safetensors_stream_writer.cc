@@ -62,14 +62,7 @@ std::string build_header(const fs::path& path, const std::vector<StreamedTensor>
     header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not valid UTF-8
-    file_fail(path, "cannot write the header: ", e.what());
-  }
-  text.append((8 - text.size() % 8) % 8, ' ');
-  return text;
+  return padded_header_text(path, header);
 }
 
 // Elements [begin, begin + count) of `t` in its dtype at `out`, filled by all threads.
