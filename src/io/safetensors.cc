@@ -12,7 +12,6 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <set>
 #include <sstream>
 #include <system_error>
 
@@ -22,6 +21,7 @@
 #include "devices/runtime.h"
 #include "io/json_config.h"
 #include "io/relative_name.h"
+#include "io/safetensors_header.h"
 
 namespace kiln::io {
 namespace fs = std::filesystem;
@@ -720,44 +720,19 @@ class TempFile {
 std::string build_header(const fs::path& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata) {
-  // ordered_json keeps entries in data order, which makes files easy to inspect.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json md = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) md[k] = v;
-    header["__metadata__"] = std::move(md);
-  }
-  std::set<std::string> seen;
-  uint64_t offset = 0;
+  SafetensorsHeader header(path, metadata);
   for (const auto& [name, t] : tensors) {
-    if (name.empty() || name == "__metadata__") file_fail(path, "invalid tensor name '", name, "'");
-    if (!seen.insert(name).second) file_fail(path, "tensor '", name, "' given twice");
     if (!t.defined()) file_fail(path, "tensor '", name, "' is undefined");
     if (t.device() != Device::cpu())
       file_fail(path, "tensor '", name, "' is on ", t.device().str(), "; move it to cpu first");
     if (!t.is_contiguous())
       file_fail(path, "tensor '", name, "' (", t.describe(), ") is not contiguous");
-    const uint64_t end = offset + t.nbytes();
-    header[name] = {{"dtype", safetensors_dtype_name(t.dtype())},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, end}}};
-    offset = end;
+    header.add(name, t.dtype(), t.shape(), t.nbytes());
   }
-  return padded_header_text(path, header);
+  return header.text();
 }
 
 }  // namespace
-
-std::string padded_header_text(const fs::path& path, const nlohmann::json& header) {
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not valid UTF-8
-    file_fail(path, "cannot write the header: ", e.what());
-  }
-  text.append((8 - text.size() % 8) % 8, ' ');
-  return text;
-}
 
 void save_safetensors(const fs::path& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,

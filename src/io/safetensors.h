@@ -21,8 +21,6 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "core/tensor.h"
 
 namespace kiln::io {
@@ -137,12 +135,6 @@ class SafetensorsIndex {
 void save_safetensors(const std::filesystem::path& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
-
-// A file's header as written: `header` (names -> dtype, shape, data_offsets; "__metadata__")
-// as JSON text padded with spaces so the data section starts 8-byte aligned (readers map
-// tensors in place). A header that cannot be written (a name that is not UTF-8) is an error
-// naming `path`.
-std::string padded_header_text(const std::filesystem::path& path, const nlohmann::json& header);
 
 // The safetensors dtype string of a kiln dtype ("F32", "BF16", ...).
 const char* safetensors_dtype_name(DType t);

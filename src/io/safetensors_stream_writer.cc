@@ -9,14 +9,13 @@
 #include <exception>
 #include <future>
 #include <mutex>
-#include <set>
 #include <utility>
 
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/output_file.h"
 #include "io/safetensors.h"
+#include "io/safetensors_header.h"
 
 namespace kiln::io {
 
@@ -41,28 +40,17 @@ std::string errno_text(int err) { return std::strerror(err); }
 // The JSON header, padded with spaces so that the data section starts 8-byte aligned.
 std::string build_header(const fs::path& path, const std::vector<StreamedTensor>& tensors,
                          const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json md = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) md[k] = v;
-    header["__metadata__"] = std::move(md);
-  }
-  std::set<std::string> seen;
-  uint64_t offset = 0;
+  SafetensorsHeader header(path, metadata);
   for (const StreamedTensor& t : tensors) {
-    if (t.name.empty() || t.name == "__metadata__") file_fail(path, "invalid tensor name '", t.name, "'");
-    if (!seen.insert(t.name).second) file_fail(path, "tensor '", t.name, "' given twice");
     if (!is_floating(t.dtype))
       file_fail(path, "tensor '", t.name, "' has dtype ", dtype_name(t.dtype),
                 "; streamed tensors are f32, bf16 or f16");
     for (int64_t d : t.shape)
       if (d < 0) file_fail(path, "tensor '", t.name, "' has a negative dimension in ", to_string(t.shape));
     if (!t.fill && t.nbytes() > 0) file_fail(path, "tensor '", t.name, "' has no fill function");
-    const uint64_t end = offset + t.nbytes();
-    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
-    offset = end;
+    header.add(t.name, t.dtype, t.shape, t.nbytes());
   }
-  return padded_header_text(path, header);
+  return header.text();
 }
 
 // Elements [begin, begin + count) of `t` in its dtype at `out`, filled by all threads.
