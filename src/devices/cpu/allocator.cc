@@ -30,18 +30,15 @@ size_t Allocator::round_size(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
-namespace {
-// Blocks of 4 MiB and up start on a 2 MiB boundary and ask for transparent huge pages: touching
-// fresh memory then faults once per 2 MiB instead of once per 4 KiB page.
-void* system_allocate(size_t block) {
+void* system_allocate(size_t bytes) {
   constexpr size_t kHuge = size_t(2) << 20;
+  const size_t block = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;  // aligned_alloc's rule
   if (block < 2 * kHuge) return std::aligned_alloc(kAlign, block);
   void* p = nullptr;
   if (posix_memalign(&p, kHuge, block) != 0) return nullptr;  // any size, unlike aligned_alloc
   madvise(p, block, MADV_HUGEPAGE);
   return p;
 }
-}  // namespace
 
 BufferPtr Allocator::allocate(size_t bytes) {
   const size_t block = round_size(bytes);

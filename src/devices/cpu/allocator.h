@@ -14,6 +14,12 @@
 
 namespace kiln::cpu {
 
+// Host memory straight from the system (not pooled, not counted): at least `bytes`, 64-byte
+// aligned; blocks of 4 MiB and up start on a 2 MiB boundary and ask for transparent huge pages,
+// so touching fresh memory faults once per 2 MiB instead of once per 4 KiB page. Free it with
+// std::free. nullptr when the system has none.
+void* system_allocate(size_t bytes);
+
 struct AllocatorStats {
   size_t in_use_bytes = 0;    // currently handed out (rounded block sizes)
   size_t peak_bytes = 0;      // high-water mark of in_use_bytes

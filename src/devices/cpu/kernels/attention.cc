@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/tensor_view.h"
+#include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemm.h"
 
 namespace kiln::cpu {
@@ -267,8 +268,6 @@ void attend_query_block(const Head& h, int64_t i0, int64_t nq, const Tiles& t, f
   }
 }
 
-bool attention_dtype(DType t) { return t == DType::f32 || t == DType::bf16; }
-
 void check_args(const AttentionOperand& q, const AttentionOperand& k, const AttentionOperand& v,
                 const float* mask, const int64_t* ms, const AttentionOperand& out, int64_t B, int64_t H,
                 int64_t Lq, int64_t Lk, int64_t D, int64_t Dv) {
@@ -277,8 +276,8 @@ void check_args(const AttentionOperand& q, const AttentionOperand& k, const Atte
   KILN_CHECK(q.layout.row >= D && k.layout.row >= D && v.layout.row >= Dv && out.layout.row >= Dv, kWhere,
              "row strides ", q.layout.row, "/", k.layout.row, "/", v.layout.row, "/", out.layout.row,
              " are shorter than the rows (", D, "/", Dv, ")");
-  KILN_CHECK(attention_dtype(q.dtype) && attention_dtype(k.dtype) && attention_dtype(v.dtype) &&
-                 attention_dtype(out.dtype),
+  KILN_CHECK(f32_or_bf16(q.dtype) && f32_or_bf16(k.dtype) && f32_or_bf16(v.dtype) &&
+                 f32_or_bf16(out.dtype),
              kWhere, "q, k, v and out must be f32 or bf16, got ", dtype_name(q.dtype), ", ", dtype_name(k.dtype),
              ", ", dtype_name(v.dtype), ", ", dtype_name(out.dtype));
   KILN_CHECK(mask == nullptr || ms != nullptr, kWhere, "mask given without mask strides");

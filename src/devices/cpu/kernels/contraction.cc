@@ -108,7 +108,7 @@ void grouped_linear_rows(const std::vector<KernelArgs>& linears) {
   const auto in = [&](const TensorView& v, const void*& ptr, DType& type) {
     ptr = v.data;
     type = v.dtype;
-    if (gemv_reads(v.dtype)) return;
+    if (f32_or_bf16(v.dtype)) return;
     keep.push_back(std::make_unique<F32In>(v));
     ptr = keep.back()->get();
     type = DType::f32;
@@ -123,7 +123,7 @@ void grouped_linear_rows(const std::vector<KernelArgs>& linears) {
     RowProduct p{nullptr, nullptr, a.out.data, a.in[1].shape[0], DType::f32, DType::f32, a.out.dtype};
     in(a.in[1], p.w, p.w_type);
     if (a.in.size() > 2) in(a.in[2], p.bias, p.bias_type);
-    if (!gemv_reads(a.out.dtype)) {
+    if (!f32_or_bf16(a.out.dtype)) {
       outs.push_back(std::make_unique<F32Out>(a.out));
       p.y = outs.back()->get();
       p.y_type = DType::f32;
@@ -178,7 +178,7 @@ std::vector<float> dense_f32(const TensorView& t) {
 bool attention_reads_in_place(const TensorView& t) {
   const int64_t L = t.shape[2], D = std::max<int64_t>(t.shape[3], 1);
   const int64_t row = L <= 1 ? D : t.strides[2];  // a single row's stride is never used
-  return (t.dtype == DType::f32 || t.dtype == DType::bf16) && (t.shape[3] <= 1 || t.strides[3] == 1) && row >= D;
+  return f32_or_bf16(t.dtype) && (t.shape[3] <= 1 || t.strides[3] == 1) && row >= D;
 }
 
 RowLayout attention_layout(const TensorView& t) {

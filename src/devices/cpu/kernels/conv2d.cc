@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/onednn.h"
 
 namespace kiln::cpu {
@@ -63,10 +64,6 @@ struct PlanKey {
   auto operator<=>(const PlanKey&) const = default;
 };
 
-memory::data_type dnnl_type(DType t) {
-  return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-}
-
 struct Reorder {
   dnnl::reorder prim;
   memory::desc scratchpad;
@@ -100,13 +97,13 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvShape& s, ConvLayout layout
   // f32 math reads an f32 bias (run_plan widens a bf16 one) and writes f32, rounded into a bf16
   // y by the reorder out; bf16 math takes the bias and writes y in their own dtypes.
   const auto math = types.bf16_math ? bf16 : f32;
-  const auto bias_dt = types.bf16_math ? dnnl_type(types.bias) : f32;
-  const auto dst_dt = types.bf16_math ? dnnl_type(types.y) : f32;
+  const auto bias_dt = types.bf16_math ? onednn::data_type(types.bias) : f32;
+  const auto dst_dt = types.bf16_math ? onednn::data_type(types.y) : f32;
 
   auto plan = std::make_shared<ConvPlan>();
-  plan->user_src = memory::desc(src_dims, dnnl_type(types.x), tag::nchw);
-  plan->user_wei = memory::desc(wei_dims, dnnl_type(types.w), tag::oihw);
-  plan->user_dst = memory::desc(dst_dims, dnnl_type(types.y), tag::nchw);
+  plan->user_src = memory::desc(src_dims, onednn::data_type(types.x), tag::nchw);
+  plan->user_wei = memory::desc(wei_dims, onednn::data_type(types.w), tag::oihw);
+  plan->user_dst = memory::desc(dst_dims, onednn::data_type(types.y), tag::nchw);
   plan->bias = s.has_bias ? memory::desc({s.O}, bias_dt, tag::x) : memory::desc();
 
   const bool blocked = layout == ConvLayout::kBlocked;
@@ -197,14 +194,12 @@ void check_shape(const ConvShape& s, const void* x, const void* w, const void* y
   KILN_CHECK(x && w && y, kOp, "null input, weight or output pointer");
 }
 
-bool conv_dtype(DType t) { return t == DType::f32 || t == DType::bf16; }
-
 void run_conv(ConvLayout layout, ConvMath math, ConvOperand x, ConvOperand w, ConvOperand bias, void* y,
               DType y_dtype, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW,
               int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w) {
   const ConvShape s{N, C, H, W, O, KH, KW, stride_h, stride_w, pad_h, pad_w, bias.data != nullptr};
   check_shape(s, x.data, w.data, y);
-  KILN_CHECK(conv_dtype(x.dtype) && conv_dtype(w.dtype) && conv_dtype(bias.dtype) && conv_dtype(y_dtype), kOp,
+  KILN_CHECK(f32_or_bf16(x.dtype) && f32_or_bf16(w.dtype) && f32_or_bf16(bias.dtype) && f32_or_bf16(y_dtype), kOp,
              "x, weight, bias and y must be f32 or bf16, got ", dtype_name(x.dtype), ", ", dtype_name(w.dtype), ", ",
              dtype_name(bias.dtype), ", ", dtype_name(y_dtype));
   const bool bf16_math = math == ConvMath::kBf16 && x.dtype == DType::bf16 && w.dtype == DType::bf16;
@@ -231,10 +226,8 @@ void conv2d_f32_layout(ConvLayout layout, const float* x, const float* w, const 
 ConvMath conv2d_bf16_math() {
   // AMX multiplies bf16 tiles many times faster than AVX-512 does f32; without it the f32
   // kernel is the faster one (see ConvMath). Checked as a bit mask: later ISAs include AMX's bits.
-  static const ConvMath math = [] {
-    const int amx = static_cast<int>(dnnl::cpu_isa::avx512_core_amx);
-    return (static_cast<int>(dnnl::get_effective_cpu_isa()) & amx) == amx ? ConvMath::kBf16 : ConvMath::kF32;
-  }();
+  static const ConvMath math =
+      onednn::cpu_has(dnnl::cpu_isa::avx512_core_amx) ? ConvMath::kBf16 : ConvMath::kF32;
   return math;
 }
 

@@ -5,6 +5,7 @@
 #include <hwy/highway.h>
 
 #include "core/error.h"
+#include "devices/cpu/kernels/f32_io.h"
 
 namespace kiln::cpu {
 namespace {
@@ -81,12 +82,10 @@ void columns(const float* x, int64_t k, const RowProduct& pr, int64_t j0, int64_
 
 }  // namespace
 
-bool gemv_reads(DType t) { return t == DType::f32 || t == DType::bf16; }
-
 void gemv_rows(const void* x, DType x_type, int64_t k, const std::vector<RowProduct>& products) {
-  KILN_CHECK(gemv_reads(x_type), "linear", "gemv_rows: x of dtype ", dtype_name(x_type));
+  KILN_CHECK(f32_or_bf16(x_type), "linear", "gemv_rows: x of dtype ", dtype_name(x_type));
   for (const RowProduct& p : products)
-    KILN_CHECK(gemv_reads(p.w_type) && gemv_reads(p.y_type) && (p.bias == nullptr || gemv_reads(p.bias_type)),
+    KILN_CHECK(f32_or_bf16(p.w_type) && f32_or_bf16(p.y_type) && (p.bias == nullptr || f32_or_bf16(p.bias_type)),
                "linear", "gemv_rows: a product of dtypes w ", dtype_name(p.w_type), ", bias ", dtype_name(p.bias_type),
                ", y ", dtype_name(p.y_type));
   // A bf16 x is widened once (one row, exact): every column then reads the same f32 values.

@@ -30,9 +30,6 @@ struct RowProduct {
   DType w_type = DType::f32, bias_type = DType::f32, y_type = DType::f32;
 };
 
-// Whether gemv_rows reads a dtype directly (f32, bf16).
-bool gemv_reads(DType t);
-
 // Runs every product (all with the same x of length k, f32 or bf16) in one parallel pass over
 // all their output columns.
 void gemv_rows(const void* x, DType x_type, int64_t k, const std::vector<RowProduct>& products);

@@ -1,7 +1,4 @@
 #include "devices/cpu/kernels/linear_gemm.h"
-#include "devices/cpu/kernels/f32_io.h"
-
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +12,8 @@
 
 #include "core/buffer.h"
 #include "core/error.h"
+#include "devices/cpu/allocator.h"
+#include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/onednn.h"
 
@@ -39,8 +38,6 @@ constexpr const char* kOp = "linear";
 
 std::atomic<int64_t> g_prepacked{0}, g_packed_in_call{0}, g_widened{0};
 
-memory::data_type onednn_type(DType t) { return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32; }
-
 struct PlanKey {
   int64_t M, N, K;
   DType xw = DType::f32;    // x and w
@@ -58,12 +55,12 @@ struct LinearPlan {
 };
 
 std::shared_ptr<const LinearPlan> build_plan(const PlanKey& k) {
-  const memory::data_type xw = onednn_type(k.xw);
+  const memory::data_type xw = onednn::data_type(k.xw);
   auto p = std::make_shared<LinearPlan>();
   p->x = memory::desc({k.M, k.K}, xw, tag::ab);
   p->w_plain = memory::desc({k.K, k.N}, xw, tag::ba);  // [K,N] logical, stored as [N,K] rows
-  p->bias = k.bias ? memory::desc({1, k.N}, onednn_type(k.bias_type), tag::ab) : memory::desc();
-  p->y = memory::desc({k.M, k.N}, onednn_type(k.y), tag::ab);
+  p->bias = k.bias ? memory::desc({1, k.N}, onednn::data_type(k.bias_type), tag::ab) : memory::desc();
+  p->y = memory::desc({k.M, k.N}, onednn::data_type(k.y), tag::ab);
   const memory::desc w = k.packed ? memory::desc({k.K, k.N}, xw, tag::any) : p->w_plain;
   p->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(p->x, w, p->bias, p->y), onednn::user_scratchpad_attr(),
                                        onednn::engine());
@@ -142,18 +139,14 @@ std::shared_ptr<const LinearPlan> plan_for(PlanKey key, const PackedLinearWeight
   return plan;
 }
 
-// Scratch memory for one call, never initialised. Blocks of 4 MiB and up start on a 2 MiB
-// boundary and ask for transparent huge pages (as the CPU allocator does): a call's fresh scratch
-// then faults once per 2 MiB rather than once per 4 KiB page, which would cost as much as the
-// widening itself.
+// Scratch memory for one call, never initialised, from system_allocate: huge pages for large
+// blocks, since faulting fresh scratch in 4 KiB pages would cost as much as the widening itself.
 class Scratch {
  public:
   explicit Scratch(size_t bytes) {
-    constexpr size_t kHuge = size_t(2) << 20;
     if (bytes == 0) return;
-    const bool huge = bytes >= 2 * kHuge;
-    if (posix_memalign(&p_, huge ? kHuge : 64, bytes) != 0) fail(kOp, "out of host memory (", bytes, " bytes)");
-    if (huge) madvise(p_, bytes, MADV_HUGEPAGE);
+    p_ = system_allocate(bytes);
+    if (!p_) fail(kOp, "out of host memory (", bytes, " bytes)");
   }
   ~Scratch() { std::free(p_); }
   Scratch(const Scratch&) = delete;
@@ -222,7 +215,8 @@ void linear_bf16_widened(const void* x, const void* w, const void* bias, DType b
   const Scratch out(direct ? 0 : size_t(M * rows) * sizeof(float));
   // The widest panel's packed layout is the largest (the last panel may be narrower).
   const PlanKey key{M, rows, K, DType::f32, b != nullptr, DType::f32, DType::f32, true};
-  const Scratch panel_bytes(get_plan(key)->pd.weights_desc().get_size());
+  const size_t widest = get_plan(key)->pd.weights_desc().get_size();
+  const Scratch panel_bytes(widest);
   const dnnl::engine& eng = onednn::engine();
   dnnl::stream& stream = onednn::thread_stream();
   for (int64_t j = 0; j < N; j += rows) {
@@ -230,8 +224,7 @@ void linear_bf16_widened(const void* x, const void* w, const void* bias, DType b
     PlanKey panel_key = key;
     panel_key.N = n;
     const auto plan = get_plan(panel_key);
-    KILN_CHECK(plan->pd.weights_desc().get_size() <= get_plan(key)->pd.weights_desc().get_size(), kOp,
-               "a narrower panel's packed weight is larger");
+    KILN_CHECK(plan->pd.weights_desc().get_size() <= widest, kOp, "a narrower panel's packed weight is larger");
     memory panel(plan->pd.weights_desc(), eng, panel_bytes.as<void>());
     memory plain(memory::desc({K, n}, memory::data_type::bf16, tag::ba), eng,
                  const_cast<uint16_t*>(static_cast<const uint16_t*>(w) + j * K));
@@ -247,14 +240,9 @@ void linear_bf16_widened(const void* x, const void* w, const void* bias, DType b
   }
 }
 
-bool cpu_has(dnnl::cpu_isa isa) {
-  const auto have = static_cast<unsigned>(dnnl::get_effective_cpu_isa()), want = static_cast<unsigned>(isa);
-  return (have & want) == want;
-}
-
 bool cpu_runs_bf16_dot_products_fast() {
-  if (cpu_has(dnnl::cpu_isa::avx512_core_amx)) return true;
-  return cpu_has(dnnl::cpu_isa::avx512_core_bf16) && __builtin_cpu_is("amd");
+  if (onednn::cpu_has(dnnl::cpu_isa::avx512_core_amx)) return true;
+  return onednn::cpu_has(dnnl::cpu_isa::avx512_core_bf16) && __builtin_cpu_is("amd");
 }
 
 }  // namespace
@@ -269,7 +257,7 @@ Bf16LinearPath bf16_linear_path() {
   return path;
 }
 
-bool bf16_dot_path_available() { return cpu_has(dnnl::cpu_isa::avx512_core); }
+bool bf16_dot_path_available() { return onednn::cpu_has(dnnl::cpu_isa::avx512_core); }
 
 const char* bf16_linear_path_name(Bf16LinearPath p) { return p == Bf16LinearPath::dot ? "dot" : "widened"; }
 

@@ -22,4 +22,13 @@ void add_scratchpad(Args& args, const dnnl::memory::desc& scratchpad) {
   if (scratchpad.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratchpad, engine()));
 }
 
+dnnl::memory::data_type data_type(DType t) {
+  return t == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
+bool cpu_has(dnnl::cpu_isa isa) {
+  const auto have = static_cast<unsigned>(dnnl::get_effective_cpu_isa()), want = static_cast<unsigned>(isa);
+  return (have & want) == want;
+}
+
 }  // namespace kiln::cpu::onednn

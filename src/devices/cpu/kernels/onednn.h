@@ -5,6 +5,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 
+#include "core/dtype.h"
+
 namespace kiln::cpu::onednn {
 
 // Never destroyed: at process exit the device queue may still be running a primitive, and
@@ -18,5 +20,12 @@ using Args = std::unordered_map<int, dnnl::memory>;
 
 // Gives a primitive created with user_scratchpad_attr() its own scratchpad for this call.
 void add_scratchpad(Args& args, const dnnl::memory::desc& scratchpad);
+
+// oneDNN's name for an f32 or bf16 tensor's dtype (the two the oneDNN kernels take).
+dnnl::memory::data_type data_type(DType t);
+
+// Whether oneDNN runs this CPU with every instruction of `isa` (its ISA values are bit masks,
+// each including the ones below it).
+bool cpu_has(dnnl::cpu_isa isa);
 
 }  // namespace kiln::cpu::onednn
