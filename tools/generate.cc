@@ -54,7 +54,7 @@ struct Options {
   int64_t tp = 0;            // --tp N: tensor parallel over N processes (mpirun -np N)
   size_t device_memory = 0;  // --device-memory: the device allocator's capacity (0 = unlimited)
   bool strict = false;       // --strict: unused checkpoint tensors are errors
-  std::string dtype = "auto";  // --dtype (parse_dtype)
+  FluxPipelineOptions dtypes;  // --dtype (parse_dtype): its dtype and component_dtype
 };
 
 double parse_float(const std::string& flag, const std::string& v) {
@@ -103,7 +103,7 @@ Options parse(const std::vector<std::string>& args) {
     }
     else if (flag == "--device-memory") o.device_memory = parse_bytes(flag, value());
     else if (flag == "--strict") o.strict = true;
-    else if (flag == "--dtype") o.dtype = value();
+    else if (flag == "--dtype") parse_dtype(value(), o.dtypes);  // before any model is loaded
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
   // Checked here, before minutes of model loading.
@@ -134,8 +134,6 @@ Options parse(const std::vector<std::string>& args) {
              "memory) or off");
   KILN_CHECK(!o.prepack_given || o.mode == "compile", "cli", "--prepack ", o.prepack, " needs --mode compile");
   KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");
-  FluxPipelineOptions dtype_check;
-  parse_dtype(o.dtype, dtype_check);  // a bad --dtype fails before any model is loaded
   if (o.model.empty()) {
     o.model = KILN_BUNDLED_MODEL;
     o.bundled = true;
@@ -265,7 +263,8 @@ int generate(const std::vector<std::string>& args) {
   FluxPipelineOptions pipe_options;
   if (o.tp > 1) pipe_options.tensor_parallel = TensorParallelConfig{DeviceMesh(world)};
   pipe_options.strict = o.strict;
-  parse_dtype(o.dtype, pipe_options);
+  pipe_options.dtype = o.dtypes.dtype;
+  pipe_options.component_dtype = o.dtypes.component_dtype;
   const auto warn = [writer](const std::string& w) {
     if (writer) std::fprintf(stderr, "kiln: warning: %s\n", w.c_str());
   };

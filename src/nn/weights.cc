@@ -17,10 +17,12 @@ Weights Weights::sub(const std::string& name) const {
   return w;
 }
 
-Weights Weights::with_dtype(DType dtype) const {
-  KILN_CHECK(is_floating(dtype), "weights", "weights are held in a floating-point dtype, not ", dtype_name(dtype));
+Weights Weights::with_dtype(std::optional<DType> dtype) const {
+  KILN_CHECK(!dtype || is_floating(*dtype), "weights", "weights are held in a floating-point dtype, not ",
+             dtype_name(*dtype));
+  KILN_CHECK(dtype || source_ != nullptr, "weights", "dtype \"auto\" needs a checkpoint");
   Weights w = *this;
-  w.dtype_ = dtype;
+  w.dtype_ = dtype ? *dtype : stored_float_dtype(*source_);
   return w;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/tensor.h"
@@ -32,7 +33,9 @@ class Weights {
   // The dtype float weights are held and computed in (Diffusers' torch_dtype; children inherit
   // it). f32 unless the loader chose another (PipelineOptions::dtype).
   DType dtype() const { return dtype_; }
-  Weights with_dtype(DType dtype) const;
+  // std::nullopt is torch_dtype "auto": the dtype the checkpoint stores most of its weight bytes
+  // in (nn::stored_float_dtype).
+  Weights with_dtype(std::optional<DType> dtype) const;
   std::string key(const std::string& name) const { return prefix_ + name; }
   std::string describe() const { return source_ ? source_->describe() : "(no checkpoint)"; }
   // This module's path: the prefix without its trailing '.' ("transformer_blocks.3.attn.to_q").

@@ -120,17 +120,14 @@ auto collected(ComponentWeights& weights, const std::vector<std::string>& not_lo
 // The components whose dtype a caller may choose, in model_cpu_offload_seq order.
 constexpr const char* kModelComponents[] = {"text_encoder", "text_encoder_2", "transformer", "vae"};
 
-// torch_dtype of one component: its own choice, else the pipeline's; "auto" (std::nullopt) is
-// the dtype its checkpoint stores most of its weight bytes in.
-DType component_dtype(const FluxPipelineOptions& options, const std::string& name, const fs::path& folder) {
+// torch_dtype of one component: its own choice, else the pipeline's (std::nullopt: "auto",
+// resolved by the model's loader from the checkpoint it opens).
+std::optional<DType> component_dtype(const FluxPipelineOptions& options, const std::string& name) {
   std::optional<DType> want = options.dtype;
   if (const auto it = options.component_dtype.find(name); it != options.component_dtype.end()) want = it->second;
-  if (want) {
-    KILN_CHECK(is_floating(*want), "pipeline", "dtype for ", name, " must be bf16, f16 or f32, got ",
-               dtype_name(*want));
-    return *want;
-  }
-  return nn::stored_float_dtype(*nn::open_checkpoint(folder));
+  KILN_CHECK(!want || is_floating(*want), "pipeline", "dtype for ", name, " must be bf16, f16 or f32, got ",
+             dtype_name(*want));
+  return want;
 }
 
 void check_component_dtype_names(const FluxPipelineOptions& options) {
@@ -268,9 +265,9 @@ FluxPipeline FluxPipeline::from_pretrained(const fs::path& model, const FluxPipe
                             component(dir, index, "transformer"),    component(dir, index, "vae"),
                             component(dir, index, "scheduler")};
   check_component_dtype_names(options);
-  const DType dtypes[] = {component_dtype(options, "text_encoder", paths[2]),
-                          component_dtype(options, "text_encoder_2", paths[3]),
-                          component_dtype(options, "transformer", paths[4]), component_dtype(options, "vae", paths[5])};
+  const std::optional<DType> dtypes[] = {
+      component_dtype(options, "text_encoder"), component_dtype(options, "text_encoder_2"),
+      component_dtype(options, "transformer"), component_dtype(options, "vae")};
   std::vector<ComponentWeights> weights{ComponentWeights("text_encoder"), ComponentWeights("text_encoder_2"),
                                         ComponentWeights("transformer"), ComponentWeights("vae")};
   auto c = std::unique_ptr<Components>(new Components{

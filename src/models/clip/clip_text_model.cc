@@ -41,7 +41,7 @@ ClipTextModel::Config ClipTextModel::Config::from_json(const io::JsonConfig& jso
 }
 
 ClipTextModel ClipTextModel::from_pretrained(const std::filesystem::path& dir, ClipPooledRule pooled_rule,
-                                             DType dtype) {
+                                             std::optional<DType> dtype) {
   Config config = Config::from_json(io::JsonConfig(dir / "config.json"));
   config.pooled_rule = pooled_rule;
   return ClipTextModel(config, nn::Weights(dir).with_dtype(dtype));

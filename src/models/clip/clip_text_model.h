@@ -56,7 +56,7 @@ class ClipTextModel {
   static std::vector<std::string> checkpoint_keys_not_loaded() { return {"text_model.embeddings.position_ids"}; }
   static ClipTextModel from_pretrained(const std::filesystem::path& dir,
                                        ClipPooledRule pooled_rule = ClipPooledRule::eos2_argmax,
-                                       DType dtype = DType::f32);  // torch_dtype
+                                       std::optional<DType> dtype = DType::f32);  // torch_dtype (std::nullopt: "auto", the checkpoint's)
   ClipTextModel(const Config& config, const nn::Weights& weights);  // weights at the state-dict root
 
   // input_ids: integer [B, L] with L <= max_position_embeddings. Reads the ids on the host

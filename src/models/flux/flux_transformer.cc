@@ -102,13 +102,14 @@ std::vector<TensorParallelEntry> FluxTransformer2DModel::tp_plan(bool shard_modu
 
 // ---- construction ----
 
-FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir, DType dtype) {
+FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir,
+                                                               std::optional<DType> dtype) {
   return FluxTransformer2DModel(FluxTransformerConfig::from_json(io::JsonConfig(dir / "config.json")),
                                 nn::Weights(dir).with_dtype(dtype));
 }
 
 FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir,
-                                                               const TensorParallelConfig& tp, DType dtype) {
+                                                               const TensorParallelConfig& tp, std::optional<DType> dtype) {
   FluxTransformerConfig config = FluxTransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
   const int n = tp.mesh.size();
   KILN_CHECK(config.num_attention_heads % n == 0, "tp", "tp_degree (", n, ") must divide the number of attention heads (",

@@ -49,12 +49,14 @@ class FluxTransformer2DModel {
   // `dir` is the transformer folder (config.json and diffusion_pytorch_model*.safetensors).
   // Checkpoint keys this model leaves unread on purpose: none.
   static std::vector<std::string> checkpoint_keys_not_loaded() { return {}; }
-  // `dtype`: torch_dtype, the dtype its weights are held and computed in.
-  static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir, DType dtype = DType::f32);
+  // `dtype`: torch_dtype, the dtype its weights are held and computed in (std::nullopt: "auto",
+  // the checkpoint's).
+  static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir,
+                                                std::optional<DType> dtype = DType::f32);
   // Tensor parallel: this rank loads (and reads from disk) only its shard of every planned
   // weight. Errors before any load when the mesh does not divide the heads or a planned width.
   static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir, const TensorParallelConfig& tp,
-                                                DType dtype = DType::f32);
+                                                std::optional<DType> dtype = DType::f32);
   // Builds from an explicit config and checkpoint (shapes checked against the config).
   FluxTransformer2DModel(FluxTransformerConfig config, const nn::Weights& weights);
 

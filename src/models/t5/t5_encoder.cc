@@ -57,7 +57,7 @@ T5EncoderModel::Config T5EncoderModel::Config::from_json(const io::JsonConfig& j
   return c;
 }
 
-T5EncoderModel T5EncoderModel::from_pretrained(const std::filesystem::path& dir, DType dtype) {
+T5EncoderModel T5EncoderModel::from_pretrained(const std::filesystem::path& dir, std::optional<DType> dtype) {
   return T5EncoderModel(Config::from_json(io::JsonConfig(dir / "config.json")), nn::Weights(dir).with_dtype(dtype));
 }
 

@@ -48,7 +48,7 @@ class T5EncoderModel {
   static std::vector<std::string> checkpoint_keys_not_loaded() {
     return {"shared.weight", "encoder.embed_tokens.weight", "decoder.", "lm_head."};
   }
-  static T5EncoderModel from_pretrained(const std::filesystem::path& dir, DType dtype = DType::f32);  // torch_dtype
+  static T5EncoderModel from_pretrained(const std::filesystem::path& dir, std::optional<DType> dtype = DType::f32);  // torch_dtype (std::nullopt: "auto", the checkpoint's)
   T5EncoderModel(const Config& config, const nn::Weights& weights);  // weights at the state-dict root
 
   // input_ids: integer [B, L]; no attention mask (FLUX passes none: padding is attended to).

@@ -59,7 +59,7 @@ VaeConfig VaeConfig::from_json(const io::JsonConfig& json) {
   return c;
 }
 
-AutoencoderKL AutoencoderKL::from_pretrained(const std::filesystem::path& dir, DType dtype) {
+AutoencoderKL AutoencoderKL::from_pretrained(const std::filesystem::path& dir, std::optional<DType> dtype) {
   return AutoencoderKL(VaeConfig::from_json(io::JsonConfig(dir / "config.json")), nn::Weights(dir).with_dtype(dtype));
 }
 

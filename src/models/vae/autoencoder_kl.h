@@ -49,7 +49,7 @@ class AutoencoderKL {
   // Checkpoint keys this model leaves unread on purpose: the encoder half (text-to-image only
   // decodes).
   static std::vector<std::string> checkpoint_keys_not_loaded() { return {"encoder.", "quant_conv."}; }
-  static AutoencoderKL from_pretrained(const std::filesystem::path& dir, DType dtype = DType::f32);  // torch_dtype
+  static AutoencoderKL from_pretrained(const std::filesystem::path& dir, std::optional<DType> dtype = DType::f32);  // torch_dtype (std::nullopt: "auto", the checkpoint's)
   AutoencoderKL(VaeConfig config, const nn::Weights& weights);
 
   // z: [B, latent_channels, h, w], already latents / scaling_factor + shift_factor.
