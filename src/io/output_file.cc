@@ -121,6 +121,11 @@ bool same_output_file(const fs::path& a, const fs::path& b) {
   return ca == cb;
 }
 
+bool temporary_owner_is_gone(long pid) {
+  if (pid <= 0 || pid > INT_MAX || pid == long(::getpid())) return false;
+  return ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
+}
+
 int remove_stale_temporaries(const fs::path& folder, const std::string& name) {
   const std::string prefix = "." + name + ".tmp.";
   int removed = 0;
@@ -132,10 +137,7 @@ int remove_stale_temporaries(const fs::path& folder, const std::string& name) {
     const size_t dot = rest.find('.');
     if (dot == std::string::npos || !all_digits(rest.substr(0, dot)) || !all_digits(rest.substr(dot + 1)) || dot > 9)
       continue;
-    const long pid = std::stol(rest.substr(0, dot));
-    if (pid <= 0 || pid > INT_MAX || pid == long(::getpid())) continue;  // ours: a write in progress
-    // Alive (or alive and not ours to signal: EPERM): its write may be in progress.
-    if (::kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;
+    if (!temporary_owner_is_gone(std::stol(rest.substr(0, dot)))) continue;
     struct stat st{};
     if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     if (::unlink(it->path().c_str()) == 0) ++removed;

@@ -44,6 +44,11 @@ bool same_output_file(const std::filesystem::path& a, const std::filesystem::pat
 void write_output_atomically(const std::string& where, const std::filesystem::path& path,
                              const std::function<void(std::FILE*)>& write);
 
+// Whether the process that named a temporary with its PID `pid` is gone (kill(PID, 0) fails with
+// ESRCH), so its temporary is stale; false for this process and for live ones (also those not
+// ours to signal), whose writes may be in progress.
+bool temporary_owner_is_gone(long pid);
+
 // Removes the temporaries `.NAME.tmp.PID.N` in `folder` whose PID is no longer alive (kill(PID, 0)
 // fails with ESRCH); those of live processes are kept. Returns how many were removed.
 int remove_stale_temporaries(const std::filesystem::path& folder, const std::string& name);

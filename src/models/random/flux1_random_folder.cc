@@ -1,7 +1,6 @@
 #include "models/random/flux1_random_folder.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -73,8 +72,7 @@ void remove_stale_folders(const fs::path& target) {
     if (n.size() <= prefix.size() || n.compare(0, prefix.size(), prefix) != 0) continue;
     const std::string pid = n.substr(prefix.size());
     if (pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    const long p = std::stol(pid);
-    if (p <= 0 || p == long(::getpid()) || ::kill(pid_t(p), 0) == 0 || errno != ESRCH) continue;
+    if (!io::temporary_owner_is_gone(std::stol(pid))) continue;
     std::error_code rm;
     if (it->symlink_status(rm).type() == fs::file_type::directory) fs::remove_all(it->path(), rm);
   }
