@@ -37,6 +37,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "best_time_reporter.h"
 #include "core/dtype.h"
 #include "devices/cpu/kernels/attention.h"
 #include "devices/cpu/kernels/gemm.h"
@@ -307,22 +308,6 @@ void BM_TilesBf16(benchmark::State& state, int64_t L) {
 
 // ---- summary -----------------------------------------------------------------------
 
-// Console output as usual, plus each benchmark's fastest repetition in ms.
-class CapturingReporter : public benchmark::ConsoleReporter {
- public:
-  std::map<std::string, double> best_ms;
-
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& r : runs) {
-      if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
-      const double ms = r.GetAdjustedRealTime();  // registered with Unit(kMillisecond)
-      auto [it, fresh] = best_ms.emplace(r.run_name.function_name, ms);
-      if (!fresh) it->second = std::min(it->second, ms);
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-};
-
 double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
 void print_summary(const std::map<std::string, double>& best) {
@@ -397,7 +382,7 @@ int main(int argc, char** argv) {
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  CapturingReporter reporter;
+  kiln::bench::BestTimeReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   print_summary(reporter.best_ms);

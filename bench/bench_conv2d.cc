@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "best_time_reporter.h"
 #include "core/dtype.h"
 #include "devices/cpu/kernels/conv2d.h"
 
@@ -90,20 +91,6 @@ void BM_Bf16(benchmark::State& state, Shape s, ConvMath math) {
   for (auto _ : state) run_bf16(math, s, t);
 }
 
-class CapturingReporter : public benchmark::ConsoleReporter {
- public:
-  std::map<std::string, double> best_ms;
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& r : runs) {
-      if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
-      const double ms = r.GetAdjustedRealTime();
-      auto [it, fresh] = best_ms.emplace(r.run_name.function_name, ms);
-      if (!fresh) it->second = std::min(it->second, ms);
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,7 +113,7 @@ int main(int argc, char** argv) {
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  CapturingReporter reporter;
+  kiln::bench::BestTimeReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   std::printf("\nSummary (fastest repetition)\n");
