@@ -141,11 +141,9 @@ void check_component_dtype_names(const FluxPipelineOptions& options) {
 
 // The value `v` has once stored in dtype `t` (a host scalar rounded as a device tensor would be).
 float rounded_to(DType t, float v) {
-  float out = 0;
   char bytes[8];
   store_from_double(bytes, t, 0, double(v));
-  out = float(load_as_double(bytes, t, 0));
-  return out;
+  return float(load_as_double(bytes, t, 0));
 }
 
 enum class Placement { host, device, model_offload };

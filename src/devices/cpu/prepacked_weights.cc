@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "devices/cpu/kernels/f32_io.h"
 #include "devices/runtime.h"
 
 namespace kiln::cpu {
@@ -20,7 +21,7 @@ PrepackStats prepack_stats() {
 
 std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& w, uint64_t after_write) {
   const DType type = w.dtype();
-  if ((type != DType::f32 && type != DType::bf16) || w.rank() != 2 || !w.is_contiguous() || w.numel() == 0)
+  if (!f32_or_bf16(type) || w.rank() != 2 || !w.is_contiguous() || w.numel() == 0)
     return nullptr;
   const int64_t N = w.shape()[0], K = w.shape()[1];
   // One buffer may hold several weights (tied or sliced): the key names this one's place in it.
