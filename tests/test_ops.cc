@@ -146,6 +146,14 @@ const std::vector<OpCase>& cases() {
                  Attrs{{"groups", int64_t(8)}, {"eps", 1e-6}}, 2e-5, 2e-5});
     c.push_back({"group_norm/plain", "group_norm", {in({1, 12, 7}, L::transposed)}, Attrs{{"groups", int64_t(3)}, {"eps", 1e-5}},
                  2e-5, 2e-5});
+    c.push_back({"group_norm/silu", "group_norm", {in({2, 16, 5, 6}), in({16}), in({16})},
+                 Attrs{{"groups", int64_t(4)}, {"eps", 1e-6}, {"activation", std::string("silu")}}, 2e-5, 2e-5});
+    // Channels-last memory order [N, H, W, C]; 600 pixels span several of the kernel's pixel blocks.
+    c.push_back({"group_norm/channels_last_silu", "group_norm", {in({1, 20, 30, 48}), in({48}), in({48})},
+                 Attrs{{"groups", int64_t(8)}, {"eps", 1e-6}, {"channels_last", int64_t(1)},
+                       {"activation", std::string("silu")}}, 2e-5, 2e-5});
+    c.push_back({"group_norm/channels_last", "group_norm", {in({2, 5, 6, 12})},
+                 Attrs{{"groups", int64_t(3)}, {"eps", 1e-5}, {"channels_last", int64_t(1)}}, 2e-5, 2e-5});
 
     c.push_back({"matmul/plain", "matmul", {in({33, 47}), in({47, 29})}, {}, 1e-4, 1e-4});
     c.push_back({"matmul/transpose_b", "matmul", {in({2, 17, 40}), in({23, 40})}, Attrs{{"transpose_b", int64_t(1)}}, 1e-4, 1e-4});
@@ -157,6 +165,12 @@ const std::vector<OpCase>& cases() {
                  Attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{1, 1}}}, 1e-4, 1e-4});
     c.push_back({"conv2d/stride2", "conv2d", {in({1, 4, 11, 8}, L::transposed), in({5, 4, 3, 3})},
                  Attrs{{"stride", std::vector<int64_t>{2, 2}}, {"padding", std::vector<int64_t>{0, 0}}}, 1e-4, 1e-4});
+    c.push_back({"conv2d/channels_last", "conv2d", {in({2, 9, 10, 3}), in({4, 3, 3, 3}), in({4})},
+                 Attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{1, 1}},
+                       {"channels_last", int64_t(1)}}, 1e-4, 1e-4});
+    c.push_back({"conv2d/channels_last_stride2", "conv2d", {in({1, 11, 8, 4}), in({5, 4, 3, 3})},
+                 Attrs{{"stride", std::vector<int64_t>{2, 2}}, {"padding", std::vector<int64_t>{0, 0}},
+                       {"channels_last", int64_t(1)}}, 1e-4, 1e-4});
     c.push_back({"conv2d/1x1", "conv2d", {in({1, 8, 5, 5}), in({6, 8, 1, 1}), in({6})},
                  Attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{0, 0}}}, 1e-4, 1e-4});
     c.push_back({"flip/last", "flip", {in({3, 5, 2})}, Attrs{{"axis", int64_t(-1)}}});
@@ -188,6 +202,8 @@ const std::vector<OpCase>& cases() {
     c.push_back({"all_gather/last", "all_gather", {in({3, 5}, L::transposed)},
                  Attrs{{"axis", int64_t(1)}, {"world_size", int64_t(1)}}});
     c.push_back({"upsample_nearest2x/nchw", "upsample_nearest2x", {in({2, 3, 4, 5}, L::transposed)}});
+    c.push_back({"upsample_nearest2x/channels_last", "upsample_nearest2x", {in({2, 4, 5, 3})},
+                 Attrs{{"channels_last", int64_t(1)}}});
     c.push_back({"arange/float", "arange", {}, Attrs{{"start", 0.5}, {"end", 9.0}, {"step", 0.75}, {"dtype", int64_t(DType::f32)}}});
     c.push_back({"arange/int", "arange", {}, Attrs{{"start", -3.0}, {"end", 20.0}, {"step", 2.0}, {"dtype", int64_t(DType::i64)}},
                  1e-5, 1e-5, false});

@@ -26,6 +26,7 @@
 #include "models/flux/flux_transformer.h"
 #include "pipelines/flux_pipeline.h"
 #include "report.h"
+#include "exec/profile.h"
 
 namespace kiln::cli {
 
@@ -43,6 +44,7 @@ struct Options {
   fs::path out = "out.png";
   fs::path report;
   bool report_given = false;  // --report "" is refused (io/output_file.h), not taken as no report
+  bool profile = false;       // --profile: the report gains profile.by_op
   std::string device = "cpu";
   std::string mode = "eager";
   bool mode_given = false;
@@ -70,6 +72,13 @@ double parse_float(const std::string& flag, const std::string& v) {
   return x;
 }
 
+VaeTilingMode parse_vae_tiling(const std::string& v) {
+  if (v == "auto") return VaeTilingMode::kAuto;
+  if (v == "on") return VaeTilingMode::kOn;
+  if (v == "off") return VaeTilingMode::kOff;
+  fail("cli", "--vae-tiling ", v, ": expected auto (tiles only when the untiled decode would not fit in memory), on or off");
+}
+
 Options parse(const std::vector<std::string>& args) {
   Options o;
   o.call.prompt = kDefaultPrompt;
@@ -92,6 +101,9 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--latents") o.latents_file = value();
     else if (flag == "--out") o.out = value();
     else if (flag == "--report") o.report = value(), o.report_given = true;
+    else if (flag == "--profile") o.profile = true;
+    else if (flag == "--vae-tiling") o.call.vae_tiling = parse_vae_tiling(value());
+    else if (flag == "--vae-tile-size") o.call.vae_tile_size = parse_int(flag, value());
     else if (flag == "--device") o.device = value();
     else if (flag == "--mode") o.mode = value(), o.mode_given = true;
     else if (flag == "--compile") o.compile = value(), o.compile_given = true;
@@ -133,6 +145,10 @@ Options parse(const std::vector<std::string>& args) {
              ": expected on (compiled linears read their weights pre-packed, one more copy of them in device "
              "memory) or off");
   KILN_CHECK(!o.prepack_given || o.mode == "compile", "cli", "--prepack ", o.prepack, " needs --mode compile");
+  KILN_CHECK(o.call.vae_tile_size >= 0, "cli", "--vae-tile-size must be positive, got ", o.call.vae_tile_size);
+  KILN_CHECK(o.call.vae_tile_size == 0 || o.call.vae_tiling != VaeTilingMode::kOff, "cli",
+             "--vae-tile-size has no effect with --vae-tiling off");
+  KILN_CHECK(!o.profile || o.report_given, "cli", "--profile adds to the report: it needs --report FILE");
   KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");
   if (o.model.empty()) {
     o.model = KILN_BUNDLED_MODEL;
@@ -285,7 +301,10 @@ int generate(const std::vector<std::string>& args) {
     if (stage == "encode") std::fprintf(stderr, "kiln: encoded the prompts in %.2f s\n", seconds);
     else std::fprintf(stderr, "kiln: %s in %.2f s\n", stage == "decode" ? "decoded the image" : stage.c_str(), seconds);
   };
+  reset_profile();
+  set_profiling(o.profile);
   const FluxOutput result = pipe(o.call);
+  set_profiling(false);
 
   const std::vector<std::pair<std::string, std::string>> meta = {
       {"prompt", o.call.prompt},
@@ -325,11 +344,15 @@ int generate(const std::vector<std::string>& args) {
                           {"max_sequence_length", o.call.max_sequence_length},
                           {"seed", o.call.seed},
                           {"latents", o.latents_file.string()},
+                          {"vae_tiling", o.call.vae_tiling == VaeTilingMode::kAuto ? "auto"
+                                         : o.call.vae_tiling == VaeTilingMode::kOn ? "on"
+                                                                                   : "off"},
                           {"out", o.out.string()}};
     nlohmann::json timings{{"load", pipe.load_seconds()},
                            {"encode", result.timings.encode},
                            {"steps", result.timings.steps},
                            {"decode", result.timings.decode},
+                           {"decode_vae_tile_size", result.vae_tile_size},
                            {"total", pipe.load_seconds() + result.timings.total}};
     nlohmann::json engine{{"version", KILN_VERSION},
                           {"device", "cpu:0"},
@@ -360,7 +383,8 @@ int generate(const std::vector<std::string>& args) {
                   {"memory", {{"weights_bytes", weight_bytes_report(pipe)}, {"estimate", estimate_report(pipe, o.call, result)}}},
                   {"compiled", compile_report()},
                   {"offload", std::move(offload)},
-                  {"tensor_parallel", std::move(tp)}});
+                  {"tensor_parallel", std::move(tp)},
+                  {"profile", o.profile ? profile_report() : nlohmann::json()}});
   }
   return 0;
 }

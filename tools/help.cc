@@ -26,6 +26,13 @@ const std::vector<CommandDoc>& commands() {
            {"--out", "FILE", "out.png", "the PNG, written atomically; symlinks are followed; devices, FIFOs, "
                                         "sockets and folders are refused"},
            {"--report", "FILE", "", "a JSON run report (timings, counters, memory), same rules as --out"},
+           {"--profile", "", "off", "with --report: time every kernel; the report gains profile.by_op (seconds, launches and "
+                                "bytes moved per op, per component)"},
+           {"--vae-tiling", "auto|on|off", "auto", "decode the image in overlapping tiles with blended seams (Diffusers' "
+                                                  "vae.enable_tiling()); auto: only when the untiled decode would not "
+                                                  "fit in memory"},
+           {"--vae-tile-size", "PIXELS", "the VAE's sample_size (1024)", "image pixels per tile side "
+                                                                         "(Diffusers' tile_sample_min_size)"},
            {"--device", "DEVICE", "cpu", "the device to run on"},
            {"--mode", "eager|defer|compile", "eager", "strict eager, deferred-and-fused, or compiled transformer"},
            {"--compile", "full|blocks", "full", "with --mode compile: the whole transformer or its repeated blocks"},

@@ -33,7 +33,8 @@ nlohmann::json estimate_report(const FluxPipeline& pipe, const FluxCallArgs& cal
   FluxCallArgs sized = call;
   sized.height = result.height;
   sized.width = result.width;
-  const MemoryEstimate e = pipe.estimate_memory(sized);
+  // The plan of the decode the call ran (untiled or tiled: the call's memory plan chose).
+  const MemoryEstimate e = pipe.estimate_memory(sized, result.vae_tile_size);
   nlohmann::json components = nlohmann::json::object();
   size_t largest_activations = 0;
   for (const ComponentMemory& m : e.components) {
@@ -44,6 +45,7 @@ nlohmann::json estimate_report(const FluxPipeline& pipe, const FluxCallArgs& cal
           {"required_bytes", e.required},
           {"largest_activation_bytes", largest_activations},
           {"carried_bytes", e.carried_bytes},
+          {"vae_tile_size", e.vae_tile_size},
           {"components", components}};
 }
 

@@ -16,6 +16,7 @@
 #include "exec/executable_store.h"
 #include "exec/deferred.h"
 #include "exec/mode.h"
+#include "exec/profile.h"
 #include "io/output_file.h"
 #include "io/safetensors.h"
 
@@ -90,6 +91,16 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
     if (std::fwrite(text.data(), 1, text.size(), f) != text.size())
       fail("report", "cannot write ", file.string(), ": ", std::strerror(errno));
   });
+}
+
+nlohmann::json profile_report() {
+  const Profile p = profile();
+  nlohmann::json by_op = nlohmann::json::object(), by_component = nlohmann::json::object();
+  for (const auto& [key, row] : p.by_op) {
+    by_op[key.first][key.second] = {{"seconds", row.seconds}, {"launches", row.launches}, {"bytes", row.bytes}};
+    by_component[key.first] = by_component.value(key.first, 0.0) + row.seconds;
+  }
+  return {{"idle_row", kIdleOp}, {"by_component", by_component}, {"by_op", by_op}};
 }
 
 nlohmann::json compile_report() {

@@ -11,6 +11,10 @@ namespace kiln::cli {
 // Compiled mode's counters and one entry per executable obtained (the report's `compiled`).
 nlohmann::json compile_report();
 
+// The profile (exec/profile.h) since its last reset: by_op[component][launch name] = seconds,
+// launches, bytes; by_component[component] = the seconds of its rows.
+nlohmann::json profile_report();
+
 void write_report(const std::filesystem::path& file, nlohmann::json inputs, nlohmann::json timings,
                   nlohmann::json extra = nlohmann::json::object());
 

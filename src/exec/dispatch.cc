@@ -8,6 +8,7 @@
 #include "exec/counters.h"
 #include "exec/deferred.h"
 #include "exec/mode.h"
+#include "exec/profile.h"
 #include "graph/op.h"
 
 namespace kiln {
@@ -31,9 +32,17 @@ Tensor launch(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, const O
   const KernelFn kernel = rt.kernel(def.name);
   BufferPtr out_buf = rt.allocate(size_t(numel(meta.shape)) * dtype_size(meta.dtype));
   Tensor out = Tensor::view_of(out_buf, meta.shape, meta.dtype);
+  // Profiling (exec/profile.h) reads the operands before the work takes them.
+  std::vector<Tensor> operands;
+  Attrs profiled_attrs;
+  if (profiling()) {
+    operands = inputs;
+    operands.push_back(out);
+    profiled_attrs = attrs;
+  }
   // The queued work holds the inputs and output, so their buffers outlive the kernel even if
   // the caller drops every handle before it runs.
-  auto work = [kernel, inputs = std::move(inputs), out, attrs = std::move(attrs)] {
+  std::function<void()> work = [kernel, inputs = std::move(inputs), out, attrs = std::move(attrs)] {
     KernelArgs args;
     args.in.reserve(inputs.size());
     for (const Tensor& t : inputs) args.in.push_back(TensorView::of(t));
@@ -41,6 +50,8 @@ Tensor launch(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, const O
     args.attrs = &attrs;
     kernel(args);
   };
+  if (!operands.empty())
+    work = detail::profiled(def.name, detail::operand_bytes(operands), std::move(work), &operands, &profiled_attrs);
   const uint64_t seq = rt.enqueue(def.name, std::move(work));
   out_buf->set_ready_seq(seq);
   detail::count_kernel(def.name);

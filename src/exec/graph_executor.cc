@@ -13,6 +13,7 @@
 #include "devices/cpu/prepacked_weights.h"
 #include "devices/runtime.h"
 #include "exec/counters.h"
+#include "exec/profile.h"
 #include "graph/op.h"
 
 namespace kiln {
@@ -125,13 +126,23 @@ std::vector<TensorView> views_of(const std::vector<Tensor>& ts) {
 }
 
 // Enqueues `work` (which holds every tensor it touches) and marks `outs` ready at its completion.
-void launch(DeviceRuntime& rt, const std::string& name, const std::vector<Tensor>& outs, std::function<void()> work) {
+// `ins`: what it reads, for the profile's bytes (exec/profile.h).
+void launch(DeviceRuntime& rt, const std::string& name, const std::vector<Tensor>& outs, std::function<void()> work,
+            const std::vector<Tensor>& ins = {}) {
+  if (profiling()) work = detail::profiled(name, detail::operand_bytes(ins) + detail::operand_bytes(outs), std::move(work));
   const uint64_t seq = rt.enqueue(name, std::move(work));
   for (const Tensor& out : outs) out.buffer()->set_ready_seq(seq);
   detail::count_kernel(name);
 }
-void launch(DeviceRuntime& rt, const std::string& name, const Tensor& out, std::function<void()> work) {
-  launch(rt, name, std::vector<Tensor>{out}, std::move(work));
+void launch(DeviceRuntime& rt, const std::string& name, const Tensor& out, std::function<void()> work,
+            const std::vector<Tensor>& ins = {}) {
+  launch(rt, name, std::vector<Tensor>{out}, std::move(work), ins);
+}
+
+std::vector<Tensor> flattened(const std::vector<std::vector<Tensor>>& groups) {
+  std::vector<Tensor> all;
+  for (const auto& g : groups) all.insert(all.end(), g.begin(), g.end());
+  return all;
 }
 
 Tensor dense_copy(DeviceRuntime& rt, const Tensor& t) {
@@ -147,7 +158,7 @@ Tensor dense_copy(DeviceRuntime& rt, const Tensor& t) {
     Attrs none;
     args.attrs = &none;
     copy(args);
-  });
+  }, {t});
   return out;
 }
 
@@ -263,28 +274,34 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
               args[i].out = TensorView::of(outs[i]);
             }
             cpu::grouped_linear_rows(args);
-          });
+          }, profiling() ? flattened(ins) : std::vector<Tensor>{});
           break;
         }
         const Tensor out = output_of(grp, node);
         const KernelFn kernel = rt.kernel(node.op);
-        launch(rt, node.op, out,
-               [compiled, kernel, ins = gather(grp.group_inputs), out, &attrs = node.attrs, pp = prepack_of(node),
-                run_kernel] {
-                 KernelArgs args;
-                 args.in = views_of(ins);
-                 args.out = TensorView::of(out);
-                 args.attrs = &attrs;
-                 run_kernel(kernel, args, pp);
-               });
+        const std::vector<Tensor> ins = gather(grp.group_inputs);
+        launch(
+            rt, node.op, out,
+            [compiled, kernel, ins, out, &attrs = node.attrs, pp = prepack_of(node), run_kernel] {
+              KernelArgs args;
+              args.in = views_of(ins);
+              args.out = TensorView::of(out);
+              args.attrs = &attrs;
+              run_kernel(kernel, args, pp);
+            },
+            ins);
         val[size_t(grp.result)] = out;
         break;
       }
       case LaunchGroup::Kind::fused_elementwise: {
         const Tensor out = output_of(grp, node);
-        launch(rt, "fused_elementwise", out, [compiled, &program = grp.program, ins = gather(grp.group_inputs), out] {
-          cpu::fused_elementwise(program, views_of(ins), TensorView::of(out));
-        });
+        const std::vector<Tensor> ins = gather(grp.group_inputs);
+        launch(
+            rt, "fused_elementwise", out,
+            [compiled, &program = grp.program, ins, out] {
+              cpu::fused_elementwise(program, views_of(ins), TensorView::of(out));
+            },
+            ins);
         val[size_t(grp.result)] = out;
         break;
       }
@@ -345,6 +362,11 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
                                           t.offset() + grp.slice_begin * t.strides()[size_t(d)]));
           }
         }
+        std::vector<Tensor> read;  // for the profile: the chain's and the program's inputs
+        if (profiling()) {
+          read = ins;
+          for (const Step& st : steps) read.insert(read.end(), st.in.begin(), st.in.end());
+        }
         launch(rt, grp.launch_name(g), out,
                [compiled, steps = std::move(steps), &program = grp.program, ins = std::move(ins), out, program_out,
                 run_kernel] {
@@ -357,7 +379,8 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
                  }
                  if (!program.instrs.empty())
                    cpu::fused_elementwise(program, views_of(ins), TensorView::of(program_out));
-               });
+               },
+               read);
         val[size_t(grp.result)] = out;
         break;
       }

@@ -10,8 +10,41 @@
 namespace kiln {
 
 namespace {
-Tensor unary(const char* op, const Tensor& x, Attrs attrs = {}) { return dispatch(op, {x}, std::move(attrs)); }
-Tensor binary(const char* op, const Tensor& a, const Tensor& b) { return dispatch(op, {a, b}); }
+
+// Channels-last tensors (ops.h) enter ops as their memory order, [N, H, W, C] (a dense view), and
+// the result, in that order too, is viewed back as [N, C, H, W]: the layout flows through.
+const std::vector<int64_t> kToNhwc{0, 2, 3, 1}, kToNchw{0, 3, 1, 2};
+Tensor as_nhwc(const Tensor& x) { return permute(x, kToNhwc); }
+Tensor from_nhwc(const Tensor& y) { return permute(y, kToNchw); }
+// An operand of an elementwise op with a channels-last 4-D result, in that result's NHWC order
+// (fewer dims broadcast from the right, as in NCHW).
+Tensor nhwc_operand(const Tensor& t) {
+  if (t.rank() == 0) return t;
+  Shape s = t.shape();
+  s.insert(s.begin(), size_t(4 - t.rank()), 1);
+  return as_nhwc(t.rank() == 4 ? t : reshape(t, s));
+}
+
+Tensor unary(const char* op, const Tensor& x, Attrs attrs = {}) {
+  if (is_channels_last(x)) return from_nhwc(dispatch(op, {as_nhwc(x)}, std::move(attrs)));
+  return dispatch(op, {x}, std::move(attrs));
+}
+// Whether `from` broadcasts to `to` without growing it (NumPy rules).
+bool broadcasts_into(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  for (size_t i = 0; i < from.size(); ++i) {
+    const int64_t f = from[from.size() - 1 - i], t = to[to.size() - 1 - i];
+    if (f != 1 && f != t) return false;
+  }
+  return true;
+}
+Tensor binary(const char* op, const Tensor& a, const Tensor& b) {
+  // A channels-last operand of the result's full shape keeps the result channels-last.
+  const bool keep = (is_channels_last(a) && broadcasts_into(b.shape(), a.shape())) ||
+                    (is_channels_last(b) && broadcasts_into(a.shape(), b.shape()));
+  if (keep) return from_nhwc(dispatch(op, {nhwc_operand(a), nhwc_operand(b)}));
+  return dispatch(op, {a, b});
+}
 // A host scalar as a 0-d operand on the other operand's device, in its float type.
 Tensor lift(double v, const Tensor& like) {
   return scalar(v, is_floating(like.dtype()) ? like.dtype() : DType::f32, like.device());
@@ -121,9 +154,14 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return dispatch("rms_norm", present({x, weight}), Attrs{{"eps", eps}});
 }
-Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps,
+                  bool then_silu) {
   KILN_CHECK(weight.defined() || !bias.defined(), "group_norm", "a bias without a weight is not supported");
-  return dispatch("group_norm", present({x, weight, bias}), Attrs{{"groups", groups}, {"eps", eps}});
+  Attrs attrs{{"groups", groups}, {"eps", eps}};
+  if (then_silu) attrs.set("activation", std::string("silu"));
+  if (!is_channels_last(x)) return dispatch("group_norm", present({x, weight, bias}), std::move(attrs));
+  attrs.set("channels_last", int64_t(1));
+  return from_nhwc(dispatch("group_norm", present({as_nhwc(x), weight, bias}), std::move(attrs)));
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
@@ -135,7 +173,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::vector<int64_t> stride,
               std::vector<int64_t> padding) {
-  return dispatch("conv2d", present({x, weight, bias}), Attrs{{"stride", stride}, {"padding", padding}});
+  Attrs attrs{{"stride", stride}, {"padding", padding}};
+  if (!is_channels_last(x)) return dispatch("conv2d", present({x, weight, bias}), std::move(attrs));
+  attrs.set("channels_last", int64_t(1));
+  return from_nhwc(dispatch("conv2d", present({as_nhwc(x), weight, bias}), std::move(attrs)));
 }
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                                     std::optional<double> scale) {
@@ -241,7 +282,20 @@ Tensor gather(const Tensor& table, const Tensor& indices) { return dispatch("gat
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value) {
   return dispatch("pad", {x}, Attrs{{"pads", pads}, {"value", value}});
 }
-Tensor upsample_nearest2x(const Tensor& x) { return dispatch("upsample_nearest2x", {x}); }
+Tensor upsample_nearest2x(const Tensor& x) {
+  if (!is_channels_last(x)) return dispatch("upsample_nearest2x", {x});
+  return from_nhwc(dispatch("upsample_nearest2x", {as_nhwc(x)}, Attrs{{"channels_last", int64_t(1)}}));
+}
+
+bool is_channels_last(const Tensor& x) {
+  if (x.rank() != 4 || x.dim(1) == 1) return false;  // one channel: both layouts are the same bytes
+  const int64_t c = x.dim(1), w = x.dim(3), h = x.dim(2);
+  return x.strides() == Strides{h * w * c, 1, w * c, c};
+}
+Tensor to_channels_last(const Tensor& x) {
+  KILN_CHECK(x.rank() == 4, "to_channels_last", "expects [N, C, H, W], got ", to_string(x.shape()));
+  return is_channels_last(x) ? x : from_nhwc(contiguous(as_nhwc(x)));
+}
 Tensor to(const Tensor& x, const Device& device) {
   if (x.device() == device) return x;
   fail("to", "transfer from ", x.device().str(), " to ", device.str(), " is not available in this build");

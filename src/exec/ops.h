@@ -79,7 +79,9 @@ Tensor softmax(const Tensor& x, int64_t axis = -1);
 // Over the last dim. weight/bias optional (elementwise_affine=false leaves them empty).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
-Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps);
+// then_silu: SiLU of the result in the same pass (silu(group_norm(x)), the same bits).
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps,
+                  bool then_silu = false);
 
 // ---- contractions and attention ----
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
@@ -110,5 +112,13 @@ Tensor gather(const Tensor& table, const Tensor& indices);  // embedding lookup 
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value = 0);
 Tensor upsample_nearest2x(const Tensor& x);
 Tensor to(const Tensor& x, const Device& device);
+
+// ---- memory format (PyTorch's torch.channels_last) ----
+// A channels-last tensor is [N, C, H, W] whose memory is [N, H, W, C] (strides [HWC, 1, WC, C]).
+// conv2d, group_norm, upsample_nearest2x and the elementwise ops keep that layout (their result is
+// channels-last too), so a chain of them never reorders activations; any other op reads it as a
+// strided view. contiguous() gives the NCHW copy.
+bool is_channels_last(const Tensor& x);
+Tensor to_channels_last(const Tensor& x);  // a channels-last copy (x itself when it is one)
 
 }  // namespace kiln

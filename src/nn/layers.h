@@ -49,6 +49,8 @@ struct GroupNorm {
   GroupNorm() = default;
   GroupNorm(const Weights& w, int64_t groups, int64_t channels, double eps, bool affine = true);
   Tensor operator()(const Tensor& x) const { return group_norm(x, groups, weight, bias, eps); }
+  // silu(norm(x)) in one pass (the same values).
+  Tensor then_silu(const Tensor& x) const { return group_norm(x, groups, weight, bias, eps, /*then_silu=*/true); }
   Tensor weight, bias;
   int64_t groups = 32;
   double eps = 1e-6;

@@ -13,6 +13,7 @@
 #include "exec/memory_plan.h"
 #include "exec/residency.h"
 #include "exec/host.h"
+#include "exec/profile.h"
 #include "exec/ops.h"
 #include "io/json_config.h"
 #include "nn/weight_source.h"
@@ -170,7 +171,7 @@ struct FluxPipeline::Components {
   // One call at a time: a call moves weights (offload) that another call's kernels may be using.
   mutable std::mutex call_mu;
   std::mutex activations_mu;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::array<size_t, 4>> traced_activations;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::array<size_t, 4>> traced_activations;
 
   void onload(size_t i) {
     if (weights[i].resident()) return;
@@ -195,12 +196,25 @@ struct FluxPipeline::Components {
       if (j != i) offload(j);
     onload(i);
   }
+  // The memory a call may use on the device: its capacity or, without one, what the device can
+  // still get beyond what it holds (the host's, on the CPU; KILN_HOST_MEMORY_CHECK=0: no limit).
+  // 0: no limit known.
+  size_t memory_limit() const {
+    const MemoryStats mem = runtime(device).memory();
+    if (mem.capacity_bytes) return mem.capacity_bytes;
+    const size_t physical = physical_available();
+    return physical ? physical + mem.in_use_bytes : 0;
+  }
+  size_t physical_available() const {
+    return env::choice("KILN_HOST_MEMORY_CHECK").value_or("1") == "1" ? runtime(device).physical_available_bytes() : 0;
+  }
   // The peak activation bytes of each component's forward at these sizes, in
   // model_cpu_offload_seq order: traced once per size (nothing runs), then remembered, since
-  // every call checks its memory first.
-  std::array<size_t, 4> activations(int64_t h, int64_t w, int64_t max_sequence_length) {
+  // every call checks its memory first. vae_tile_size: the VAE decodes in tiles of that many
+  // image pixels (0: untiled).
+  std::array<size_t, 4> activations(int64_t h, int64_t w, int64_t max_sequence_length, int64_t vae_tile_size) {
     std::lock_guard<std::mutex> lock(activations_mu);
-    const auto key = std::make_tuple(h, w, max_sequence_length);
+    const auto key = std::make_tuple(h, w, max_sequence_length, vae_tile_size);
     if (const auto it = traced_activations.find(key); it != traced_activations.end()) return it->second;
     DeviceRuntime& rt = runtime(device);
     // The traces upload their small inputs (token ids, position tables) as real tensors. They
@@ -231,9 +245,13 @@ struct FluxPipeline::Components {
         traced("text_encoder", [&] { return text_encoder.forward(clip_ids).pooler_output; }),
         traced("text_encoder_2", [&] { return text_encoder_2.forward(t5_ids).last_hidden_state; }),
         transformer.activation_bytes(1, (h / 2) * (w / 2), max_sequence_length),
-        traced("vae", [&] { return vae.decode(z); }),
+        traced("vae", [&] { return decode(z, vae_tile_size); }),
     };
     return traced_activations[key] = act;
+  }
+
+  Tensor decode(const Tensor& z, int64_t vae_tile_size) const {
+    return vae_tile_size ? vae.tiled_decode(z, VaeTiling{vae_tile_size}) : vae.decode(z);
   }
 
   // maybe_free_model_hooks(): the end of a call under offload releases everything.
@@ -388,14 +406,44 @@ FluxPipeline& FluxPipeline::enable_model_cpu_offload(const Device& device) {
 }
 
 MemoryEstimate FluxPipeline::estimate_memory(const FluxCallArgs& args) const {
+  const int64_t vsf = vae_scale_factor();
+  const int64_t tile = args.vae_tile_size ? args.vae_tile_size : c_->vae.config().sample_size;
+  KILN_CHECK(tile >= 2 * vsf, "pipeline", "vae_tile_size must be at least ", 2 * vsf, " image pixels, got ", tile);
+  switch (args.vae_tiling) {
+    case VaeTilingMode::kOff: return estimate_memory(args, 0);
+    case VaeTilingMode::kOn: return estimate_memory(args, tile);
+    case VaeTilingMode::kAuto: break;
+  }
+  // Untiled when that fits; else the given tile, or the largest that fits, halving from the VAE's
+  // (a tile as large as the image would decode it whole) in steps of 4 latent pixels, which keep
+  // Diffusers' stride and seam whole, down to 128 image pixels (or the VAE's own smaller tile).
+  MemoryEstimate e = estimate_memory(args, 0);
+  const size_t limit = c_->memory_limit();
+  if (limit == 0 || e.required <= limit) return e;
+  if (args.vae_tile_size) return estimate_memory(args, tile);
+  const int64_t step = 4 * vsf, multiple = 2 * vsf;
+  const int64_t height = args.height.value_or(default_sample_size() * vsf) / multiple * multiple;
+  const int64_t width = args.width.value_or(default_sample_size() * vsf) / multiple * multiple;
+  const auto halve = [step](int64_t t) { return t / 2 / step * step; };
+  int64_t t = tile;
+  while (t >= std::max(height, width) && halve(t) >= step) t = halve(t);
+  for (;; t = halve(t)) {
+    e = estimate_memory(args, t);
+    if (e.required <= limit || halve(t) < std::max<int64_t>(step, 128)) break;
+  }
+  return e;  // the smallest tile's plan when none fits (the call then fails with its numbers)
+}
+
+MemoryEstimate FluxPipeline::estimate_memory(const FluxCallArgs& args, int64_t vae_tile_size) const {
   const int64_t multiple = vae_scale_factor() * 2;
   const int64_t height = args.height.value_or(default_sample_size() * vae_scale_factor()) / multiple * multiple;
   const int64_t width = args.width.value_or(default_sample_size() * vae_scale_factor()) / multiple * multiple;
   KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "height and width must be at least ", multiple);
   const int64_t h = 2 * (height / multiple), w = 2 * (width / multiple), l_img = (h / 2) * (w / 2);
   MemoryEstimate e;
+  e.vae_tile_size = vae_tile_size;
   e.capacity = runtime(c_->device).memory().capacity_bytes;
-  const std::array<size_t, 4> act = c_->activations(h, w, args.max_sequence_length);
+  const std::array<size_t, 4> act = c_->activations(h, w, args.max_sequence_length, vae_tile_size);
   size_t all_weights = 0, max_act = 0, max_component = 0;
   for (size_t i = 0; i < c_->weights.size(); ++i) {
     const size_t wb = c_->weights[i].device_bytes(c_->device);
@@ -541,10 +589,8 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   // (the host's, on the CPU), and say what would fit instead.
   const MemoryStats mem = runtime(c_->device).memory();
   // KILN_HOST_MEMORY_CHECK=0: no check against the machine's memory (swap, reclaimable caches).
-  const size_t physical = env::choice("KILN_HOST_MEMORY_CHECK").value_or("1") == "1"
-                              ? runtime(c_->device).physical_available_bytes()
-                              : 0;
-  const size_t limit = mem.capacity_bytes ? mem.capacity_bytes : physical ? physical + mem.in_use_bytes : 0;
+  const size_t physical = c_->physical_available();
+  const size_t limit = c_->memory_limit();
   if (physical != 0) {
     // A floor of host memory first, in closed form, so an absurd size fails before the estimate
     // itself allocates: the noise (host vector and tensor), image ids, RoPE tables, latents, and
@@ -558,15 +604,22 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
                format_bytes(size_t(floor)), " of memory for its noise, latents, position tables and image alone, but ",
                "this machine has only ", format_bytes(physical), " available; choose a smaller --height/--width");
   }
+  // The decode this call runs: the plan's choice, or without a limit to plan against, tiles only
+  // when asked for.
+  FluxCallArgs sized = args;
+  sized.height = height;
+  sized.width = width;
+  int64_t vae_tile_size = 0;
   if (limit != 0) {
-    FluxCallArgs sized = args;
-    sized.height = height;
-    sized.width = width;
     MemoryEstimate e = estimate_memory(sized);
     e.capacity = limit;
     e.physical_limit = mem.capacity_bytes == 0;
     if (!e.fits()) fail("memory", memory_misfit(*this, e, sized));
+    vae_tile_size = e.vae_tile_size;
+  } else if (args.vae_tiling == VaeTilingMode::kOn) {
+    vae_tile_size = estimate_memory(sized).vae_tile_size;
   }
+  out.vae_tile_size = vae_tile_size;
   // Model offload: components are released at the end, also when the call fails.
   struct FreeAtEnd {
     Components& c;
@@ -578,13 +631,24 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
     }
   } free_at_end{*c_};
 
+  // Each component's launches, and the device's idle time from where its stage's clock starts,
+  // count for it in the profile (exec/profile.h). In deferred mode a component's recorded ops are
+  // launched before the next one starts, so they count for it too.
+  std::optional<ProfileScope> stage;
+  const auto next_stage = [&](const char* component) {
+    if (stage && profiling()) mark_step();
+    stage.emplace(component);
+  };
+
   // 1. Text: CLIP pooled embedding, T5 sequence embedding, zero text ids.
   auto t0 = std::chrono::steady_clock::now();
+  next_stage("text_encoder");
   const auto clip_ids = c_->tokenizer.encode_padded(args.prompt);  // to model_max_length (77)
   const auto t5_ids = c_->tokenizer_2.encode_padded(prompt_2, args.max_sequence_length);
   c_->use(0);
   const Tensor pooled =
       c_->text_encoder.forward(from_ints(clip_ids, {1, int64_t(clip_ids.size())})).pooler_output;
+  next_stage("text_encoder_2");
   c_->use(1);
   const Tensor prompt_embeds =
       c_->text_encoder_2.forward(from_ints(t5_ids, {1, int64_t(t5_ids.size())})).last_hidden_state;
@@ -603,6 +667,7 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   pipeline_checks::expect_finite(embeds_ok, "text encoder (T5, text_encoder_2)", c_->dir / "text_encoder_2",
                                  T5EncoderModel::checkpoint_keys_not_loaded(),
                                  "the T5 text encoder's weights or config");
+  stage.reset();
   out.timings.encode = seconds_since(t0);
   if (args.on_stage) args.on_stage("encode", out.timings.encode);
 
@@ -633,6 +698,7 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   // graph is the same as every later one's (one compile serves any num_inference_steps).
   mark_step();
   c_->use(2);  // the transformer arrives once and stays for every step
+  next_stage("transformer");
   for (int64_t i = 0; i < args.num_inference_steps; ++i) {
     t0 = std::chrono::steady_clock::now();
     const float t = scheduler.timesteps()[size_t(i)];
@@ -652,13 +718,15 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
     if (args.on_step) args.on_step(i, args.num_inference_steps, out.timings.steps.back());
   }
   out.latents = latents;
+  stage.reset();
 
   // 5. Decode and postprocess.
   t0 = std::chrono::steady_clock::now();
+  next_stage("vae");
   const auto& vcfg = c_->vae.config();
   const Tensor z = unpack_latents(latents, h, w) / vcfg.scaling_factor + vcfg.shift_factor;
   c_->use(3);
-  const Tensor image = c_->vae.decode(z);
+  const Tensor image = c_->decode(z, vae_tile_size);
   pipeline_checks::expect_finite(pipeline_checks::finite_probe(image), "VAE decode", c_->dir / "vae",
                                  AutoencoderKL::checkpoint_keys_not_loaded(),
                                  "the VAE's weights or its config (scaling_factor, shift_factor)");

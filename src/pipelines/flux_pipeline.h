@@ -37,6 +37,13 @@ struct FluxPipelineOptions {
   std::map<std::string, std::optional<DType>> component_dtype;
 };
 
+// Tiled VAE decoding (Diffusers' pipe.vae.enable_tiling(), AutoencoderKL.tiled_decode).
+enum class VaeTilingMode {
+  kAuto,  // tiled only when the call's memory plan says the untiled decode does not fit
+  kOn,    // always (latents larger than one tile)
+  kOff,   // never
+};
+
 struct FluxCallArgs {
   std::string prompt;
   std::optional<std::string> prompt_2;  // T5 prompt; defaults to prompt
@@ -47,6 +54,10 @@ struct FluxCallArgs {
   uint64_t seed = 0;  // torch.Generator("cpu").manual_seed(seed) noise, unless latents are given
   // Explicit initial noise: packed [1, L_img, 4C] or unpacked [1, C, h, w] (parity tests).
   Tensor latents;
+  VaeTilingMode vae_tiling = VaeTilingMode::kAuto;
+  // Diffusers' vae.tile_sample_min_size: image pixels per tile side (0: the VAE's sample_size,
+  // 1024 for FLUX.1). kAuto starts from it and halves it until the plan fits.
+  int64_t vae_tile_size = 0;
   // Called after every denoising step with (step index from 0, total steps, seconds of that step).
   std::function<void(int64_t, int64_t, double)> on_step;
   // Called at once with each warning (e.g. a size rounded down, a prompt cut), before the work starts.
@@ -75,6 +86,8 @@ struct MemoryEstimate {
   std::string placement;                    // "host", "device" or "model offload"
   size_t carried_bytes = 0;  // what the pipeline keeps across components: embeddings, latents, ids, RoPE tables
   size_t required = 0;       // for that placement, carried bytes included
+  // The VAE decode the plan is for: untiled (0), or tiles of this many image pixels per side.
+  int64_t vae_tile_size = 0;
   size_t capacity = 0;                      // the device's (0 = unlimited)
   bool physical_limit = false;  // capacity is the memory the device can still get (none was set)
   bool fits() const { return capacity == 0 || required <= capacity; }
@@ -91,6 +104,7 @@ struct FluxOutput {
   Tensor latents;              // final packed latents [1, L_img, 4C]
   FluxTimings timings;
   std::vector<std::string> warnings;  // e.g. a size rounded down to a multiple of 16
+  int64_t vae_tile_size = 0;          // the decode ran in tiles of this many image pixels (0: untiled)
 };
 
 class FluxPipeline {
@@ -120,7 +134,11 @@ class FluxPipeline {
   // The device memory a call with these arguments needs under the current placement, per
   // component (weights exactly, activations as traced; nothing runs). operator() checks it
   // before any work and fails with the numbers and the options that would fit.
+  // With args.vae_tiling kAuto the plan is for the decode the call would run: untiled when that
+  // fits the device's memory, else tiled (MemoryEstimate::vae_tile_size).
   MemoryEstimate estimate_memory(const FluxCallArgs& args) const;
+  // The plan with the VAE decoding untiled (0) or in tiles of vae_tile_size image pixels.
+  MemoryEstimate estimate_memory(const FluxCallArgs& args, int64_t vae_tile_size) const;
   const std::vector<OffloadEvent>& offload_events() const;
   void clear_offload_events();
   // Traces and compiles the transformer executables a call at this size would use, without

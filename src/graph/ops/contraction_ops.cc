@@ -98,6 +98,8 @@ void register_linear() {
 }
 
 // conv2d: x [N, C, H, W], weight [O, C, KH, KW], optional bias [O]; attrs stride [2], padding [2].
+// With channels_last = 1, x is [N, H, W, C] and the output [N, OH, OW, O] (the memory order of a
+// channels-last tensor, ops.h: the public conv2d() passes such tensors this way).
 void register_conv2d() {
   OpDef def;
   def.name = "conv2d";
@@ -108,24 +110,30 @@ void register_conv2d() {
     const Tensor &x = in[0], &w = in[1];
     check_float(x, "conv2d", "input");
     check_float(w, "conv2d", "weight");
-    KILN_CHECK(x.rank() == 4 && w.rank() == 4, "conv2d", "expects input [N,C,H,W] and weight [O,C,KH,KW], got ",
-               to_string(x.shape()), " and ", to_string(w.shape()));
-    KILN_CHECK(x.dim(1) == w.dim(1), "conv2d", "input has ", x.dim(1), " channels but weight ",
-               to_string(w.shape()), " expects ", w.dim(1));
+    const bool cl = attrs.get_int("channels_last", 0) != 0;
+    KILN_CHECK(x.rank() == 4 && w.rank() == 4, "conv2d", "expects input ", cl ? "[N,H,W,C]" : "[N,C,H,W]",
+               " and weight [O,C,KH,KW], got ", to_string(x.shape()), " and ", to_string(w.shape()));
+    const int64_t c = x.dim(cl ? 3 : 1), h = x.dim(cl ? 1 : 2), wd = x.dim(cl ? 2 : 3);
+    KILN_CHECK(c == w.dim(1), "conv2d", "input has ", c, " channels but weight ", to_string(w.shape()), " expects ",
+               w.dim(1));
     const auto &st = attrs.get_ints("stride"), &pad = attrs.get_ints("padding");
     KILN_CHECK(st.size() == 2 && pad.size() == 2 && st[0] > 0 && st[1] > 0 && pad[0] >= 0 && pad[1] >= 0,
                "conv2d", "stride and padding must be 2 values (stride > 0, padding >= 0)");
-    const int64_t oh = (x.dim(2) + 2 * pad[0] - w.dim(2)) / st[0] + 1;
-    const int64_t ow = (x.dim(3) + 2 * pad[1] - w.dim(3)) / st[1] + 1;
-    KILN_CHECK(x.dim(2) + 2 * pad[0] >= w.dim(2) && x.dim(3) + 2 * pad[1] >= w.dim(3), "conv2d",
+    const int64_t oh = (h + 2 * pad[0] - w.dim(2)) / st[0] + 1;
+    const int64_t ow = (wd + 2 * pad[1] - w.dim(3)) / st[1] + 1;
+    KILN_CHECK(h + 2 * pad[0] >= w.dim(2) && wd + 2 * pad[1] >= w.dim(3), "conv2d",
                "kernel ", to_string(w.shape()), " larger than padded input ", to_string(x.shape()));
     if (in.size() > 2)
       KILN_CHECK(in[2].rank() == 1 && in[2].dim(0) == w.dim(0), "conv2d", "bias must have shape [", w.dim(0),
                  "], got ", to_string(in[2].shape()));
-    return OutputMeta{{x.dim(0), w.dim(0), oh, ow}, promote(x.dtype(), w.dtype())};
+    const Shape out = cl ? Shape{x.dim(0), oh, ow, w.dim(0)} : Shape{x.dim(0), w.dim(0), oh, ow};
+    return OutputMeta{out, promote(x.dtype(), w.dtype())};
   };
-  def.reference = [](const std::vector<HostTensor>& in, const Attrs& attrs, const OutputMeta& out) {
-    const HostTensor &x = in[0], &w = in[1];
+  def.reference = [](const std::vector<HostTensor>& in, const Attrs& attrs, const OutputMeta& meta) {
+    const bool cl = attrs.get_int("channels_last", 0) != 0;
+    const HostTensor x = cl ? ref::nhwc_to_nchw(in[0]) : in[0];
+    const HostTensor& w = in[1];
+    const OutputMeta out{cl ? ref::nchw_shape(meta.shape) : meta.shape, meta.dtype};
     const auto &st = attrs.get_ints("stride"), &pad = attrs.get_ints("padding");
     const int64_t C = x.shape[1], H = x.shape[2], W = x.shape[3], KH = w.shape[2], KW = w.shape[3];
     std::vector<double> r(static_cast<size_t>(numel(out.shape)));
@@ -142,7 +150,7 @@ void register_conv2d() {
           }
       r[i] = s;
     }
-    return r;
+    return cl ? ref::nchw_to_nhwc(r, out.shape) : r;
   };
   register_op(std::move(def));
 }

@@ -253,25 +253,32 @@ void register_gather() {
   register_op(std::move(def));
 }
 
+// upsample_nearest2x: x [N, C, H, W] -> [N, C, 2H, 2W]; channels_last = 1: [N, H, W, C] ->
+// [N, 2H, 2W, C] (a channels-last tensor's memory order, ops.h).
 void register_upsample() {
   OpDef def;
   def.name = "upsample_nearest2x";
   def.kind = OpKind::movement;
-  def.infer = [](const std::vector<Tensor>& in, const Attrs&) {
-    KILN_CHECK(in[0].rank() == 4, "upsample_nearest2x", "expects [N,C,H,W], got ", to_string(in[0].shape()));
+  def.infer = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const bool cl = attrs.get_int("channels_last", 0) != 0;
+    KILN_CHECK(in[0].rank() == 4, "upsample_nearest2x", "expects ", cl ? "[N,H,W,C]" : "[N,C,H,W]", ", got ",
+               to_string(in[0].shape()));
     Shape s = in[0].shape();
-    s[2] *= 2;
-    s[3] *= 2;
+    s[cl ? 1 : 2] *= 2;
+    s[cl ? 2 : 3] *= 2;
     return OutputMeta{s, in[0].dtype()};
   };
-  def.reference = [](const std::vector<HostTensor>& in, const Attrs&, const OutputMeta& out) {
-    std::vector<double> r(static_cast<size_t>(numel(out.shape)));
-    const int64_t h = in[0].shape[2], w = in[0].shape[3];
+  def.reference = [](const std::vector<HostTensor>& in, const Attrs& attrs, const OutputMeta& meta) {
+    const bool cl = attrs.get_int("channels_last", 0) != 0;
+    const HostTensor x = cl ? ref::nhwc_to_nchw(in[0]) : in[0];
+    const Shape out = cl ? ref::nchw_shape(meta.shape) : meta.shape;
+    std::vector<double> r(static_cast<size_t>(numel(out)));
+    const int64_t h = x.shape[2], w = x.shape[3];
     for (size_t i = 0; i < r.size(); ++i) {
-      const auto idx = ref::unravel(int64_t(i), out.shape);
-      r[i] = in[0].data[size_t(((idx[0] * in[0].shape[1] + idx[1]) * h + idx[2] / 2) * w + idx[3] / 2)];
+      const auto idx = ref::unravel(int64_t(i), out);
+      r[i] = x.data[size_t(((idx[0] * x.shape[1] + idx[1]) * h + idx[2] / 2) * w + idx[3] / 2)];
     }
-    return r;
+    return cl ? ref::nchw_to_nhwc(r, out) : r;
   };
   register_op(std::move(def));
 }

@@ -159,6 +159,9 @@ void register_row_norm(const char* name, bool rms) {
   register_op(std::move(def));
 }
 
+// group_norm: x [N, C, ...], optional weight and bias [C]; attrs groups, eps; activation "silu"
+// applies SiLU to the result (GroupNorm then SiLU in one pass, as every VAE resnet does);
+// channels_last = 1: x is [N, H, W, C] (a channels-last tensor's memory order, ops.h).
 void register_group_norm() {
   OpDef def;
   def.name = "group_norm";
@@ -166,14 +169,20 @@ void register_group_norm() {
   def.max_inputs = 3;
   def.infer = [](const std::vector<Tensor>& in, const Attrs& attrs) {
     check_float(in[0], "group_norm");
-    KILN_CHECK(in[0].rank() >= 2, "group_norm", "expects [N, C, ...], got ", to_string(in[0].shape()));
-    const int64_t c = in[0].dim(1), g = attrs.get_int("groups");
+    const bool cl = attrs.get_int("channels_last", 0) != 0;
+    KILN_CHECK(cl ? in[0].rank() == 4 : in[0].rank() >= 2, "group_norm", "expects ", cl ? "[N, H, W, C]" : "[N, C, ...]",
+               ", got ", to_string(in[0].shape()));
+    const int64_t c = in[0].dim(cl ? 3 : 1), g = attrs.get_int("groups");
     KILN_CHECK(g > 0 && c % g == 0, "group_norm", "channels ", c, " not divisible by groups ", g);
+    const std::string act = attrs.get_string("activation", "");
+    KILN_CHECK(act.empty() || act == "silu", "group_norm", "activation '", act, "' is not supported (only silu)");
     for (size_t i = 1; i < in.size(); ++i) check_param(in[i], c, "group_norm", i == 1 ? "weight" : "bias");
     return OutputMeta{in[0].shape(), in[0].dtype()};
   };
   def.reference = [](const std::vector<HostTensor>& in, const Attrs& attrs, const OutputMeta&) {
-    const HostTensor& x = in[0];
+    const bool cl = attrs.get_int("channels_last", 0) != 0;
+    const HostTensor x = cl ? ref::nhwc_to_nchw(in[0]) : in[0];
+    const bool silu = attrs.get_string("activation", "") == "silu";
     const int64_t n = x.shape[0], c = x.shape[1], g = attrs.get_int("groups");
     const int64_t hw = x.numel() / std::max<int64_t>(n * c, 1), per = c / g * hw;
     const double eps = attrs.get_float("eps");
@@ -190,10 +199,11 @@ void register_group_norm() {
         double v = (p[j] - mean) * inv;
         if (in.size() > 1) v *= in[1].data[size_t(ch)];
         if (in.size() > 2) v += in[2].data[size_t(ch)];
+        if (silu) v = v / (1 + std::exp(-v));
         r[size_t(b * per + j)] = v;
       }
     }
-    return r;
+    return cl ? ref::nchw_to_nhwc(r, x.shape) : r;
   };
   register_op(std::move(def));
 }

@@ -1,8 +1,10 @@
 #include "models/vae/autoencoder_kl.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
+#include "exec/host.h"
 
 namespace kiln {
 
@@ -27,6 +29,7 @@ VaeConfig VaeConfig::from_json(const io::JsonConfig& json) {
   c.down_block_types = json.get_string_list("down_block_types", c.down_block_types);
   c.up_block_types = json.get_string_list("up_block_types", c.up_block_types);
   c.act_fn = json.get_string("act_fn", c.act_fn);
+  c.sample_size = json.get_int("sample_size", c.sample_size);
   c.scaling_factor = json.get_float("scaling_factor", c.scaling_factor);
   c.shift_factor = json.get_float("shift_factor", c.shift_factor);
   // The pipeline divides latents by scaling_factor: 0 or a non-number would decode every image black.
@@ -113,7 +116,10 @@ Tensor AutoencoderKL::decode(const Tensor& z_in, VaeTrace* trace) const {
   auto record = [&](const char* name, const Tensor& t) {
     if (trace) (*trace)[name] = t;
   };
-  Tensor z = as_dtype(z_in, decoder_.conv_in.weight.dtype());
+  // Channels-last activations throughout (ops.h): every conv, GroupNorm, upsample and residual
+  // add reads and writes [N, H, W, C] memory, the convolution library's own layout, so no layer
+  // reorders activations; the image comes back as a plain NCHW tensor.
+  Tensor z = to_channels_last(as_dtype(z_in, decoder_.conv_in.weight.dtype()));
   if (post_quant_conv_) z = (*post_quant_conv_)(z);
   Tensor h = decoder_.conv_in(z);
   record("decoder.conv_in", h);
@@ -123,11 +129,79 @@ Tensor AutoencoderKL::decode(const Tensor& z_in, VaeTrace* trace) const {
     h = decoder_.up_blocks[i](h);
     if (trace) (*trace)["decoder.up_blocks." + std::to_string(i)] = h;
   }
-  h = decoder_.conv_norm_out(h);
-  record("decoder.conv_norm_out", h);
-  h = decoder_.conv_out(silu(h));
+  if (trace) {  // the traced value is the norm's own output
+    h = decoder_.conv_norm_out(h);
+    record("decoder.conv_norm_out", h);
+    h = silu(h);
+  } else {
+    h = decoder_.conv_norm_out.then_silu(h);
+  }
+  h = contiguous(decoder_.conv_out(h));
   record("decoder.conv_out", h);
   return h;
+}
+
+namespace {
+
+// Diffusers' blend_v / blend_h: the first `extent` rows (axis 2) or columns (axis 3) of b become
+// a * (1 - y / extent) + b * (y / extent) with a's last `extent` ones, y counting from 0.
+Tensor blend(const Tensor& a, const Tensor& b, int64_t axis, int64_t extent) {
+  extent = std::min({a.dim(axis), b.dim(axis), extent});
+  if (extent <= 0) return b;
+  std::vector<float> ramp(static_cast<size_t>(extent)), rest(static_cast<size_t>(extent));  // torch rounds each factor to f32
+  for (int64_t y = 0; y < extent; ++y) {
+    ramp[size_t(y)] = float(double(y) / double(extent));
+    rest[size_t(y)] = float(1.0 - double(y) / double(extent));
+  }
+  Shape s{1, 1, 1, 1};
+  s[size_t(axis)] = extent;
+  const Tensor up = cast(from_vector(ramp, s), b.dtype()), down = cast(from_vector(rest, s), b.dtype());
+  const Tensor mixed = slice(a, axis, a.dim(axis) - extent, a.dim(axis)) * down + slice(b, axis, 0, extent) * up;
+  return extent == b.dim(axis) ? mixed : concat({mixed, slice(b, axis, extent, b.dim(axis))}, axis);
+}
+
+}  // namespace
+
+int64_t AutoencoderKL::tile_latent_size(const VaeTiling& tiling) const {
+  const int64_t sample = tiling.tile_sample_min_size ? tiling.tile_sample_min_size : config_.sample_size;
+  return sample / config_.vae_scale_factor();
+}
+
+Tensor AutoencoderKL::tiled_decode(const Tensor& z, const VaeTiling& tiling) const {
+  KILN_CHECK(z.rank() == 4 && z.dim(1) == config_.latent_channels, kWhere, "decode expects latents [B, ",
+             config_.latent_channels, ", h, w], got ", to_string(z.shape()));
+  const int64_t tile = tile_latent_size(tiling);
+  KILN_CHECK(tiling.overlap_factor >= 0 && tiling.overlap_factor < 1, kWhere, "tile overlap factor must be in [0, 1), got ",
+             tiling.overlap_factor);
+  // The stride between tiles, in latent pixels, and the blended seam and kept part, in image pixels.
+  const int64_t stride = int64_t(double(tile) * (1 - tiling.overlap_factor));
+  const int64_t sample_tile = tile * config_.vae_scale_factor();
+  const int64_t blend_extent = int64_t(double(sample_tile) * tiling.overlap_factor);
+  const int64_t row_limit = sample_tile - blend_extent;
+  KILN_CHECK(tile >= 1 && stride >= 1, kWhere, "a tile of ", sample_tile, " image pixels (", tile,
+             " latent pixels) with overlap ", tiling.overlap_factor, " is too small to tile with");
+  const int64_t h = z.dim(2), w = z.dim(3);
+  if (h <= tile && w <= tile) return decode(z);
+  std::vector<std::vector<Tensor>> rows;
+  for (int64_t i = 0; i < h; i += stride) {
+    rows.emplace_back();
+    for (int64_t j = 0; j < w; j += stride)
+      rows.back().push_back(decode(slice(slice(z, 2, i, std::min(i + tile, h)), 3, j, std::min(j + tile, w))));
+  }
+  // Each tile is blended with the already blended tiles above and to its left, as Diffusers
+  // blends them in place.
+  std::vector<Tensor> image_rows;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::vector<Tensor> kept;
+    for (size_t j = 0; j < rows[i].size(); ++j) {
+      Tensor& t = rows[i][j];
+      if (i > 0) t = blend(rows[i - 1][j], t, 2, blend_extent);
+      if (j > 0) t = blend(rows[i][j - 1], t, 3, blend_extent);
+      kept.push_back(slice(slice(t, 2, 0, std::min(row_limit, t.dim(2))), 3, 0, std::min(row_limit, t.dim(3))));
+    }
+    image_rows.push_back(concat(kept, 3));
+  }
+  return contiguous(concat(image_rows, 2));
 }
 
 Tensor AutoencoderKL::encode_moments(const Tensor& image) const {

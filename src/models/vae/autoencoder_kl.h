@@ -25,6 +25,7 @@ struct VaeConfig {
   std::vector<std::string> down_block_types{"DownEncoderBlock2D"};
   std::vector<std::string> up_block_types{"UpDecoderBlock2D"};
   std::string act_fn = "silu";
+  int64_t sample_size = 32;  // image pixels per tile side of tiled decoding (FLUX.1: 1024)
   double scaling_factor = 0.18215;
   double shift_factor = 0;  // null in the file means "no shift"
   bool use_quant_conv = true;
@@ -36,6 +37,15 @@ struct VaeConfig {
   static VaeConfig from_json(const io::JsonConfig& json);
   // Image pixels per latent pixel along each axis: 2^(len(block_out_channels) - 1).
   int64_t vae_scale_factor() const { return int64_t(1) << (block_out_channels.size() - 1); }
+};
+
+// Diffusers' vae.enable_tiling() (AutoencoderKL.tiled_decode): the latents are decoded in square
+// tiles of tile_sample_min_size / vae_scale_factor latent pixels that overlap by overlap_factor of a
+// tile; each tile is blended linearly into the one above and the one to its left over
+// overlap_factor of a tile, then cut to the stride. Only one tile's activations exist at a time.
+struct VaeTiling {
+  int64_t tile_sample_min_size = 0;  // image pixels per tile side; 0: config sample_size
+  double overlap_factor = 0.25;      // Diffusers' tile_overlap_factor
 };
 
 // Named intermediate outputs of a decode, keyed like the Diffusers modules that produce them
@@ -55,6 +65,11 @@ class AutoencoderKL {
   // z: [B, latent_channels, h, w], already latents / scaling_factor + shift_factor.
   // Returns the image [B, out_channels, h * vae_scale_factor, w * vae_scale_factor], about [-1, 1].
   Tensor decode(const Tensor& z, VaeTrace* trace = nullptr) const;
+  // decode() tile by tile (VaeTiling); latents no larger than one tile are decoded whole, as
+  // Diffusers does.
+  Tensor tiled_decode(const Tensor& z, const VaeTiling& tiling = {}) const;
+  // The latent pixels per tile side tiled_decode() uses.
+  int64_t tile_latent_size(const VaeTiling& tiling) const;
   // image: [B, in_channels, H, W] in [-1, 1]. Returns the moments [B, 2 * latent_channels, h, w]
   // (mean, then logvar) of the latent distribution.
   Tensor encode_moments(const Tensor& image) const;

@@ -12,8 +12,8 @@ ResnetBlock2D::ResnetBlock2D(const nn::Weights& w, int64_t in, int64_t out, Norm
 }
 
 Tensor ResnetBlock2D::operator()(const Tensor& x) const {
-  Tensor h = conv1(silu(norm1(x)));
-  h = conv2(silu(norm2(h)));
+  Tensor h = conv1(norm1.then_silu(x));
+  h = conv2(norm2.then_silu(h));
   const Tensor skip = conv_shortcut ? (*conv_shortcut)(x) : x;
   return skip + h;  // output_scale_factor is 1 in the VAE
 }

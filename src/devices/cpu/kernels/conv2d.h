@@ -28,10 +28,19 @@ struct ConvOperand {
 // The products are of the operands' values with f32 accumulation, rounded once into y. How the
 // primitive multiplies bf16 inputs is ConvMath's choice for this CPU (conv2d_bf16_math()); the
 // weight is never converted as a whole beyond the reorder into the primitive's layout that the
-// f32 path does too.
+// f32 path does too. `channels_last`: x is [N,H,W,C] and y [N,OH,OW,O] in memory (the dims
+// passed stay N, C, H, W); the primitive then reads and writes them in place, with no reorder of
+// activations (oneDNN's direct convolutions prefer that layout on AVX-512).
 void conv2d(ConvOperand x, ConvOperand w, ConvOperand bias, void* y, DType y_dtype, int64_t N, int64_t C,
             int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h, int64_t stride_w,
-            int64_t pad_h, int64_t pad_w);
+            int64_t pad_h, int64_t pad_w, bool channels_last = false);
+
+// Convolutions run so far, and the reorders of their tensors into and out of the primitive's
+// layouts (an activation reorder copies a whole input or output; channels-last callers need none).
+struct Conv2dStats {
+  uint64_t calls = 0, activation_reorders = 0, weight_reorders = 0;
+};
+Conv2dStats conv2d_stats();
 
 namespace detail {
 // What a convolution with bf16 inputs multiplies in.
@@ -48,13 +57,14 @@ enum class ConvMath {
 ConvMath conv2d_bf16_math();
 void conv2d_with_math(ConvMath math, ConvOperand x, ConvOperand w, ConvOperand bias, void* y, DType y_dtype,
                       int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h,
-                      int64_t stride_w, int64_t pad_h, int64_t pad_w);
+                      int64_t stride_w, int64_t pad_h, int64_t pad_w, bool channels_last = false);
 
 // How the oneDNN primitive sees its tensors. conv2d_f32 uses kBlocked (measured faster,
 // see conv2d.cc); kPlain is kept so tests and benchmarks can compare the two.
 enum class ConvLayout {
-  kBlocked,  // format_tag::any: oneDNN picks its layouts; reorders in and out per call
-  kPlain,    // the primitive works on the caller's nchw / oihw buffers directly
+  kBlocked,       // format_tag::any: oneDNN picks its layouts; reorders in and out per call
+  kPlain,         // the primitive works on the caller's nchw / oihw buffers directly
+  kChannelsLast,  // the caller's x and y are nhwc and the primitive reads and writes them in place
 };
 void conv2d_f32_layout(ConvLayout layout, const float* x, const float* w, const float* bias,
                        float* y, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH,

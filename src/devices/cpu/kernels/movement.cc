@@ -70,6 +70,20 @@ void gather_kernel(const KernelArgs& args) {
 
 void upsample_kernel(const KernelArgs& args) {
   const TensorView &in = args.in[0], &out = args.out;
+  if (args.attrs->get_int("channels_last", 0)) {  // [N, H, W, C]: each pixel's C values are one run
+    const int64_t n = in.shape[0], h = in.shape[1], w = in.shape[2];
+    const size_t pixel = size_t(in.shape[3]) * dtype_size(in.dtype);
+    const char* s = static_cast<const char*>(in.data);
+    char* d = static_cast<char*>(out.data);
+#pragma omp parallel for schedule(static) if (out.numel() >= (1 << 15))
+    for (int64_t r = 0; r < n * 2 * h; ++r) {  // output rows
+      const int64_t i = r / (2 * h), y = r % (2 * h);
+      const char* srow = s + size_t((i * h + y / 2) * w) * pixel;
+      char* drow = d + size_t(r * 2 * w) * pixel;
+      for (int64_t x = 0; x < 2 * w; ++x) std::memcpy(drow + size_t(x) * pixel, srow + size_t(x / 2) * pixel, pixel);
+    }
+    return;
+  }
   const int64_t planes = in.shape[0] * in.shape[1], h = in.shape[2], w = in.shape[3];
   const size_t es = dtype_size(in.dtype);
   const char* s = static_cast<const char*>(in.data);

@@ -9,11 +9,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include "core/error.h"
+#include "devices/cpu/kernels/elementwise_math.h"
 
 namespace kiln::cpu {
 namespace {
@@ -230,7 +232,7 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64
 }
 
 void group_norm_nchw(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t C,
-                     int64_t HW, int64_t groups, float eps) {
+                     int64_t HW, int64_t groups, float eps, bool silu) {
   KILN_CHECK(N >= 0 && C >= 0 && HW >= 0, "group_norm", "negative shape: N=", N, " C=", C,
              " HW=", HW);
   KILN_CHECK(groups > 0 && C % groups == 0, "group_norm", "channels ", C, " not divisible into ",
@@ -245,7 +247,80 @@ void group_norm_nchw(const float* x, const float* w, const float* b, float* y, i
     const int64_t off = u * group_elems;
     group_norm_group(x + off, w ? w + c0 : nullptr, b ? b + c0 : nullptr, y + off,
                      static_cast<size_t>(cpg), static_cast<size_t>(HW), eps);
+    if (silu) unary_f32(UnaryOp::silu, y + off, y + off, group_elems, 0, 0);
   });
+}
+
+namespace {
+
+// Pixels per block of the channels-last statistics: per-channel sums are taken block by block (in
+// f32 vectors, short enough to stay accurate) and the block sums added in order in double.
+constexpr int64_t kPixelBlock = 256;
+
+// Per-channel sums over pixels [p0, p1) of one image x [HW, C] of map(x[p][c] - center[c]).
+template <class Map>
+void channel_sums(const float* x, int64_t p0, int64_t p1, int64_t C, const float* center, float* out, Map map) {
+  std::fill(out, out + C, 0.0f);
+  for (int64_t p = p0; p < p1; ++p)  // pixel by pixel: the memory is read in order
+    for_each_vec(size_t(C), [&](size_t c, size_t count) {
+      const V v = map(hn::Sub(load_part(x + p * C, c, count, 0.0f), load_part(center, c, count, 0.0f)));
+      store_part(hn::Add(load_part(out, c, count, 0.0f), v), out, c, count);
+    });
+}
+
+// Per-group sums of map(x - center[c]) over one image, in double: fixed pixel blocks, each block's
+// per-channel f32 sums added in block order.
+template <class Map>
+std::vector<double> group_sums(const float* x, int64_t HW, int64_t C, int64_t groups, const float* center, Map map) {
+  const int64_t blocks = (HW + kPixelBlock - 1) / kPixelBlock;
+  std::vector<float> partial(size_t(blocks * C));
+  const bool parallel = HW * C >= kParallelMinElems;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t k = 0; k < blocks; ++k)
+    channel_sums(x, k * kPixelBlock, std::min(HW, (k + 1) * kPixelBlock), C, center, partial.data() + k * C, map);
+  std::vector<double> sums(size_t(groups), 0.0);
+  const int64_t cpg = C / groups;
+  for (int64_t k = 0; k < blocks; ++k)
+    for (int64_t c = 0; c < C; ++c) sums[size_t(c / cpg)] += double(partial[size_t(k * C + c)]);
+  return sums;
+}
+
+}  // namespace
+
+void group_norm_nhwc(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t HW, int64_t C,
+                     int64_t groups, float eps, bool silu) {
+  KILN_CHECK(N >= 0 && C >= 0 && HW >= 0, "group_norm", "negative shape: N=", N, " HW=", HW, " C=", C);
+  KILN_CHECK(groups > 0 && C % groups == 0, "group_norm", "channels ", C, " not divisible into ", groups, " groups");
+  KILN_CHECK(N * C * HW == 0 || (x && y), "group_norm", "null input or output pointer");
+  if (N * C * HW == 0) return;
+  const int64_t cpg = C / groups;
+  const double count = double(cpg) * double(HW);
+  std::vector<float> zero(size_t(C), 0.0f), mean(size_t(C), 0.0f), scale(size_t(C), 0.0f), shift(size_t(C), 0.0f);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xn = x + n * HW * C;
+    float* yn = y + n * HW * C;
+    // Two passes, as the NCHW kernel: the mean, then the variance around it.
+    const std::vector<double> sum = group_sums(xn, HW, C, groups, zero.data(), [](V v) { return v; });
+    for (int64_t c = 0; c < C; ++c) mean[size_t(c)] = float(sum[size_t(c / cpg)] / count);
+    const std::vector<double> sq = group_sums(xn, HW, C, groups, mean.data(), [](V v) { return hn::Mul(v, v); });
+    for (int64_t c = 0; c < C; ++c) {
+      const float rstd = inv_sqrt(float(sq[size_t(c / cpg)] / count) + eps);
+      scale[size_t(c)] = w ? rstd * w[c] : rstd;
+      shift[size_t(c)] = b ? b[c] : 0.0f;
+    }
+    const bool parallel = HW * C >= kParallelMinElems;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t p = 0; p < HW; ++p) {
+      const float* xp = xn + p * C;
+      float* yp = yn + p * C;
+      for_each_vec(size_t(C), [&](size_t i, size_t cnt) {
+        const V v = hn::MulAdd(hn::Sub(load_part(xp, i, cnt, 0.0f), load_part(mean.data(), i, cnt, 0.0f)),
+                               load_part(scale.data(), i, cnt, 0.0f), load_part(shift.data(), i, cnt, 0.0f));
+        store_part(v, yp, i, cnt);
+      });
+      if (silu) unary_f32(UnaryOp::silu, yp, yp, C, 0, 0);
+    }
+  }
 }
 
 void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols) {

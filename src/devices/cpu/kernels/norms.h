@@ -17,9 +17,15 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64
 
 // GroupNorm on NCHW: x [N, C, HW]; each of `groups` groups of C/groups channels is
 // normalised over its (C/groups)*HW values (biased variance), then per-channel w[c],
-// b[c] (each nullable). C must be divisible by groups. y may alias x.
+// b[c] (each nullable). C must be divisible by groups. y may alias x. `silu`: SiLU of the result
+// (the same formula as the silu kernel, so silu(group_norm(x)) gets the same bits either way).
 void group_norm_nchw(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t C,
-                     int64_t HW, int64_t groups, float eps);
+                     int64_t HW, int64_t groups, float eps, bool silu = false);
+// The same on channels-last data: x [N, HW, C]. The statistics are summed in another order than
+// group_norm_nchw's (last bits may differ), in fixed blocks of pixels, so the result does not
+// depend on the thread count either.
+void group_norm_nhwc(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t HW, int64_t C,
+                     int64_t groups, float eps, bool silu = false);
 
 // Softmax over each row, numerically stable (the row max is subtracted before exp).
 // As in PyTorch, a row containing NaN, +inf, or only -inf yields NaN. y may alias x.

@@ -144,9 +144,16 @@ void group_norm_kernel(const KernelArgs& args) {
   const float* b = optional_param(args, 2, params);
   F32In in(x);
   F32Out out(args.out);
+  const int64_t groups = args.attrs->get_int("groups");
+  const float eps = float(args.attrs->get_float("eps"));
+  const bool silu = args.attrs->get_string("activation", "") == "silu";
+  if (args.attrs->get_int("channels_last", 0)) {  // x [N, H, W, C]
+    const int64_t n = x.shape[0], c = x.shape[3];
+    group_norm_nhwc(in.get(), w, b, out.get(), n, x.shape[1] * x.shape[2], c, groups, eps, silu);
+    return;
+  }
   const int64_t n = x.shape[0], c = x.shape[1];
-  group_norm_nchw(in.get(), w, b, out.get(), n, c, n * c != 0 ? x.numel() / (n * c) : 0, args.attrs->get_int("groups"),
-                  float(args.attrs->get_float("eps")));
+  group_norm_nchw(in.get(), w, b, out.get(), n, c, n * c != 0 ? x.numel() / (n * c) : 0, groups, eps, silu);
 }
 
 }  // namespace

@@ -1,0 +1,152 @@
+// The VAE decode at speed and in bounded memory: channels-last activations that no layer
+// reorders (the ops keep the layout), GroupNorm+SiLU in one pass, and Diffusers' tiled decode
+// (enable_tiling) against Diffusers' own output, chosen automatically by the call's memory plan.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "devices/cpu/kernels/conv2d.h"
+#include "devices/runtime.h"
+#include "exec/counters.h"
+#include "exec/host.h"
+#include "exec/ops.h"
+#include "flux_call_args.h"
+#include "golden.h"
+#include "io/safetensors.h"
+#include "models/vae/autoencoder_kl.h"
+#include "pipelines/flux_pipeline.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+const AutoencoderKL& tiny_arch_vae() {
+  static const AutoencoderKL vae = AutoencoderKL::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "vae");
+  return vae;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const auto x = to_vector(a), y = to_vector(b);
+  EXPECT_EQ(x.size(), y.size());
+  double worst = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) worst = std::max(worst, std::fabs(double(x[i]) - y[i]));
+  return worst;
+}
+
+TEST(ChannelsLast, OpsKeepTheLayoutAndTheValues) {
+  const Tensor x = test::random_tensor({2, 32, 9, 11}, 1), w = test::random_tensor({16, 32, 3, 3}, 2, DType::f32, -0.1, 0.1);
+  const Tensor b = test::random_tensor({16}, 3), gw = test::random_tensor({16}, 4), gb = test::random_tensor({16}, 5);
+  const Tensor xc = to_channels_last(x);
+  ASSERT_TRUE(is_channels_last(xc));
+  EXPECT_FALSE(is_channels_last(x));
+  EXPECT_EQ(to_vector(xc), to_vector(x));  // the same values, another memory order
+
+  const Tensor y = conv2d(x, w, b, {1, 1}, {1, 1}), yc = conv2d(xc, w, b, {1, 1}, {1, 1});
+  EXPECT_TRUE(is_channels_last(yc));
+  EXPECT_LE(max_abs_diff(yc, y), 1e-5);
+  const Tensor n = silu(group_norm(y, 4, gw, gb, 1e-6)), nc = group_norm(yc, 4, gw, gb, 1e-6, /*then_silu=*/true);
+  EXPECT_TRUE(is_channels_last(nc));
+  EXPECT_LE(max_abs_diff(nc, n), 1e-5);
+  // The fused SiLU is the silu kernel's formula: the same bits as the two ops.
+  EXPECT_EQ(to_vector(group_norm(y, 4, gw, gb, 1e-6, true)), to_vector(n));
+  const Tensor s = yc + nc, u = upsample_nearest2x(nc), sc = silu(yc) * 0.5;
+  EXPECT_TRUE(is_channels_last(s) && is_channels_last(u) && is_channels_last(sc));
+  EXPECT_EQ(to_vector(s), to_vector(contiguous(yc) + contiguous(nc)));
+  EXPECT_EQ(to_vector(u), to_vector(upsample_nearest2x(contiguous(nc))));
+  EXPECT_EQ(to_vector(sc), to_vector(silu(contiguous(yc)) * 0.5));
+  // [B, C, H, W] -> [B, HW, C] is a free view of channels-last memory (the VAE's attention).
+  const Tensor seq = transpose(reshape(yc, {2, 16, 99}), 1, 2);
+  EXPECT_TRUE(seq.is_contiguous());
+  EXPECT_FALSE(is_channels_last(contiguous(yc)));
+}
+
+TEST(VaeDecode, NoLayerReordersActivations) {
+  const AutoencoderKL& vae = tiny_arch_vae();
+  const Tensor z = test::random_tensor({1, 16, 8, 8}, 7);
+  wait(vae.decode(z));  // the first call builds the primitives
+  const cpu::Conv2dStats before = cpu::conv2d_stats();
+  reset_counters();
+  const Tensor image = vae.decode(z);
+  wait(image);
+  const cpu::Conv2dStats after = cpu::conv2d_stats();
+  // conv_in, 2 mid-block resnets x 2, 4 up blocks x 3 resnets x 2, 2 shortcuts, 3 upsamplers, conv_out.
+  EXPECT_EQ(after.calls - before.calls, 35u);
+  EXPECT_EQ(after.activation_reorders - before.activation_reorders, 0u);  // no conv reorders x or y
+  const auto kernels = kernels_by_name();
+  // The latents into channels-last memory and the image out of it: the only copies.
+  EXPECT_EQ(kernels.count("copy") ? kernels.at("copy") : 0, 2u);
+  EXPECT_EQ(kernels.count("silu"), 0u);  // every SiLU rides in its GroupNorm
+  EXPECT_TRUE(image.is_contiguous());
+}
+
+TEST(VaeTiledDecode, MatchesDiffusersTiledDecode) {
+  const io::SafetensorsFile ref(test::fixture("flux1_tiny_arch") / "vae_tiled_decode.safetensors");
+  const AutoencoderKL& vae = tiny_arch_vae();
+  const Tensor z = ref.load("z");
+  const Tensor tiled = vae.tiled_decode(z, VaeTiling{64});
+  EXPECT_EQ(vae.tile_latent_size(VaeTiling{64}), 8);
+  test::expect_close(tiled, ref.load("tiled"), 1e-4, 0, "tiled decode");
+  test::expect_close(vae.decode(z), ref.load("untiled"), 1e-4, 0, "untiled decode");
+  // The tiles change the image (seams are blended, not removed): Diffusers' own difference.
+  EXPECT_GT(max_abs_diff(ref.load("tiled"), ref.load("untiled")), 0.1);
+}
+
+TEST(VaeTiledDecode, OneTileIsTheUntiledDecodeAndMemoryIsBoundedByTheTile) {
+  const AutoencoderKL& vae = tiny_arch_vae();
+  const Tensor z = test::random_tensor({1, 16, 32, 32}, 9);
+  wait(z);
+  DeviceRuntime& rt = runtime(Device::cpu());
+  rt.release_cached_memory();
+  rt.reset_peak_memory();
+  const size_t base = rt.memory().in_use_bytes;
+  const Tensor whole = vae.decode(z);
+  wait(whole);
+  const size_t untiled_peak = rt.memory().peak_bytes - base;
+  // Latents no larger than a tile decode whole, bit for bit.
+  EXPECT_EQ(to_vector(vae.tiled_decode(z, VaeTiling{256})), to_vector(whole));
+  rt.reset_peak_memory();
+  const Tensor tiled = vae.tiled_decode(z, VaeTiling{64});
+  wait(tiled);
+  const size_t tiled_peak = rt.memory().peak_bytes - base;
+  EXPECT_EQ(tiled.shape(), whole.shape());
+  EXPECT_LT(tiled_peak * 3, untiled_peak) << "tiled " << tiled_peak << " untiled " << untiled_peak;
+  std::printf("[ info ] tiny VAE 256x256: decode peak %zu bytes untiled, %zu tiled (64-pixel tiles)\n", untiled_peak,
+              tiled_peak);
+}
+
+TEST(VaeTiledDecode, AutoTilesOnlyWhenTheUntiledDecodeDoesNotFit) {
+  FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
+  FluxCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  args.seed = 0;
+  args.height = args.width = 256;
+  args.vae_tiling = VaeTilingMode::kOff;
+  const FluxOutput untiled = pipe(args);
+  args.vae_tiling = VaeTilingMode::kAuto;
+  const FluxOutput fits = pipe(args);  // the machine's memory holds it: untiled, the same image
+  EXPECT_EQ(fits.vae_tile_size, 0);
+  EXPECT_EQ(fits.image, untiled.image);
+
+  // A device capacity the untiled decode does not fit but a tiled one does.
+  pipe.to(Device::cpu());
+  const MemoryEstimate whole = pipe.estimate_memory(args, 0), small = pipe.estimate_memory(args, 128);
+  ASSERT_LT(small.required, whole.required);
+  DeviceRuntime& rt = runtime(Device::cpu());
+  rt.set_memory_capacity((whole.required + small.required) / 2);
+  FluxOutput tiled;
+  try {
+    tiled = pipe(args);
+  } catch (...) {
+    rt.set_memory_capacity(0);
+    throw;
+  }
+  rt.set_memory_capacity(0);
+  EXPECT_GT(tiled.vae_tile_size, 0);
+  EXPECT_LT(tiled.vae_tile_size, 256);
+  EXPECT_EQ(tiled.latents.shape(), untiled.latents.shape());
+  EXPECT_EQ(to_vector(tiled.latents), to_vector(untiled.latents));  // only the decode changed
+  EXPECT_EQ(tiled.image.size(), untiled.image.size());
+  EXPECT_NE(tiled.image, untiled.image);
+}
+
+}  // namespace
+}  // namespace kiln
