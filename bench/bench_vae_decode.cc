@@ -4,8 +4,11 @@
 // for a decode within 1.5x of that sum). Meant for the real-size VAE of a `kiln make-random`
 // folder (the FLUX.1 VAE: 16 latent channels, 128-256-512-512).
 //
-//   build/bench/bench_vae_decode VAE_DIR [SIZE...] [--dtype f32|bf16] [--reps N]
-//   e.g. build/bench/bench_vae_decode /tmp/schnell-2+4/vae 512 1024
+// With --tile PIXELS the decode is AutoencoderKL::tiled_decode in tiles of that many image pixels
+// (Diffusers' enable_tiling with tile_sample_min_size); the peak device memory is then one tile's.
+//
+//   build/bench/bench_vae_decode VAE_DIR [SIZE...] [--dtype f32|bf16] [--reps N] [--tile PIXELS]
+//   e.g. build/bench/bench_vae_decode /tmp/schnell-2+4/vae 512 1024 --tile 512
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -73,15 +76,17 @@ double convolutions_alone(const Profile& p, int reps) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s VAE_DIR [SIZE...] [--dtype f32|bf16] [--reps N]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s VAE_DIR [SIZE...] [--dtype f32|bf16] [--reps N] [--tile PIXELS]\n", argv[0]);
     return 2;
   }
   std::vector<int64_t> sizes;
   DType dtype = DType::f32;
   int reps = 2;
+  int64_t tile = 0;
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = std::strcmp(argv[++i], "bf16") ? DType::f32 : DType::bf16;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--tile") && i + 1 < argc) tile = std::atoll(argv[++i]);
     else sizes.push_back(std::atoll(argv[i]));
   }
   if (sizes.empty()) sizes = {512};
@@ -93,16 +98,18 @@ int main(int argc, char** argv) {
     double best = 1e30;
     for (int r = 0; r < reps + 1; ++r) {  // the first run builds the primitives
       reset_profile();
+      runtime(Device::cpu()).reset_peak_memory();
       set_profiling(true, ProfileDetail::shapes);
       const auto t0 = Clock::now();
-      wait(vae.decode(z));
+      wait(tile ? vae.tiled_decode(z, VaeTiling{tile}) : vae.decode(z));
       const double s = seconds_since(t0);
       set_profiling(false);
       if (r > 0) best = std::min(best, s);
     }
     const Profile p = profile();
-    std::printf("decode %lldx%lld %s: %.3f s (best of %d), peak device memory %.2f GiB\n", static_cast<long long>(size),
-                static_cast<long long>(size), dtype_name(dtype), best, reps,
+    std::printf("decode %lldx%lld %s%s: %.3f s (best of %d), peak device memory %.2f GiB\n",
+                static_cast<long long>(size), static_cast<long long>(size), dtype_name(dtype),
+                tile ? (" in " + std::to_string(tile) + "-pixel tiles").c_str() : "", best, reps,
                 double(runtime(Device::cpu()).memory().peak_bytes) / double(1 << 30));
     std::printf("  by op (last run):\n");
     for (const auto& [key, e] : p.by_op)

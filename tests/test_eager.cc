@@ -20,7 +20,7 @@ class QueueGate {
     runtime(Device::cpu()).enqueue("gate", [this] {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return open_; });
-    });
+    }, 0);
   }
   ~QueueGate() { release(); }
   void release() {
@@ -69,6 +69,23 @@ TEST(StrictEager, CountsOpsKernelsAndHostWaits) {
   EXPECT_EQ(k.kernels_launched, 4u);  // ones, matmul (b copied to dense first), sum
   EXPECT_EQ(k.sync_points, 1u);
   EXPECT_LE(k.host_waits, 1u);
+}
+
+// The host may run up to 32 kernels ahead, but not hold more than the queue's output bytes
+// (KILN_MAX_PENDING_BYTES, 256 MiB): a chain of 32 MiB results keeps a few alive, not 32.
+TEST(StrictEager, TheHostWaitsRatherThanAllocateFarAheadOfTheDevice) {
+  DeviceRuntime& rt = runtime(Device::cpu());
+  ASSERT_EQ(rt.max_in_flight_bytes(), size_t(256) << 20);
+  const int64_t n = int64_t(8) << 20;  // 32 MiB of f32
+  Tensor x = ones({n});
+  synchronize();
+  rt.reset_peak_memory();
+  const size_t base = rt.memory().in_use_bytes;
+  for (int i = 0; i < 40; ++i) x = x * 1.0001;  // each result replaces the last
+  synchronize();
+  const size_t peak = rt.memory().peak_bytes - base, each = rt.allocation_size(size_t(n) * 4);
+  // Queued outputs within the budget, one over it, and the value the host holds.
+  EXPECT_LE(peak, rt.max_in_flight_bytes() + 3 * each) << peak / each << " results alive at once";
 }
 
 TEST(StrictEager, LaunchBlockingWaitsForEveryOp) {

@@ -41,6 +41,8 @@ const std::vector<Variable>& variables() {
       {"KILN_DEFER_LOG", Kind::choice, {"0", "1", "2"}, "1|2",
        "deferred mode: one line per flush (1), and each launch of new graphs (2)"},
       {"KILN_MAX_PENDING", Kind::positive_int, {}, "N", "kernels the CPU queue holds before the host waits (32)"},
+      {"KILN_MAX_PENDING_BYTES", Kind::positive_int, {}, "BYTES",
+       "output bytes of the kernels the CPU queue holds before the host waits (256 MiB)"},
       {"KILN_GEMM", Kind::choice, {"onednn", "openblas"}, "onednn|openblas", "matrix-multiply library (onednn)"},
       {"KILN_BENCH_KERNEL_TIMES", Kind::flag, {}, "1", "benchmarks: time every kernel"},
       {"KILN_HOST_MEMORY_CHECK", Kind::choice, {"0", "1"}, "0",

@@ -52,13 +52,18 @@ class DeviceRuntime {
   virtual size_t physical_available_bytes() const { return 0; }
 
   // Queue: enqueue returns at once with a sequence number; wait_for blocks the host.
-  virtual uint64_t enqueue(std::string what, std::function<void()> work) = 0;
+  // `output_bytes`: what the work writes into memory the host allocated for it (max_in_flight_bytes).
+  virtual uint64_t enqueue(std::string what, std::function<void()> work, size_t output_bytes) = 0;
   virtual void wait_for(uint64_t seq) = 0;
   virtual uint64_t last_enqueued() const = 0;
   virtual uint64_t completed() const = 0;
   // How many items the host may queue ahead of the device (KILN_MAX_PENDING on the CPU): their
   // outputs and inputs are all alive at once, which memory estimates must count.
   virtual size_t max_in_flight() const = 0;
+  // The output bytes those queued items may hold (KILN_MAX_PENDING_BYTES on the CPU; one item over
+  // it is let in when nothing is queued): the host waits rather than allocate far ahead of slow
+  // kernels.
+  virtual size_t max_in_flight_bytes() const = 0;
   // The bytes allocate(bytes) really takes from the capacity (its size class).
   virtual size_t allocation_size(size_t bytes) const = 0;
 

@@ -52,7 +52,7 @@ Tensor launch(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, const O
   };
   if (!operands.empty())
     work = detail::profiled(def.name, detail::operand_bytes(operands), std::move(work), &operands, &profiled_attrs);
-  const uint64_t seq = rt.enqueue(def.name, std::move(work));
+  const uint64_t seq = rt.enqueue(def.name, std::move(work), out_buf->bytes());
   out_buf->set_ready_seq(seq);
   detail::count_kernel(def.name);
   if (eager_mode() == EagerMode::DeferNeverAndLaunchBlocking) {

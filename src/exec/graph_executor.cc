@@ -130,7 +130,9 @@ std::vector<TensorView> views_of(const std::vector<Tensor>& ts) {
 void launch(DeviceRuntime& rt, const std::string& name, const std::vector<Tensor>& outs, std::function<void()> work,
             const std::vector<Tensor>& ins = {}) {
   if (profiling()) work = detail::profiled(name, detail::operand_bytes(ins) + detail::operand_bytes(outs), std::move(work));
-  const uint64_t seq = rt.enqueue(name, std::move(work));
+  size_t output_bytes = 0;
+  for (const Tensor& out : outs) output_bytes += size_t(out.numel()) * dtype_size(out.dtype());
+  const uint64_t seq = rt.enqueue(name, std::move(work), output_bytes);
   for (const Tensor& out : outs) out.buffer()->set_ready_seq(seq);
   detail::count_kernel(name);
 }

@@ -88,7 +88,8 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<LaunchGroup>& groups) {
   return plan;
 }
 
-size_t unfused_peak_bytes(const Graph& g, size_t in_flight, const std::function<size_t(size_t)>& allocation_size) {
+size_t unfused_peak_bytes(const Graph& g, size_t in_flight, const std::function<size_t(size_t)>& allocation_size,
+                          size_t in_flight_bytes) {
   const int n = int(g.nodes.size());
   // owner[v]: the node whose allocation holds value v (a view's base, recursively).
   std::vector<int> owner(size_t(g.num_values()), -1), last(size_t(n), -1);
@@ -101,6 +102,20 @@ size_t unfused_peak_bytes(const Graph& g, size_t in_flight, const std::function<
   }
   for (int o : g.outputs)
     if (owner[size_t(o)] >= 0) last[size_t(owner[size_t(o)])] = n;
+  // outputs[k]: output bytes of nodes [0, k) (views allocate nothing), as the queue counts them.
+  std::vector<size_t> outputs(size_t(n) + 1, 0);
+  for (int i = 0; i < n; ++i) {
+    const GraphNode& node = g.nodes[size_t(i)];
+    outputs[size_t(i) + 1] = outputs[size_t(i)] + (node.op == "view" ? 0 : size_t(numel(node.shape)) * dtype_size(node.dtype));
+  }
+  // The host step by which node r has run: in_flight ops later, or the first op whose output
+  // would take the not-yet-run outputs from r on past in_flight_bytes, if sooner.
+  const auto ran_by = [&](int r) {
+    const auto over = std::upper_bound(outputs.begin() + r + 1, outputs.end(),
+                                       outputs[size_t(r)] + std::min(in_flight_bytes, ~size_t{0} - outputs[size_t(r)]));
+    const int64_t by_bytes = int64_t(over - outputs.begin()) - 1;  // its last node
+    return std::min<int64_t>({n, int64_t(r) + int64_t(in_flight), std::max<int64_t>(by_bytes, r + 1)});
+  };
   std::vector<size_t> freed_at(size_t(n) + 1, 0);
   size_t live = 0, peak = 0;
   for (int i = 0; i < n; ++i) {
@@ -109,7 +124,7 @@ size_t unfused_peak_bytes(const Graph& g, size_t in_flight, const std::function<
       size_t bytes = size_t(numel(node.shape)) * dtype_size(node.dtype);
       if (allocation_size) bytes = allocation_size(bytes);
       live += bytes;
-      freed_at[size_t(std::min<int64_t>(n, int64_t(std::max(last[size_t(i)], i)) + int64_t(in_flight)))] += bytes;
+      freed_at[size_t(ran_by(std::max(last[size_t(i)], i)))] += bytes;
     }
     peak = std::max(peak, live);
     live -= freed_at[size_t(i)];
@@ -120,7 +135,8 @@ size_t unfused_peak_bytes(const Graph& g, size_t in_flight, const std::function<
 size_t unfused_peak_bytes_on(const Graph& g, const Device& device) {
   DeviceRuntime& rt = runtime(device);
   // In flight: the queued items, the one running and the one being enqueued.
-  return unfused_peak_bytes(g, rt.max_in_flight() + 2, [&rt](size_t b) { return rt.allocation_size(b); });
+  return unfused_peak_bytes(g, rt.max_in_flight() + 2, [&rt](size_t b) { return rt.allocation_size(b); },
+                            rt.max_in_flight_bytes());
 }
 
 }  // namespace kiln

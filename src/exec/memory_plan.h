@@ -31,14 +31,17 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<LaunchGroup>& groups);
 
 // Peak bytes of the values an op-by-op (strict eager) run of `g` keeps alive at once: every
 // node's result from its op until its last reader has run (views extend their base), graph
-// outputs to the end. The host enqueues up to `in_flight` ops ahead of the device, so a value
-// is counted as freed only `in_flight` ops after its last reader. The activation estimate of
+// outputs to the end. The host enqueues up to `in_flight` ops ahead of the device, as long as the
+// outputs of the ops not yet run hold at most `in_flight_bytes` (one op over it when none is
+// pending), so a value is counted as freed only when the host could have gone that far past its
+// last reader. The activation estimate of
 // model offload's fail-fast check (deferred and compiled runs need less: fusion and the arena
 // remove values).
 // Each value takes allocation_size(bytes) (the allocator's size class).
 size_t unfused_peak_bytes(const Graph& g, size_t in_flight,
-                          const std::function<size_t(size_t)>& allocation_size = nullptr);
-// The same for the device `device` runs on: its queue depth and size classes.
+                          const std::function<size_t(size_t)>& allocation_size = nullptr,
+                          size_t in_flight_bytes = ~size_t{0});
+// The same for the device `device` runs on: its queue depth and bytes, and size classes.
 size_t unfused_peak_bytes_on(const Graph& g, const Device& device);
 
 }  // namespace kiln

@@ -133,10 +133,9 @@ std::function<void()> profiled(const std::string& op, uint64_t bytes, std::funct
     row.seconds += seconds(start, end);
     ++row.launches;
     row.bytes += bytes;
-    const std::pair<const std::string&, double> idle[] = {
-        {previous, seconds(idle_since, closed)},
-        {kPipelineComponent, seconds(closed, opened)},
-        {component, seconds(opened, start)}};
+    const std::pair<std::string, double> idle[] = {{previous, seconds(idle_since, closed)},
+                                                   {kPipelineComponent, seconds(closed, opened)},
+                                                   {component, seconds(opened, start)}};
     for (const auto& [who, s] : idle)
       if (s > 0) p.by_op[{who, kIdleOp}].seconds += s;
     if (!launch) return;

@@ -24,7 +24,7 @@ class StubCpuRuntime final : public DeviceRuntime {
   void reset_peak_memory() override {}
   void release_cached_memory() override {}
 
-  uint64_t enqueue(std::string, std::function<void()> work) override {
+  uint64_t enqueue(std::string, std::function<void()> work, size_t) override {
     work();
     return ++seq_;
   }
@@ -32,6 +32,7 @@ class StubCpuRuntime final : public DeviceRuntime {
   uint64_t last_enqueued() const override { return seq_; }
   uint64_t completed() const override { return seq_; }
   size_t max_in_flight() const override { return 1; }
+  size_t max_in_flight_bytes() const override { return ~size_t{0}; }
   size_t allocation_size(size_t bytes) const override { return bytes; }
   std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override { return {}; }
   void reset_kernel_times() override {}

@@ -23,6 +23,9 @@ namespace {
 size_t max_pending_from_env() {
   return size_t(env::positive_int("KILN_MAX_PENDING").value_or(32));
 }
+size_t max_pending_bytes_from_env() {
+  return size_t(env::positive_int("KILN_MAX_PENDING_BYTES").value_or(size_t(256) << 20));
+}
 
 // MemAvailable from /proc/meminfo, lowered to what the process's cgroup (v2) still allows.
 size_t host_available_bytes() {
@@ -60,7 +63,7 @@ size_t host_available_bytes() {
 
 class CpuRuntime final : public DeviceRuntime {
  public:
-  CpuRuntime() : allocator_(Device::cpu()), queue_(max_pending_from_env()) {
+  CpuRuntime() : allocator_(Device::cpu()), queue_(max_pending_from_env(), max_pending_bytes_from_env()) {
     add_elementwise_kernels(kernels_);
     add_reduction_kernels(kernels_);
     add_movement_kernels(kernels_);
@@ -80,13 +83,14 @@ class CpuRuntime final : public DeviceRuntime {
   void release_cached_memory() override { allocator_.release_pool(); }
   size_t physical_available_bytes() const override { return host_available_bytes() + allocator_.stats().pooled_bytes; }
 
-  uint64_t enqueue(std::string what, std::function<void()> work) override {
-    return queue_.enqueue(std::move(what), std::move(work));
+  uint64_t enqueue(std::string what, std::function<void()> work, size_t output_bytes) override {
+    return queue_.enqueue(std::move(what), std::move(work), output_bytes);
   }
   void wait_for(uint64_t seq) override { queue_.wait_for(seq); }
   uint64_t last_enqueued() const override { return queue_.last_enqueued(); }
   uint64_t completed() const override { return queue_.completed(); }
   size_t max_in_flight() const override { return queue_.max_pending(); }
+  size_t max_in_flight_bytes() const override { return queue_.max_pending_bytes(); }
   size_t allocation_size(size_t bytes) const override { return Allocator::round_size(bytes); }
   std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override { return queue_.time_by_name(); }
   void reset_kernel_times() override { queue_.reset_time_by_name(); }

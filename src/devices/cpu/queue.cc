@@ -6,7 +6,8 @@
 
 namespace kiln::cpu {
 
-Queue::Queue(size_t max_pending) : max_pending_(max_pending ? max_pending : 1) {
+Queue::Queue(size_t max_pending, size_t max_pending_bytes)
+    : max_pending_(max_pending ? max_pending : 1), max_pending_bytes_(max_pending_bytes) {
   worker_ = std::thread([this] { run(); });
 }
 
@@ -19,11 +20,15 @@ Queue::~Queue() {
   worker_.join();
 }
 
-uint64_t Queue::enqueue(std::string what, std::function<void()> work) {
+uint64_t Queue::enqueue(std::string what, std::function<void()> work, size_t output_bytes) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_space_.wait(lock, [&] { return items_.size() < max_pending_; });
+  cv_space_.wait(lock, [&] {
+    return items_.size() < max_pending_ &&
+           (pending_bytes_ == 0 || pending_bytes_ + output_bytes <= max_pending_bytes_);
+  });
   const uint64_t seq = next_seq_++;
-  items_.push_back(Item{seq, std::move(what), std::move(work)});
+  pending_bytes_ += output_bytes;
+  items_.push_back(Item{seq, std::move(what), std::move(work), output_bytes});
   lock.unlock();
   cv_work_.notify_one();
   return seq;
@@ -88,7 +93,9 @@ void Queue::run() {
       }
       if (!failure.empty() && error_.empty()) error_ = std::move(failure);
       completed_ = item.seq;
+      pending_bytes_ -= item.output_bytes;
     }
+    cv_space_.notify_one();  // room for one more item (and its output's bytes)
     cv_done_.notify_all();
   }
 }

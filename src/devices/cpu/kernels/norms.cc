@@ -257,11 +257,20 @@ namespace {
 // f32 vectors, short enough to stay accurate) and the block sums added in order in double.
 constexpr int64_t kPixelBlock = 256;
 
-// Per-channel sums over pixels [p0, p1) of one image x [HW, C] of map(x[p][c] - center[c]).
+// Pixels [p0, p1) of one image x [HW, C] as f32: x itself, or its values converted into `scratch`
+// (a bf16 tensor is widened one block at a time, never whole).
+const float* f32_pixels(const void* x, DType type, int64_t p0, int64_t p1, int64_t C, std::vector<float>& scratch) {
+  if (type == DType::f32) return static_cast<const float*>(x) + p0 * C;
+  scratch.resize(size_t((p1 - p0) * C));
+  convert_to_f32(static_cast<const char*>(x) + size_t(p0 * C) * dtype_size(type), type, scratch.data(), (p1 - p0) * C);
+  return scratch.data();
+}
+
+// Per-channel sums over `pixels` pixels of [pixels, C] f32 data of map(x[p][c] - center[c]).
 template <class Map>
-void channel_sums(const float* x, int64_t p0, int64_t p1, int64_t C, const float* center, float* out, Map map) {
+void channel_sums(const float* x, int64_t pixels, int64_t C, const float* center, float* out, Map map) {
   std::fill(out, out + C, 0.0f);
-  for (int64_t p = p0; p < p1; ++p)  // pixel by pixel: the memory is read in order
+  for (int64_t p = 0; p < pixels; ++p)  // pixel by pixel: the memory is read in order
     for_each_vec(size_t(C), [&](size_t c, size_t count) {
       const V v = map(hn::Sub(load_part(x + p * C, c, count, 0.0f), load_part(center, c, count, 0.0f)));
       store_part(hn::Add(load_part(out, c, count, 0.0f), v), out, c, count);
@@ -271,13 +280,17 @@ void channel_sums(const float* x, int64_t p0, int64_t p1, int64_t C, const float
 // Per-group sums of map(x - center[c]) over one image, in double: fixed pixel blocks, each block's
 // per-channel f32 sums added in block order.
 template <class Map>
-std::vector<double> group_sums(const float* x, int64_t HW, int64_t C, int64_t groups, const float* center, Map map) {
+std::vector<double> group_sums(const void* x, DType type, int64_t HW, int64_t C, int64_t groups, const float* center,
+                               Map map) {
   const int64_t blocks = (HW + kPixelBlock - 1) / kPixelBlock;
   std::vector<float> partial(size_t(blocks * C));
   const bool parallel = HW * C >= kParallelMinElems;
 #pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t k = 0; k < blocks; ++k)
-    channel_sums(x, k * kPixelBlock, std::min(HW, (k + 1) * kPixelBlock), C, center, partial.data() + k * C, map);
+  for (int64_t k = 0; k < blocks; ++k) {
+    thread_local std::vector<float> scratch;
+    const int64_t p0 = k * kPixelBlock, p1 = std::min(HW, p0 + kPixelBlock);
+    channel_sums(f32_pixels(x, type, p0, p1, C, scratch), p1 - p0, C, center, partial.data() + k * C, map);
+  }
   std::vector<double> sums(size_t(groups), 0.0);
   const int64_t cpg = C / groups;
   for (int64_t k = 0; k < blocks; ++k)
@@ -287,38 +300,50 @@ std::vector<double> group_sums(const float* x, int64_t HW, int64_t C, int64_t gr
 
 }  // namespace
 
-void group_norm_nhwc(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t HW, int64_t C,
-                     int64_t groups, float eps, bool silu) {
+void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b, void* y, DType y_type, int64_t N,
+                     int64_t HW, int64_t C, int64_t groups, float eps, bool silu) {
   KILN_CHECK(N >= 0 && C >= 0 && HW >= 0, "group_norm", "negative shape: N=", N, " HW=", HW, " C=", C);
   KILN_CHECK(groups > 0 && C % groups == 0, "group_norm", "channels ", C, " not divisible into ", groups, " groups");
   KILN_CHECK(N * C * HW == 0 || (x && y), "group_norm", "null input or output pointer");
   if (N * C * HW == 0) return;
   const int64_t cpg = C / groups;
   const double count = double(cpg) * double(HW);
+  const size_t xs = dtype_size(x_type), ys = dtype_size(y_type);
   std::vector<float> zero(size_t(C), 0.0f), mean(size_t(C), 0.0f), scale(size_t(C), 0.0f), shift(size_t(C), 0.0f);
   for (int64_t n = 0; n < N; ++n) {
-    const float* xn = x + n * HW * C;
-    float* yn = y + n * HW * C;
+    const void* xn = static_cast<const char*>(x) + size_t(n * HW * C) * xs;
+    void* yn = static_cast<char*>(y) + size_t(n * HW * C) * ys;
     // Two passes, as the NCHW kernel: the mean, then the variance around it.
-    const std::vector<double> sum = group_sums(xn, HW, C, groups, zero.data(), [](V v) { return v; });
+    const std::vector<double> sum = group_sums(xn, x_type, HW, C, groups, zero.data(), [](V v) { return v; });
     for (int64_t c = 0; c < C; ++c) mean[size_t(c)] = float(sum[size_t(c / cpg)] / count);
-    const std::vector<double> sq = group_sums(xn, HW, C, groups, mean.data(), [](V v) { return hn::Mul(v, v); });
+    const std::vector<double> sq =
+        group_sums(xn, x_type, HW, C, groups, mean.data(), [](V v) { return hn::Mul(v, v); });
     for (int64_t c = 0; c < C; ++c) {
       const float rstd = inv_sqrt(float(sq[size_t(c / cpg)] / count) + eps);
       scale[size_t(c)] = w ? rstd * w[c] : rstd;
       shift[size_t(c)] = b ? b[c] : 0.0f;
     }
+    const int64_t blocks = (HW + kPixelBlock - 1) / kPixelBlock;
     const bool parallel = HW * C >= kParallelMinElems;
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t p = 0; p < HW; ++p) {
-      const float* xp = xn + p * C;
-      float* yp = yn + p * C;
-      for_each_vec(size_t(C), [&](size_t i, size_t cnt) {
-        const V v = hn::MulAdd(hn::Sub(load_part(xp, i, cnt, 0.0f), load_part(mean.data(), i, cnt, 0.0f)),
-                               load_part(scale.data(), i, cnt, 0.0f), load_part(shift.data(), i, cnt, 0.0f));
-        store_part(v, yp, i, cnt);
-      });
-      if (silu) unary_f32(UnaryOp::silu, yp, yp, C, 0, 0);
+    for (int64_t k = 0; k < blocks; ++k) {
+      thread_local std::vector<float> in_scratch, out_scratch;
+      const int64_t p0 = k * kPixelBlock, p1 = std::min(HW, p0 + kPixelBlock);
+      const float* xb = f32_pixels(xn, x_type, p0, p1, C, in_scratch);
+      if (y_type != DType::f32) out_scratch.resize(size_t((p1 - p0) * C));
+      float* yb = y_type == DType::f32 ? static_cast<float*>(yn) + p0 * C : out_scratch.data();
+      for (int64_t p = 0; p < p1 - p0; ++p) {
+        const float* xp = xb + p * C;
+        float* yp = yb + p * C;
+        for_each_vec(size_t(C), [&](size_t i, size_t cnt) {
+          const V v = hn::MulAdd(hn::Sub(load_part(xp, i, cnt, 0.0f), load_part(mean.data(), i, cnt, 0.0f)),
+                                 load_part(scale.data(), i, cnt, 0.0f), load_part(shift.data(), i, cnt, 0.0f));
+          store_part(v, yp, i, cnt);
+        });
+      }
+      if (silu) unary_f32(UnaryOp::silu, yb, yb, (p1 - p0) * C, 0, 0);
+      if (y_type != DType::f32)
+        convert_from_f32(yb, static_cast<char*>(yn) + size_t(p0 * C) * ys, y_type, (p1 - p0) * C);
     }
   }
 }

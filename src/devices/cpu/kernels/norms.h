@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace kiln::cpu {
 
 // y = (x - mean) / sqrt(var + eps) * w + b over each row of `cols` (biased variance).
@@ -21,11 +23,12 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64
 // (the same formula as the silu kernel, so silu(group_norm(x)) gets the same bits either way).
 void group_norm_nchw(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t C,
                      int64_t HW, int64_t groups, float eps, bool silu = false);
-// The same on channels-last data: x [N, HW, C]. The statistics are summed in another order than
-// group_norm_nchw's (last bits may differ), in fixed blocks of pixels, so the result does not
-// depend on the thread count either.
-void group_norm_nhwc(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t HW, int64_t C,
-                     int64_t groups, float eps, bool silu = false);
+// The same on channels-last data: x [N, HW, C], f32 or bf16 (x and y each; computed in f32, a
+// block of pixels at a time, so a bf16 tensor is never widened whole). The statistics are summed
+// in another order than group_norm_nchw's (last bits may differ), in fixed blocks of pixels, so
+// the result does not depend on the thread count either.
+void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b, void* y, DType y_type, int64_t N,
+                     int64_t HW, int64_t C, int64_t groups, float eps, bool silu = false);
 
 // Softmax over each row, numerically stable (the row max is subtracted before exp).
 // As in PyTorch, a row containing NaN, +inf, or only -inf yields NaN. y may alias x.

@@ -142,16 +142,16 @@ void group_norm_kernel(const KernelArgs& args) {
   params.reserve(2);
   const float* w = optional_param(args, 1, params);
   const float* b = optional_param(args, 2, params);
-  F32In in(x);
-  F32Out out(args.out);
   const int64_t groups = args.attrs->get_int("groups");
   const float eps = float(args.attrs->get_float("eps"));
   const bool silu = args.attrs->get_string("activation", "") == "silu";
-  if (args.attrs->get_int("channels_last", 0)) {  // x [N, H, W, C]
-    const int64_t n = x.shape[0], c = x.shape[3];
-    group_norm_nhwc(in.get(), w, b, out.get(), n, x.shape[1] * x.shape[2], c, groups, eps, silu);
+  if (args.attrs->get_int("channels_last", 0)) {  // x [N, H, W, C], read and written in its dtype
+    group_norm_nhwc(x.data, x.dtype, w, b, args.out.data, args.out.dtype, x.shape[0], x.shape[1] * x.shape[2],
+                    x.shape[3], groups, eps, silu);
     return;
   }
+  F32In in(x);
+  F32Out out(args.out);
   const int64_t n = x.shape[0], c = x.shape[1];
   group_norm_nchw(in.get(), w, b, out.get(), n, c, n * c != 0 ? x.numel() / (n * c) : 0, groups, eps, silu);
 }
