@@ -447,7 +447,18 @@ Tensor SafetensorsFile::load(const std::string& name) const {
 
 Tensor SafetensorsFile::load(const std::string& name, DType want) const {
   Tensor t = load(name);
-  return t.dtype() == want ? t : convert_tensor(t, want);
+  if (t.dtype() == want) return t;
+  Tensor converted = convert_tensor(t, want);
+  // The converted copy is what stays in memory: the mapped pages read for it (wholly inside this
+  // tensor) leave the process's resident set. The mapping is read-only, so a later read of them
+  // (none is expected) would fault them in from the file again.
+  if (t.buffer()->maps_file()) {
+    const auto page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const auto begin = (reinterpret_cast<uintptr_t>(t.data_ptr()) + page - 1) / page * page;
+    const auto end = (reinterpret_cast<uintptr_t>(t.data_ptr()) + t.nbytes()) / page * page;
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  }
+  return converted;
 }
 
 void SafetensorsFile::pread_exact(void* dst, size_t bytes, uint64_t offset,

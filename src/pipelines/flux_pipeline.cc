@@ -637,6 +637,10 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
   std::optional<ProfileScope> stage;
   const auto next_stage = [&](const char* component) {
     if (stage && profiling()) mark_step();
+    // The blocks the allocator keeps for the finished component's activations have other sizes
+    // than the next one's: returned to the system, the process holds one component's activations
+    // at a time, as the memory plan counts them.
+    if (stage) runtime(c_->device).release_cached_memory();
     stage.emplace(component);
   };
 

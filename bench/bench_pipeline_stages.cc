@@ -1,0 +1,51 @@
+// Per-stage seconds of a FluxPipeline call, warm: the call runs once to build its kernels and pool
+// its memory, then again; the second call's prompt encoding, its last denoising step and its
+// decode are printed, with the process's peak RSS. The same stages the peers' scripts time
+// (bench/peer_stage_times.py for Diffusers), on the same `kiln make-random` folder.
+//
+//   build/bench/bench_pipeline_stages DIR SIZE [f32|bf16|auto] [--vae-tiling on|off|auto] [--vae-tile-size PIXELS]
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "pipelines/flux_pipeline.h"
+
+int main(int argc, char** argv) {
+  using namespace kiln;
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s DIR SIZE [f32|bf16|auto] [--vae-tiling on|off|auto] [--vae-tile-size PIXELS]\n",
+                 argv[0]);
+    return 2;
+  }
+  FluxPipelineOptions options;
+  FluxCallArgs args;
+  args.prompt = "a photograph of an astronaut riding a horse";
+  args.height = args.width = std::atoll(argv[2]);
+  args.num_inference_steps = 2;
+  args.max_sequence_length = 256;
+  for (int i = 3; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "f32") options.dtype = DType::f32;
+    else if (a == "bf16") options.dtype = DType::bf16;
+    else if (a == "auto") options.dtype = std::nullopt;
+    else if (a == "--vae-tiling" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      args.vae_tiling = v == "on" ? VaeTilingMode::kOn : v == "off" ? VaeTilingMode::kOff : VaeTilingMode::kAuto;
+    } else if (a == "--vae-tile-size" && i + 1 < argc) {
+      args.vae_tile_size = std::atoll(argv[++i]);
+    }
+  }
+  const FluxPipeline pipe = FluxPipeline::from_pretrained(argv[1], options);
+  pipe(args);
+  const FluxOutput out = pipe(args);
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf("kiln %lldx%lld %s: encode %.3f s, step %.3f s, decode %.3f s (vae tile %lld), peak RSS %.2f GiB\n",
+              static_cast<long long>(out.height), static_cast<long long>(out.width),
+              dtype_name(pipe.dtypes()[2].second), out.timings.encode, out.timings.steps.back(), out.timings.decode,
+              static_cast<long long>(out.vae_tile_size), double(usage.ru_maxrss) / double(1 << 20));
+  return 0;
+}
