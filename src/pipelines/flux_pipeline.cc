@@ -250,6 +250,14 @@ struct FluxPipeline::Components {
     return traced_activations[key] = act;
   }
 
+  // The tile a call asks for (vae_tile_size, else the VAE's sample_size), in image pixels.
+  int64_t requested_vae_tile(const FluxCallArgs& args) const {
+    const int64_t vsf = vae.config().vae_scale_factor();
+    const int64_t tile = args.vae_tile_size ? args.vae_tile_size : vae.config().sample_size;
+    KILN_CHECK(tile >= 2 * vsf, "pipeline", "vae_tile_size must be at least ", 2 * vsf, " image pixels, got ", tile);
+    return tile;
+  }
+
   Tensor decode(const Tensor& z, int64_t vae_tile_size) const {
     return vae_tile_size ? vae.tiled_decode(z, VaeTiling{vae_tile_size}) : vae.decode(z);
   }
@@ -407,8 +415,7 @@ FluxPipeline& FluxPipeline::enable_model_cpu_offload(const Device& device) {
 
 MemoryEstimate FluxPipeline::estimate_memory(const FluxCallArgs& args) const {
   const int64_t vsf = vae_scale_factor();
-  const int64_t tile = args.vae_tile_size ? args.vae_tile_size : c_->vae.config().sample_size;
-  KILN_CHECK(tile >= 2 * vsf, "pipeline", "vae_tile_size must be at least ", 2 * vsf, " image pixels, got ", tile);
+  const int64_t tile = c_->requested_vae_tile(args);
   switch (args.vae_tiling) {
     case VaeTilingMode::kOff: return estimate_memory(args, 0);
     case VaeTilingMode::kOn: return estimate_memory(args, tile);
@@ -617,7 +624,7 @@ FluxOutput FluxPipeline::operator()(const FluxCallArgs& args) const {
     if (!e.fits()) fail("memory", memory_misfit(*this, e, sized));
     vae_tile_size = e.vae_tile_size;
   } else if (args.vae_tiling == VaeTilingMode::kOn) {
-    vae_tile_size = estimate_memory(sized).vae_tile_size;
+    vae_tile_size = c_->requested_vae_tile(args);
   }
   out.vae_tile_size = vae_tile_size;
   // Model offload: components are released at the end, also when the call fails.
