@@ -1,5 +1,12 @@
 // The CPU device's pooled allocator: counters, reuse, capacity errors.
 #include "devices/cpu/allocator.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
 #include "devices/runtime.h"
 #include "exec/mode.h"
 #include "exec/ops.h"
@@ -38,6 +45,54 @@ TEST(Allocator, LargeBlocksStartOnAHugePageBoundary) {
   }
   BufferPtr small = alloc.allocate(100000);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(small->data()) % 64, 0u);
+}
+
+// Tiles of several shapes each ask for their own block sizes. Without a bound the pool would keep
+// a set of blocks for every shape; with it, what the allocator holds (in use + pooled) never passes
+// the most it has had in use, and the blocks it gives back are the least recently freed.
+TEST(Allocator, PoolNeverHoldsMoreThanTheInUsePeak) {
+  cpu::Allocator alloc(Device::cpu());
+  const size_t mib = size_t(1) << 20;
+  size_t in_use_peak = 0;
+  for (const size_t tile : {64 * mib, 48 * mib, 32 * mib, 24 * mib, 64 * mib, 16 * mib}) {
+    std::vector<BufferPtr> chain;  // one tile's activations: three blocks alive at once
+    for (int i = 0; i < 3; ++i) chain.push_back(alloc.allocate(tile));
+    in_use_peak = std::max(in_use_peak, alloc.stats().in_use_bytes);
+  }
+  const auto s = alloc.stats();
+  EXPECT_EQ(s.in_use_bytes, 0u);
+  EXPECT_EQ(s.peak_bytes, in_use_peak);
+  EXPECT_LE(s.reserved_peak_bytes, in_use_peak);  // without the bound: 6 shapes' worth, 744 MiB
+  EXPECT_LE(s.pooled_bytes, in_use_peak);
+  EXPECT_GT(s.pool_evictions, 0u);
+  // The blocks of the shape used most recently stay: a 16 MiB tile again is served from the pool.
+  const uint64_t hits = s.pool_hits;
+  { BufferPtr again = alloc.allocate(16 * mib); }
+  EXPECT_EQ(alloc.stats().pool_hits, hits + 1);
+}
+
+// Large blocks are mappings of their own: returning them (the pool's bound, release_pool) gives
+// the memory back to the system at once, so the process's resident memory falls with it.
+TEST(Allocator, ReleasedLargeBlocksLeaveTheProcess) {
+  const auto resident = [] {
+    long pages = 0, rss = 0;
+    FILE* f = std::fopen("/proc/self/statm", "r");
+    if (f) {
+      if (std::fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+      std::fclose(f);
+    }
+    return size_t(rss) * size_t(sysconf(_SC_PAGESIZE));
+  };
+  cpu::Allocator alloc(Device::cpu());
+  const size_t bytes = size_t(256) << 20;
+  {
+    BufferPtr b = alloc.allocate(bytes);
+    std::memset(b->data(), 1, bytes);  // resident now
+  }
+  const size_t pooled = resident();
+  alloc.release_pool();
+  const size_t released = resident();
+  EXPECT_GE(pooled, released + bytes * 9 / 10) << "pooled " << pooled << " after release " << released;
 }
 
 TEST(Allocator, CapacityErrorNamesRequestedAndAvailableBytes) {

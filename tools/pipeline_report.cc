@@ -41,8 +41,16 @@ nlohmann::json estimate_report(const FluxPipeline& pipe, const FluxCallArgs& cal
     components[m.name] = {{"weight_bytes", m.weight_bytes}, {"activation_bytes", m.activation_bytes}};
     largest_activations = std::max(largest_activations, m.activation_bytes);
   }
+  // The process's memory at its peak, as the plan sees it: the weights held in host memory
+  // (read in place from the mapped files, or copies converted at load) plus what the call needs
+  // on the device, which for the CPU device is host memory too.
+  size_t host_weights = 0;
+  for (const FluxPipeline::WeightBytes& w : pipe.weight_bytes())
+    for (const auto& [place, bytes] : w.by_place)
+      if (place != "device") host_weights += bytes;
   return {{"placement", e.placement},
           {"required_bytes", e.required},
+          {"host_peak_bytes", host_weights + e.required},
           {"largest_activation_bytes", largest_activations},
           {"carried_bytes", e.carried_bytes},
           {"vae_tile_size", e.vae_tile_size},

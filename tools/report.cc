@@ -78,7 +78,12 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
         // activation is read in its own dtype).
         {"f32_conversion_bytes", cpu::f32_conversion_bytes()}}},
       {"compiles", compiles},
-      {"memory", {{"device_peak_bytes", mem.peak_bytes}, {"host_peak_rss_bytes", int64_t(usage.ru_maxrss) * 1024}}},
+      {"memory",
+       {{"device_peak_bytes", mem.peak_bytes},
+        // In use plus the allocator's pooled blocks, at most: what the device's memory held.
+        {"device_reserved_peak_bytes", mem.reserved_peak_bytes},
+        {"device_pool_evictions", mem.pool_evictions},
+        {"host_peak_rss_bytes", int64_t(usage.ru_maxrss) * 1024}}},
       {"io", {{"bytes_read", io::bytes_read()}}}};
   // An object given for a key the report already has (memory) adds to it.
   for (auto& [k, v] : extra.items()) {

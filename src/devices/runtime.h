@@ -32,6 +32,9 @@ struct MemoryStats {
   // Part of in_use_bytes held by copies derived from weights (pre-packed GEMM weights): memory a
   // call's plan must count as taken, like the weights themselves.
   size_t derived_bytes = 0;
+  // High-water mark of in-use plus pooled bytes: what the device's memory really held at most.
+  size_t reserved_peak_bytes = 0;
+  uint64_t pool_evictions = 0;  // cached blocks returned to the system to stay within the in-use peak
 };
 
 class DeviceRuntime {

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 
@@ -30,14 +31,39 @@ size_t Allocator::round_size(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+namespace {
+constexpr size_t kHuge = size_t(2) << 20;
+constexpr size_t kMappedFrom = 2 * kHuge;  // blocks this large get a mapping of their own
+
+size_t aligned_block(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; }
+size_t mapped_length(size_t bytes) { return (bytes + kHuge - 1) / kHuge * kHuge; }
+}  // namespace
+
 void* system_allocate(size_t bytes) {
-  constexpr size_t kHuge = size_t(2) << 20;
-  const size_t block = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;  // aligned_alloc's rule
-  if (block < 2 * kHuge) return std::aligned_alloc(kAlign, block);
-  void* p = nullptr;
-  if (posix_memalign(&p, kHuge, block) != 0) return nullptr;  // any size, unlike aligned_alloc
-  madvise(p, block, MADV_HUGEPAGE);
+  const size_t block = aligned_block(bytes);
+  if (block < kMappedFrom) return std::aligned_alloc(kAlign, block);  // aligned_alloc's size rule
+  // Map one huge page more than needed and trim it to a 2 MiB boundary.
+  const size_t length = mapped_length(block);
+  void* raw = mmap(nullptr, length + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;
+  if (aligned > start) munmap(raw, aligned - start);
+  const uintptr_t end = start + length + kHuge;
+  if (end > aligned + length) munmap(reinterpret_cast<void*>(aligned + length), end - (aligned + length));
+  void* p = reinterpret_cast<void*>(aligned);
+  madvise(p, length, MADV_HUGEPAGE);
   return p;
+}
+
+void system_free(void* p, size_t bytes) {
+  if (!p) return;
+  const size_t block = aligned_block(bytes);
+  if (block < kMappedFrom) {
+    std::free(p);
+  } else {
+    munmap(p, mapped_length(block));
+  }
 }
 
 BufferPtr Allocator::allocate(size_t bytes) {
@@ -53,7 +79,8 @@ BufferPtr Allocator::allocate(size_t bytes) {
     }
     auto it = free_.find(block);
     if (it != free_.end()) {
-      p = it->second;
+      p = it->second->p;
+      lru_.erase(it->second);
       free_.erase(it);
       stats_.pooled_bytes -= block;
       ++stats_.pool_hits;
@@ -62,12 +89,20 @@ BufferPtr Allocator::allocate(size_t bytes) {
           stats_.in_use_bytes + stats_.pooled_bytes + block > stats_.capacity_bytes) {
         release_pool_locked();
       }
+      // Stay within the in-use high-water mark (or the new in-use total, when that is higher).
+      const size_t bound = std::max(high_water_, stats_.in_use_bytes + block);
+      while (!lru_.empty() && stats_.in_use_bytes + stats_.pooled_bytes + block > bound) {
+        evict_locked(lru_.begin());
+      }
       p = system_allocate(block);
       KILN_CHECK(p != nullptr, "alloc", "system allocation of ", block, " bytes failed on ",
                  device_.str());
     }
     stats_.in_use_bytes += block;
+    high_water_ = std::max(high_water_, stats_.in_use_bytes);
     if (stats_.in_use_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.in_use_bytes;
+    stats_.reserved_peak_bytes =
+        std::max(stats_.reserved_peak_bytes, stats_.in_use_bytes + stats_.pooled_bytes);
     ++stats_.allocations;
   }
   return std::make_shared<Buffer>(p, bytes, device_, [this, p, block] { give_back(p, block); });
@@ -76,7 +111,7 @@ BufferPtr Allocator::allocate(size_t bytes) {
 void Allocator::give_back(void* p, size_t block) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.in_use_bytes -= block;
-  free_.emplace(block, p);
+  free_.emplace(block, lru_.insert(lru_.end(), Pooled{block, p}));
   stats_.pooled_bytes += block;
 }
 
@@ -93,6 +128,7 @@ AllocatorStats Allocator::stats() const {
 void Allocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.peak_bytes = stats_.in_use_bytes;
+  stats_.reserved_peak_bytes = stats_.in_use_bytes + stats_.pooled_bytes;
 }
 
 void Allocator::release_pool() {
@@ -101,9 +137,25 @@ void Allocator::release_pool() {
 }
 
 void Allocator::release_pool_locked() {
-  for (auto& [size, p] : free_) std::free(p);
+  for (const Pooled& b : lru_) system_free(b.p, b.block);
+  lru_.clear();
   free_.clear();
   stats_.pooled_bytes = 0;
+  high_water_ = stats_.in_use_bytes;
+}
+
+void Allocator::evict_locked(Lru::iterator it) {
+  auto [first, last] = free_.equal_range(it->block);
+  for (auto f = first; f != last; ++f) {
+    if (f->second == it) {
+      free_.erase(f);
+      break;
+    }
+  }
+  stats_.pooled_bytes -= it->block;
+  ++stats_.pool_evictions;
+  system_free(it->p, it->block);
+  lru_.erase(it);
 }
 
 }  // namespace kiln::cpu

@@ -1,11 +1,16 @@
 // Pooled host-memory allocator for the CPU device.
 // Freed blocks go back to per-size free lists and are reused; `in_use` counts bytes
-// handed out, `peak` its high-water mark. With a capacity set, an allocation that would
-// push in-use + pooled bytes past it first drops the pool, then fails with an error
-// naming the requested and available bytes.
+// handed out, `peak` its high-water mark. The pool never makes the allocator hold more than
+// the most it has had in use since the pool was last emptied: a new block that would pass
+// that first returns the least recently freed pooled blocks to the system. So the process
+// holds what the memory plan predicts (the in-use peak), not that plus a block of every size
+// a run ever asked for (tiles of several shapes would otherwise each keep their own set).
+// With a capacity set, an allocation that would push in-use + pooled bytes past it first
+// drops the pool, then fails with an error naming the requested and available bytes.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -15,18 +20,22 @@
 namespace kiln::cpu {
 
 // Host memory straight from the system (not pooled, not counted): at least `bytes`, 64-byte
-// aligned; blocks of 4 MiB and up start on a 2 MiB boundary and ask for transparent huge pages,
-// so touching fresh memory faults once per 2 MiB instead of once per 4 KiB page. Free it with
-// std::free. nullptr when the system has none.
+// aligned; blocks of 4 MiB and up are mapped on their own, start on a 2 MiB boundary and ask for
+// transparent huge pages, so touching fresh memory faults once per 2 MiB instead of once per
+// 4 KiB page, and freeing them returns them to the system at once (a heap would keep them).
+// Free it with system_free and the same `bytes`. nullptr when the system has none.
 void* system_allocate(size_t bytes);
+void system_free(void* p, size_t bytes);
 
 struct AllocatorStats {
   size_t in_use_bytes = 0;    // currently handed out (rounded block sizes)
   size_t peak_bytes = 0;      // high-water mark of in_use_bytes
   size_t pooled_bytes = 0;    // freed blocks kept for reuse
+  size_t reserved_peak_bytes = 0;  // high-water mark of in_use_bytes + pooled_bytes
   size_t capacity_bytes = 0;  // 0 = unlimited
   uint64_t allocations = 0;   // requests served
   uint64_t pool_hits = 0;     // requests served from the pool
+  uint64_t pool_evictions = 0;  // pooled blocks returned to the system to stay within the bound
 };
 
 class Allocator {
@@ -48,12 +57,21 @@ class Allocator {
   static size_t round_size(size_t bytes);
 
  private:
+  struct Pooled {
+    size_t block;
+    void* p;
+  };
+  using Lru = std::list<Pooled>;  // least recently freed first
+
   void give_back(void* p, size_t block);
   void release_pool_locked();
+  void evict_locked(Lru::iterator it);
 
   Device device_;
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;  // block size -> block
+  Lru lru_;
+  std::multimap<size_t, Lru::iterator> free_;  // block size -> its entry in lru_
+  size_t high_water_ = 0;  // most in use since the pool was last emptied: the pool's bound
   AllocatorStats stats_;
 };
 

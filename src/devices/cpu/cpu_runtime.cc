@@ -75,8 +75,9 @@ class CpuRuntime final : public DeviceRuntime {
   BufferPtr allocate(size_t bytes) override { return allocator_.allocate(bytes); }
   MemoryStats memory() const override {
     const AllocatorStats s = allocator_.stats();
-    return MemoryStats{s.in_use_bytes, s.peak_bytes,  s.pooled_bytes,
-                       s.capacity_bytes, s.allocations, size_t(prepack_stats().live_bytes)};
+    return MemoryStats{s.in_use_bytes,  s.peak_bytes,  s.pooled_bytes,
+                       s.capacity_bytes, s.allocations, size_t(prepack_stats().live_bytes),
+                       s.reserved_peak_bytes, s.pool_evictions};
   }
   void set_memory_capacity(size_t bytes) override { allocator_.set_capacity(bytes); }
   void reset_peak_memory() override { allocator_.reset_peak(); }

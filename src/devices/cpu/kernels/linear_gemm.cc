@@ -147,8 +147,9 @@ class Scratch {
     if (bytes == 0) return;
     p_ = system_allocate(bytes);
     if (!p_) fail(kOp, "out of host memory (", bytes, " bytes)");
+    bytes_ = bytes;
   }
-  ~Scratch() { std::free(p_); }
+  ~Scratch() { system_free(p_, bytes_); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   template <class T>
@@ -158,6 +159,7 @@ class Scratch {
 
  private:
   void* p_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 // Widens n bf16 values to f32 (exact), over the threads when there are many.
