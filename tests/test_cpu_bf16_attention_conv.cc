@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "core/tensor_view.h"
 #include "devices/cpu/kernels/attention.h"
 #include "devices/cpu/kernels/conv2d.h"
+#include "devices/cpu/kernels/linear_gemm.h"
+#include "devices/cpu/kernels/onednn.h"
 #include "devices/cpu/kernels/kernel_table.h"
 
 namespace kiln::cpu {
@@ -91,15 +94,22 @@ AttentionOperand dense_bf16(const Bits& b, int64_t H, int64_t L, int64_t D) {
   return {b.data(), DType::bf16, RowLayout::dense(H, L, D)};
 }
 
-// The bf16 kernel on dense q/k/v; out is f32 (out_bf16 false) or bf16, returned widened.
-std::vector<float> run_bf16(const AttnData& a, const float* mask, const int64_t* ms, bool out_bf16) {
+// The bf16 kernel on dense q/k/v; out is f32 (out_bf16 false) or bf16, returned widened. With
+// `products` given, the kernel multiplies that way (else as this process does).
+std::vector<float> run_bf16(const AttnData& a, const float* mask, const int64_t* ms, bool out_bf16,
+                            std::optional<AttentionProducts> products = std::nullopt) {
   const AttnShape& s = a.s;
   std::vector<float> out_f(s.o_size(), -7.0f);
   Bits out_b(s.o_size(), 0x7fc0);
   const AttentionOperand out = out_bf16 ? AttentionOperand{out_b.data(), DType::bf16, RowLayout::dense(s.H, s.Lq, s.Dv)}
                                         : AttentionOperand{out_f.data(), DType::f32, RowLayout::dense(s.H, s.Lq, s.Dv)};
-  attention(dense_bf16(a.q.bits, s.H, s.Lq, s.D), dense_bf16(a.k.bits, s.H, s.Lk, s.D),
-            dense_bf16(a.v.bits, s.H, s.Lk, s.Dv), mask, ms, out, s.B, s.H, s.Lq, s.Lk, s.D, s.Dv, s.scale());
+  const AttentionOperand q = dense_bf16(a.q.bits, s.H, s.Lq, s.D), k = dense_bf16(a.k.bits, s.H, s.Lk, s.D),
+                         v = dense_bf16(a.v.bits, s.H, s.Lk, s.Dv);
+  if (products) {
+    detail::attention_with(*products, q, k, v, mask, ms, out, s.B, s.H, s.Lq, s.Lk, s.D, s.Dv, s.scale());
+  } else {
+    attention(q, k, v, mask, ms, out, s.B, s.H, s.Lq, s.Lk, s.D, s.Dv, s.scale());
+  }
   return out_bf16 ? widen(out_b) : out_f;
 }
 
@@ -138,19 +148,29 @@ void expect_close_to_f32(const std::vector<float>& got, const std::vector<float>
 
 class Bf16AttentionShapes : public ::testing::TestWithParam<AttnShape> {};
 
+// Both ways of multiplying bf16 tiles (widened to f32, or oneDNN's bf16 matmul) run on any CPU
+// with AVX-512 (emulated without AVX512-BF16), whichever this process would pick.
+constexpr AttentionProducts kBf16Products[] = {AttentionProducts::kWidened, AttentionProducts::kBf16Dot};
+
 TEST_P(Bf16AttentionShapes, MatchesF32KernelOnTheSameValues) {
   const AttnData a = make_data(GetParam());
   const auto ref = run_f32(a, nullptr, nullptr);
-  expect_close_to_f32(run_bf16(a, nullptr, nullptr, false), ref, 1.0f, false);
-  expect_close_to_f32(run_bf16(a, nullptr, nullptr, true), ref, 1.0f, true);
+  for (const AttentionProducts p : kBf16Products) {
+    SCOPED_TRACE(p == AttentionProducts::kBf16Dot ? "bf16 dot products" : "widened products");
+    expect_close_to_f32(run_bf16(a, nullptr, nullptr, false, p), ref, 1.0f, false);
+    expect_close_to_f32(run_bf16(a, nullptr, nullptr, true, p), ref, 1.0f, true);
+  }
 }
 
 // A bf16 output is the f32 accumulator rounded once: exactly the f32 output's rounding.
 TEST_P(Bf16AttentionShapes, Bf16OutputIsTheF32OutputRoundedOnce) {
   const AttnData a = make_data(GetParam());
-  const auto wide = run_bf16(a, nullptr, nullptr, false);
-  const auto narrow = run_bf16(a, nullptr, nullptr, true);
-  for (size_t i = 0; i < wide.size(); ++i) ASSERT_EQ(narrow[i], bf16_to_f32(f32_to_bf16(wide[i]))) << "at " << i;
+  for (const AttentionProducts p : kBf16Products) {
+    const auto wide = run_bf16(a, nullptr, nullptr, false, p);
+    const auto narrow = run_bf16(a, nullptr, nullptr, true, p);
+    for (size_t i = 0; i < wide.size(); ++i)
+      ASSERT_EQ(narrow[i], bf16_to_f32(f32_to_bf16(wide[i]))) << "at " << i << ", products " << int(p);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Bf16Attention, Bf16AttentionShapes,
@@ -261,12 +281,25 @@ TEST(Bf16Attention, StridedViewsGiveTheBitsOfDenseTensors) {
 TEST(Bf16Attention, ThreadCountDoesNotChangeTheBits) {
   const AttnShape s{1, 3, 300, 700, 64, 64};
   const AttnData a = make_data(s);
-  for (bool out_bf16 : {false, true}) {
-    std::vector<float> one, two;
-    with_threads(1, [&] { one = run_bf16(a, nullptr, nullptr, out_bf16); });
-    with_threads(2, [&] { two = run_bf16(a, nullptr, nullptr, out_bf16); });
-    EXPECT_TRUE(same_bits(one, two)) << "out bf16: " << out_bf16;
-  }
+  for (const AttentionProducts p : kBf16Products)
+    for (bool out_bf16 : {false, true}) {
+      std::vector<float> one, two;
+      with_threads(1, [&] { one = run_bf16(a, nullptr, nullptr, out_bf16, p); });
+      with_threads(2, [&] { two = run_bf16(a, nullptr, nullptr, out_bf16, p); });
+      EXPECT_TRUE(same_bits(one, two)) << "out bf16: " << out_bf16 << ", products " << int(p);
+    }
+}
+
+// bf16 q/k/v multiply in bf16 exactly where linears and convolutions do (AMX, AMD's AVX512-BF16);
+// all-f32 operands never widen, and mixed ones widen.
+TEST(Bf16Attention, ProcessMultipliesInBf16WhereBf16MultipliesFast) {
+  const DType b = DType::bf16, f = DType::f32;
+  EXPECT_EQ(attention_products(b, b, b, b) == AttentionProducts::kBf16Dot, onednn::bf16_dot_products_fast());
+  EXPECT_EQ(attention_products(b, b, b, b) == AttentionProducts::kBf16Dot,
+            bf16_linear_path() == Bf16LinearPath::dot);
+  EXPECT_EQ(attention_products(f, f, f, f), AttentionProducts::kF32);
+  EXPECT_EQ(attention_products(b, b, f, f), AttentionProducts::kWidened);
+  EXPECT_EQ(detail::conv2d_bf16_math() == detail::ConvMath::kBf16, onednn::bf16_dot_products_fast());
 }
 
 TEST(Bf16Attention, WorkspaceStaysFarBelowTheScoreMatrix) {

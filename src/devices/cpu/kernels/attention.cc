@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <compare>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
@@ -16,6 +19,7 @@
 #include "core/tensor_view.h"
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemm.h"
+#include "devices/cpu/kernels/onednn.h"
 
 namespace kiln::cpu {
 namespace {
@@ -41,9 +45,12 @@ constexpr int64_t kQBlock = 128;
 constexpr int64_t kKBlock = 512;
 // With bf16 operands every query block widens all of its head's k and v rows, so larger query
 // blocks widen less: 256 halves that work (it was ~4% of the time at 128), and the thread's
-// tiles (~1.3 MiB) still fit L2. The products themselves run as f32 GEMMs: on AVX-512 cores
+// tiles (~1.3 MiB) still fit L2. Those products run as f32 GEMMs: on Intel's AVX-512 cores
 // without AMX, vdpbf16ps retires half the multiply-adds per cycle of f32 FMA, and oneDNN's bf16
 // matmul on these tiles was slower than sgemm (bench_attention's tiles_* cases compare the two).
+// Where bf16 multiplies fast (onednn::bf16_dot_products_fast) the tiles of bf16 q/k/v go to
+// oneDNN's bf16 matmul instead (AttentionProducts::kBf16Dot): on a Zen 5 core, 2.3x the widened
+// tiles' rate at L=4608. Same tile shape (bench_attention measured it).
 constexpr int64_t kQBlockWidened = 256;
 
 // Tile geometry for one call: a thread scores `bq` queries against `bk` keys at a time.
@@ -53,19 +60,19 @@ constexpr int64_t kQBlockWidened = 256;
 struct Tiles {
   int64_t bq, bk, ld;
   int64_t D, Dv;
-  bool widens;
+  AttentionProducts products;
 };
 
-Tiles choose_tiles(int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, bool widens) {
+Tiles choose_tiles(int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, AttentionProducts products) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DF()));
-  const int64_t bq = std::max<int64_t>(1, std::min(widens ? kQBlockWidened : kQBlock, Lq));
+  const int64_t bq = std::max<int64_t>(1, std::min(products == AttentionProducts::kF32 ? kQBlock : kQBlockWidened, Lq));
   const int64_t bk = std::max<int64_t>(1, std::min(kKBlock, Lk));
-  return {bq, bk, (bk + lanes - 1) / lanes * lanes, D, Dv, widens};
+  return {bq, bk, (bk + lanes - 1) / lanes * lanes, D, Dv, products};
 }
 
 // Where one thread's part of the scratch buffer keeps what, in floats from its start.
 struct ScratchLayout {
-  size_t stats, qf, kf, vf, acc, total;
+  size_t stats, qf, kf, vf, pb, acc, total;
 };
 
 // Each part starts on a cache line, and the total is whole cache lines, so that each thread's
@@ -76,13 +83,20 @@ ScratchLayout scratch_layout(const Tiles& t) {
   ScratchLayout l{};
   l.stats = lines(t.bq * t.ld);  // the score tile comes first
   l.qf = l.stats + lines(3 * t.bq);
-  if (!t.widens) {
-    l.kf = l.vf = l.acc = l.total = l.qf;
-    return l;
+  switch (t.products) {
+    case AttentionProducts::kF32:
+      l.kf = l.vf = l.pb = l.acc = l.total = l.qf;
+      return l;
+    case AttentionProducts::kWidened:
+      l.kf = l.qf + lines(t.bq * t.D);
+      l.vf = l.kf + lines(t.bk * t.D);
+      l.pb = l.acc = l.vf + lines(t.bk * t.Dv);
+      break;
+    case AttentionProducts::kBf16Dot:  // the probability tile in bf16: half a float per value
+      l.kf = l.vf = l.pb = l.qf;
+      l.acc = l.pb + lines((t.bq * t.ld + 1) / 2);
+      break;
   }
-  l.kf = l.qf + lines(t.bq * t.D);
-  l.vf = l.kf + lines(t.bk * t.D);
-  l.acc = l.vf + lines(t.bk * t.Dv);
   l.total = l.acc + lines(t.bq * t.Dv);
   return l;
 }
@@ -167,6 +181,56 @@ void round_to_bf16(float* row, int64_t n) {
   for (; j < n; ++j) row[j] = std::isnan(row[j]) ? row[j] : bf16_to_f32(f32_to_bf16(row[j]));
 }
 
+// C[M,N] (f32, rows ldc apart) = A[M,K] B (+ C when accumulating), A and B bf16 with rows lda and
+// ldb apart; B is read as stored [K,N], or as the transpose of a stored [N,K] (trans_b). Through
+// oneDNN's bf16 matmul (f32 accumulation), one primitive per distinct shape and stride, built once
+// and shared by the threads, each running it on its own stream with its own scratchpad. Called
+// from inside the parallel region, it runs on the calling thread.
+struct TileMatmulKey {
+  int64_t M, N, K, lda, ldb, ldc;
+  bool trans_b, accumulate;
+  auto operator<=>(const TileMatmulKey&) const = default;
+};
+struct TileMatmul {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+};
+
+const TileMatmul& tile_matmul(const TileMatmulKey& k) {
+  static std::mutex mu;
+  static std::map<TileMatmulKey, std::unique_ptr<TileMatmul>> plans;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& plan = plans[k];
+  if (!plan) {
+    using md = dnnl::memory::desc;
+    using dt = dnnl::memory::data_type;
+    const md a({k.M, k.K}, dt::bf16, {k.lda, 1});
+    const md b({k.K, k.N}, dt::bf16, k.trans_b ? dnnl::memory::dims{1, k.ldb} : dnnl::memory::dims{k.ldb, 1});
+    const md c({k.M, k.N}, dt::f32, {k.ldc, 1});
+    dnnl::primitive_attr attr = onednn::user_scratchpad_attr();
+    if (k.accumulate) {
+      dnnl::post_ops sum;
+      sum.append_sum(1.0f);
+      attr.set_post_ops(sum);
+    }
+    auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, onednn::engine());
+    plan = std::make_unique<TileMatmul>(TileMatmul{pd, dnnl::matmul(pd)});
+  }
+  return *plan;
+}
+
+void bf16_tile_product(const TileMatmulKey& k, const void* a, const void* b, float* c) {
+  const TileMatmul& mm = tile_matmul(k);
+  const dnnl::engine& eng = onednn::engine();
+  onednn::Args args{{DNNL_ARG_SRC, dnnl::memory(mm.pd.src_desc(), eng, const_cast<void*>(a))},
+                    {DNNL_ARG_WEIGHTS, dnnl::memory(mm.pd.weights_desc(), eng, const_cast<void*>(b))},
+                    {DNNL_ARG_DST, dnnl::memory(mm.pd.dst_desc(), eng, c)}};
+  onednn::add_scratchpad(args, mm.pd.scratchpad_desc());
+  dnnl::stream& stream = onednn::thread_stream();
+  mm.prim.execute(stream, args);
+  stream.wait();
+}
+
 // Rows of one [L, width] matrix of a head: row r at base + r * ld elements.
 struct Rows {
   const char* base;
@@ -175,6 +239,8 @@ struct Rows {
 
   // Rows [r0, r0 + n) as f32: the operand's own memory when it is f32, else widened into
   // `buf` (rows `width` apart). Sets `ld_out` to the row stride of what it returns.
+  const void* row(int64_t r) const { return base + r * ld * int64_t(dtype_size(dtype)); }
+
   const float* f32(int64_t r0, int64_t n, int64_t width, float* buf, int64_t& ld_out) const {
     if (dtype == DType::f32) {
       ld_out = ld;
@@ -233,28 +299,40 @@ void softmax_tile(const Head& h, int64_t i0, int64_t j0, int64_t nq, int64_t nk,
 // into the output once, at the end.
 void attend_query_block(const Head& h, int64_t i0, int64_t nq, const Tiles& t, float* scratch) {
   const ScratchLayout sl = scratch_layout(t);
+  const bool dot = t.products == AttentionProducts::kBf16Dot;
   float* s = scratch;
   RowStats st{scratch + sl.stats, scratch + sl.stats + t.bq, scratch + sl.stats + 2 * t.bq};
   std::fill(st.max, st.max + nq, kNegInf);
   std::fill(st.sum, st.sum + nq, 0.0f);
   int64_t ldq = 0, ldk = 0, ldv = 0;
-  const float* q = h.q.f32(i0, nq, h.D, scratch + sl.qf, ldq);
+  const float* q = dot ? nullptr : h.q.f32(i0, nq, h.D, scratch + sl.qf, ldq);
+  auto* pb = reinterpret_cast<uint16_t*>(scratch + sl.pb);  // dot: the probability tile in bf16
   const bool in_place = h.out_dtype == DType::f32;
   float* o = in_place ? reinterpret_cast<float*>(h.out) + i0 * h.ldo : scratch + sl.acc;
   const int64_t ldo = in_place ? h.ldo : h.Dv;
   for (int64_t j0 = 0; j0 < h.Lk; j0 += t.bk) {
     const int64_t nk = std::min(t.bk, h.Lk - j0);
-    const float* k = h.k.f32(j0, nk, h.D, scratch + sl.kf, ldk);
-    sgemm(false, true, nq, nk, h.D, h.scale, q, ldq, k, ldk, 0.0f, s, t.ld);
-    softmax_tile(h, i0, j0, nq, nk, s, t.ld, st);
-    if (h.round_p) {
-      for (int64_t r = 0; r < nq; ++r) round_to_bf16(s + r * t.ld, nk);
-    }
     const bool first = j0 == 0;
+    if (dot) {
+      bf16_tile_product({nq, nk, h.D, h.q.ld, h.k.ld, t.ld, true, false}, h.q.row(i0), h.k.row(j0), s);
+      for (int64_t r = 0; r < nq; ++r) scale_row(s + r * t.ld, nk, h.scale);
+    } else {
+      const float* k = h.k.f32(j0, nk, h.D, scratch + sl.kf, ldk);
+      sgemm(false, true, nq, nk, h.D, h.scale, q, ldq, k, ldk, 0.0f, s, t.ld);
+    }
+    softmax_tile(h, i0, j0, nq, nk, s, t.ld, st);
     if (!first) {
       for (int64_t r = 0; r < nq; ++r) {
         if (st.corr[r] != 1.0f) scale_row(o + r * ldo, h.Dv, st.corr[r]);
       }
+    }
+    if (dot) {  // v is bf16: P rounded to bf16 (round to nearest even, as round_to_bf16)
+      for (int64_t r = 0; r < nq; ++r) convert_from_f32(s + r * t.ld, pb + r * t.ld, DType::bf16, nk);
+      bf16_tile_product({nq, h.Dv, nk, t.ld, h.v.ld, ldo, false, !first}, pb, h.v.row(j0), o);
+      continue;
+    }
+    if (h.round_p) {
+      for (int64_t r = 0; r < nq; ++r) round_to_bf16(s + r * t.ld, nk);
     }
     const float* v = h.v.f32(j0, nk, h.Dv, scratch + sl.vf, ldv);
     sgemm(false, false, nq, h.Dv, nk, 1.0f, s, t.ld, v, ldv, first ? 0.0f : 1.0f, o, ldo);
@@ -295,10 +373,19 @@ Rows head_rows(const AttentionOperand& x, int64_t b, int64_t hh) {
 
 }  // namespace
 
+AttentionProducts attention_products(DType q, DType k, DType v, DType out) {
+  if (q == DType::f32 && k == DType::f32 && v == DType::f32 && out == DType::f32) return AttentionProducts::kF32;
+  if (q == DType::bf16 && k == DType::bf16 && v == DType::bf16 && onednn::bf16_dot_products_fast())
+    return AttentionProducts::kBf16Dot;
+  return AttentionProducts::kWidened;
+}
+
 size_t attention_workspace_bytes(int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, bool widens) {
   // An f32 output tile accumulates in `out` itself, so without bf16 operands only the score
   // tile and row stats need scratch, one per thread.
-  return max_threads() * scratch_layout(choose_tiles(Lq, Lk, D, Dv, widens)).total * sizeof(float);
+  const AttentionProducts products =
+      widens ? attention_products(DType::bf16, DType::bf16, DType::bf16, DType::bf16) : AttentionProducts::kF32;
+  return max_threads() * scratch_layout(choose_tiles(Lq, Lk, D, Dv, products)).total * sizeof(float);
 }
 
 void attention_f32(const float* q, const float* k, const float* v, const float* mask,
@@ -318,7 +405,24 @@ void attention_f32(const float* q, RowLayout ql, const float* k, RowLayout kl, c
 void attention(const AttentionOperand& q, const AttentionOperand& k, const AttentionOperand& v,
                const float* mask, const int64_t mask_strides[4], const AttentionOperand& out, int64_t B,
                int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, float scale) {
+  detail::attention_with(attention_products(q.dtype, k.dtype, v.dtype, out.dtype), q, k, v, mask, mask_strides,
+                         out, B, H, Lq, Lk, D, Dv, scale);
+}
+
+namespace detail {
+
+void attention_with(AttentionProducts products, const AttentionOperand& q, const AttentionOperand& k,
+                    const AttentionOperand& v, const float* mask, const int64_t mask_strides[4],
+                    const AttentionOperand& out, int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
+                    float scale) {
   check_args(q, k, v, mask, mask_strides, out, B, H, Lq, Lk, D, Dv);
+  const bool all_f32 = q.dtype == DType::f32 && k.dtype == DType::f32 && v.dtype == DType::f32 &&
+                       out.dtype == DType::f32;
+  const bool all_bf16_in = q.dtype == DType::bf16 && k.dtype == DType::bf16 && v.dtype == DType::bf16;
+  KILN_CHECK(products != AttentionProducts::kBf16Dot || all_bf16_in, kWhere,
+             "bf16 tile products need bf16 q, k and v, got ", dtype_name(q.dtype), ", ", dtype_name(k.dtype), ", ",
+             dtype_name(v.dtype));
+  if (products == AttentionProducts::kF32 && !all_f32) products = AttentionProducts::kWidened;
   if (B * H * Lq == 0 || Dv == 0) return;
   char* const out_base = static_cast<char*>(const_cast<void*>(out.data));
   const int64_t out_es = int64_t(dtype_size(out.dtype));
@@ -330,9 +434,7 @@ void attention(const AttentionOperand& q, const AttentionOperand& k, const Atten
           std::fill_n(out_base + (b * ol.batch + hh * ol.head + i * ol.row) * out_es, Dv * out_es, char(0));
     return;
   }
-  const bool widens = q.dtype != DType::f32 || k.dtype != DType::f32 || v.dtype != DType::f32 ||
-                      out.dtype != DType::f32;
-  const Tiles t = choose_tiles(Lq, Lk, D, Dv, widens);
+  const Tiles t = choose_tiles(Lq, Lk, D, Dv, products);
   const int64_t q_blocks = (Lq + t.bq - 1) / t.bq;
   const int64_t tasks = B * H * q_blocks;
   // Allocated here rather than per thread inside the region so that a failed allocation
@@ -377,5 +479,7 @@ void attention(const AttentionOperand& q, const AttentionOperand& k, const Atten
   }
   if (error) std::rethrow_exception(error);
 }
+
+}  // namespace detail
 
 }  // namespace kiln::cpu

@@ -43,10 +43,21 @@ struct AttentionOperand {
   RowLayout layout;
 };
 
+// How attention's tile products multiply:
+enum class AttentionProducts {
+  kF32,      // every operand f32: sgemm on the operands in place
+  kWidened,  // bf16 rows widened to f32 one tile at a time (exact), then sgemm
+  kBf16Dot,  // bf16 q/k/v: oneDNN's bf16 matmul on the rows in place, f32 accumulation
+};
+// The products attention() uses for these dtypes: kBf16Dot for bf16 q/k/v where bf16 multiplies
+// fast (onednn::bf16_dot_products_fast), else kWidened; kF32 for all-f32 operands.
+AttentionProducts attention_products(DType q, DType k, DType v, DType out);
+
 // attention_f32 for operands that may also be bf16 (each independently), as Diffusers runs
 // attention under torch_dtype=bfloat16:
-//  - bf16 q/k/v rows are widened to f32 one tile at a time (exact) into per-thread scratch, so
-//    the products are of bf16 values with f32 accumulation; no whole-tensor copy is made;
+//  - the products are of bf16 values with f32 accumulation (AttentionProducts: bf16 rows widened
+//    to f32 one tile at a time into per-thread scratch, or multiplied in bf16 by oneDNN); no
+//    whole-tensor copy is made;
 //  - the softmax statistics (running max and sum) stay f32;
 //  - when v is bf16 the probability tile is rounded to bf16 before the PV product (what bf16
 //    flash attention does; the row sums use the unrounded values);
@@ -63,5 +74,14 @@ void attention(const AttentionOperand& q, const AttentionOperand& k, const Atten
 // operand is bf16 (f32 tiles for the widened rows and the output accumulator). Excludes the GEMM
 // library's own packing buffers.
 size_t attention_workspace_bytes(int64_t Lq, int64_t Lk, int64_t D, int64_t Dv, bool widens = false);
+
+namespace detail {
+// attention() with the products given (tests run each on any CPU): kBf16Dot needs bf16 q/k/v;
+// kF32 on non-f32 operands means kWidened. The two bf16 ways differ only in f32 summation order.
+void attention_with(AttentionProducts products, const AttentionOperand& q, const AttentionOperand& k,
+                    const AttentionOperand& v, const float* mask, const int64_t mask_strides[4],
+                    const AttentionOperand& out, int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t D, int64_t Dv,
+                    float scale);
+}  // namespace detail
 
 }  // namespace kiln::cpu

@@ -242,11 +242,6 @@ void linear_bf16_widened(const void* x, const void* w, const void* bias, DType b
   }
 }
 
-bool cpu_runs_bf16_dot_products_fast() {
-  if (onednn::cpu_has(dnnl::cpu_isa::avx512_core_amx)) return true;
-  return onednn::cpu_has(dnnl::cpu_isa::avx512_core_bf16) && __builtin_cpu_is("amd");
-}
-
 }  // namespace
 
 bool linear_runs_on_primitive(int64_t rows) {
@@ -255,7 +250,7 @@ bool linear_runs_on_primitive(int64_t rows) {
 
 Bf16LinearPath bf16_linear_path() {
   static const Bf16LinearPath path =
-      onednn_call([] { return cpu_runs_bf16_dot_products_fast() ? Bf16LinearPath::dot : Bf16LinearPath::widened; });
+      onednn_call([] { return onednn::bf16_dot_products_fast() ? Bf16LinearPath::dot : Bf16LinearPath::widened; });
   return path;
 }
 

@@ -31,4 +31,10 @@ bool cpu_has(dnnl::cpu_isa isa) {
   return (have & want) == want;
 }
 
+bool bf16_dot_products_fast() {
+  static const bool fast = cpu_has(dnnl::cpu_isa::avx512_core_amx) ||
+                           (cpu_has(dnnl::cpu_isa::avx512_core_bf16) && __builtin_cpu_is("amd"));
+  return fast;
+}
+
 }  // namespace kiln::cpu::onednn

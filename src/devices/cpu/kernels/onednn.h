@@ -28,4 +28,11 @@ dnnl::memory::data_type data_type(DType t);
 // each including the ones below it).
 bool cpu_has(dnnl::cpu_isa isa);
 
+// Whether this CPU multiplies bf16 at least twice as fast as f32, so that bf16 kernels (linears,
+// convolutions, attention's tile products) should multiply in bf16 rather than widen to f32: AMX,
+// and AMD's AVX512-BF16 cores (Zen 4/5), where vdpbf16ps does twice an f32 FMA's multiply-adds.
+// Intel's AVX512-BF16 cores without AMX retire it at half that rate: there bf16 multiplies no
+// faster than f32. Fixed for the process.
+bool bf16_dot_products_fast();
+
 }  // namespace kiln::cpu::onednn
