@@ -1,16 +1,23 @@
 // Per-stage seconds of a FluxPipeline call, warm: the call runs once to build its kernels and pool
 // its memory, then again; the second call's prompt encoding, its last denoising step and its
 // decode are printed, with the process's peak RSS. The same stages the peers' scripts time
-// (bench/peer_stage_times.py for Diffusers), on the same `kiln make-random` folder.
+// (bench/peer_stage_times.py for Diffusers), on the same `kiln make-random` folder. With --profile
+// the second call is profiled (exec/profile.h) and each component's seconds per op are printed.
 //
 //   build/bench/bench_pipeline_stages DIR SIZE [f32|bf16|auto] [--vae-tiling on|off|auto] [--vae-tile-size PIXELS]
+//                                     [--profile]
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "exec/profile.h"
 #include "pipelines/flux_pipeline.h"
 
 int main(int argc, char** argv) {
@@ -22,6 +29,7 @@ int main(int argc, char** argv) {
   }
   FluxPipelineOptions options;
   FluxCallArgs args;
+  bool profile_ops = false;
   args.prompt = "a photograph of an astronaut riding a horse";
   args.height = args.width = std::atoll(argv[2]);
   args.num_inference_steps = 2;
@@ -36,11 +44,30 @@ int main(int argc, char** argv) {
       args.vae_tiling = v == "on" ? VaeTilingMode::kOn : v == "off" ? VaeTilingMode::kOff : VaeTilingMode::kAuto;
     } else if (a == "--vae-tile-size" && i + 1 < argc) {
       args.vae_tile_size = std::atoll(argv[++i]);
+    } else if (a == "--profile") {
+      profile_ops = true;
     }
   }
   const FluxPipeline pipe = FluxPipeline::from_pretrained(argv[1], options);
   pipe(args);
+  if (profile_ops) {
+    reset_profile();
+    set_profiling(true);
+  }
   const FluxOutput out = pipe(args);
+  if (profile_ops) {
+    set_profiling(false);
+    const Profile p = profile();
+    std::map<std::string, std::vector<std::pair<double, std::string>>> rows;
+    for (const auto& [key, row] : p.by_op)
+      rows[key.first].push_back({row.seconds, key.second + " x" + std::to_string(row.launches)});
+    for (auto& [component, ops] : rows) {
+      std::sort(ops.rbegin(), ops.rend());
+      std::printf("%s %.3f s:", component.c_str(), p.component_seconds(component));
+      for (size_t i = 0; i < ops.size() && i < 6; ++i) std::printf("  %s %.3f s", ops[i].second.c_str(), ops[i].first);
+      std::printf("\n");
+    }
+  }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   std::printf("kiln %lldx%lld %s: encode %.3f s, step %.3f s, decode %.3f s (vae tile %lld), peak RSS %.2f GiB\n",
