@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "devices/cpu/allocator.h"
 #include "io/safetensors.h"
 #include "test_util.h"
 
@@ -124,8 +125,9 @@ TEST_F(RealSizeMemory, Bf16FolderHoldsItsFileBytesInPlaceUnderOffloadAndTensorPa
 
 // A tiled decode runs tiles of several shapes (here 3x3 tiles of 16 and 8 latent pixels a side),
 // each asking for its own block sizes. The device allocator keeps what it frees for reuse, but
-// never more than its in-use peak, so the process holds what the call's plan says: the weights
-// plus the planned activations, within 15 % either way (memory.estimate.host_peak_bytes).
+// within its bound of its in-use peak (cpu::Allocator::pool_bound), so the process holds what the
+// call's plan says: the weights plus the planned activations, within 15 % either way
+// (memory.estimate.host_peak_bytes).
 TEST_F(RealSizeMemory, TiledDecodeHoldsWhatThePlanPredicts) {
   const fs::path model = dir_ / "schnell", report = dir_ / "tiled.json", png = dir_ / "tiled.png";
   run(std::string(KILN_CLI_PATH) + " generate --model " + model.string() +
@@ -136,9 +138,10 @@ TEST_F(RealSizeMemory, TiledDecodeHoldsWhatThePlanPredicts) {
   const nlohmann::json& m = r["memory"];
   EXPECT_EQ(r["timings"]["decode_vae_tile_size"], 128);
   EXPECT_EQ(m["estimate"]["vae_tile_size"], 128);
-  // What the allocator held (in use + pooled) never passed what it had in use.
+  // What the allocator held (in use + pooled) stayed within its bound of what it had in use.
   EXPECT_GT(m["device_peak_bytes"].get<double>(), 0);
-  EXPECT_LE(m["device_reserved_peak_bytes"].get<double>(), m["device_peak_bytes"].get<double>());
+  EXPECT_LE(m["device_reserved_peak_bytes"].get<double>(),
+            double(cpu::Allocator::pool_bound(m["device_peak_bytes"].get<size_t>())));
   const double rss = m["host_peak_rss_bytes"].get<double>();
   const double plan = m["estimate"]["host_peak_bytes"].get<double>();
   EXPECT_DOUBLE_EQ(plan, m["weights_bytes"]["total"].get<double>() + m["estimate"]["required_bytes"].get<double>());

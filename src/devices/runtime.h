@@ -34,7 +34,7 @@ struct MemoryStats {
   size_t derived_bytes = 0;
   // High-water mark of in-use plus pooled bytes: what the device's memory really held at most.
   size_t reserved_peak_bytes = 0;
-  uint64_t pool_evictions = 0;  // cached blocks returned to the system to stay within the in-use peak
+  uint64_t pool_evictions = 0;  // cached blocks returned to the system to stay within the cache's bound
 };
 
 class DeviceRuntime {

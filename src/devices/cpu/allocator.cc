@@ -66,6 +66,8 @@ void system_free(void* p, size_t bytes) {
   }
 }
 
+size_t Allocator::pool_bound(size_t in_use_peak) { return in_use_peak + in_use_peak / 2; }
+
 BufferPtr Allocator::allocate(size_t bytes) {
   const size_t block = round_size(bytes);
   void* p = nullptr;
@@ -89,8 +91,8 @@ BufferPtr Allocator::allocate(size_t bytes) {
           stats_.in_use_bytes + stats_.pooled_bytes + block > stats_.capacity_bytes) {
         release_pool_locked();
       }
-      // Stay within the in-use high-water mark (or the new in-use total, when that is higher).
-      const size_t bound = std::max(high_water_, stats_.in_use_bytes + block);
+      // Stay within the pool's bound (or the new in-use total, when that is higher).
+      const size_t bound = std::max(pool_bound(high_water_), stats_.in_use_bytes + block);
       while (!lru_.empty() && stats_.in_use_bytes + stats_.pooled_bytes + block > bound) {
         evict_locked(lru_.begin());
       }
