@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <exception>
 #include <compare>
+#include <exception>
 #include <limits>
 #include <map>
 #include <memory>
@@ -237,17 +237,17 @@ struct Rows {
   DType dtype;  // f32 or bf16
   int64_t ld;
 
-  // Rows [r0, r0 + n) as f32: the operand's own memory when it is f32, else widened into
-  // `buf` (rows `width` apart). Sets `ld_out` to the row stride of what it returns.
+  // Row r in the operand's own dtype.
   const void* row(int64_t r) const { return base + r * ld * int64_t(dtype_size(dtype)); }
 
+  // Rows [r0, r0 + n) as f32: the operand's own memory when it is f32, else widened into
+  // `buf` (rows `width` apart). Sets `ld_out` to the row stride of what it returns.
   const float* f32(int64_t r0, int64_t n, int64_t width, float* buf, int64_t& ld_out) const {
     if (dtype == DType::f32) {
       ld_out = ld;
-      return reinterpret_cast<const float*>(base) + r0 * ld;
+      return static_cast<const float*>(row(r0));
     }
-    const size_t es = dtype_size(dtype);
-    for (int64_t r = 0; r < n; ++r) convert_to_f32(base + (r0 + r) * ld * int64_t(es), dtype, buf + r * width, width);
+    for (int64_t r = 0; r < n; ++r) convert_to_f32(row(r0 + r), dtype, buf + r * width, width);
     ld_out = width;
     return buf;
   }
