@@ -27,8 +27,8 @@ int main(int argc, char** argv) {
                  argv[0]);
     return 2;
   }
-  FluxPipelineOptions options;
-  FluxCallArgs args;
+  PipelineOptions options;
+  PipelineCallArgs args;
   bool profile_ops = false;
   args.prompt = "a photograph of an astronaut riding a horse";
   args.height = args.width = std::atoll(argv[2]);
@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     reset_profile();
     set_profiling(true);
   }
-  const FluxOutput out = pipe(args);
+  const PipelineOutput out = pipe(args);
   if (profile_ops) {
     set_profiling(false);
     const Profile p = profile();

@@ -11,10 +11,10 @@
 
 namespace kiln::test {
 
-inline FluxCallArgs flux_call_args(const std::string& set) {
+inline PipelineCallArgs flux_call_args(const std::string& set) {
   std::ifstream in(fixture(set) / "manifest.json");
   const nlohmann::json m = nlohmann::json::parse(in)["inputs"];
-  FluxCallArgs a;
+  PipelineCallArgs a;
   a.prompt = m["prompt"].get<std::string>();
   a.height = m["height"].get<int64_t>();
   a.width = m["width"].get<int64_t>();

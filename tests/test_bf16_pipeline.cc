@@ -22,8 +22,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-FluxPipelineOptions in(std::optional<DType> dtype) {
-  FluxPipelineOptions o;
+PipelineOptions in(std::optional<DType> dtype) {
+  PipelineOptions o;
   o.dtype = dtype;
   return o;
 }
@@ -52,9 +52,9 @@ TEST_P(Bf16PipelineGolden, StaysWithinBf16PrecisionOfDiffusersF32) {
   const std::string set = GetParam();
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set), in(DType::bf16));
   for (const auto& [component, dtype] : pipe.dtypes()) EXPECT_EQ(dtype, DType::bf16) << component;
-  FluxCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::flux_call_args(set);
   args.latents = test::golden(set, "latents.initial_packed");
-  const FluxOutput out = pipe(args);
+  const PipelineOutput out = pipe(args);
   EXPECT_EQ(out.latents.dtype(), DType::bf16);
   const std::string last = "latents.after_step" + std::to_string(args.num_inference_steps - 1);
   const double rel = relative_l2(out.latents, test::golden(set, last));
@@ -79,12 +79,12 @@ CompileOptions fullgraph() {
 TEST(Bf16Pipeline, EveryModeGivesTheSameImageByteForByte) {
   set_executable_cache_dir({});
   const std::string set = "flux1_tiny_arch";
-  FluxCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::flux_call_args(set);
   args.latents = test::golden(set, "latents.initial_packed");
   const FluxPipeline eager = FluxPipeline::from_pretrained(test::pipeline_dir(set), in(DType::bf16));
-  const FluxOutput want = eager(args);
+  const PipelineOutput want = eager(args);
   const std::vector<float> want_latents = to_vector(cast(want.latents, DType::f32));
-  const auto same = [&](const FluxOutput& got, const std::string& what) {
+  const auto same = [&](const PipelineOutput& got, const std::string& what) {
     EXPECT_EQ(got.image, want.image) << what;
     EXPECT_EQ(to_vector(cast(got.latents, DType::f32)), want_latents) << what;
   };
@@ -150,9 +150,9 @@ TEST_F(StoredAs, Bf16CheckpointRunsInBf16WithItsWeightsReadInPlace) {
   }
   // Every tensor but the few a model does not read (none in these fixtures' components).
   EXPECT_EQ(total, file_bytes_);
-  FluxCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
   args.latents = test::golden("flux1_tiny_arch", "latents.initial_packed");
-  const FluxOutput out = pipe(args);
+  const PipelineOutput out = pipe(args);
   EXPECT_GE(psnr(out.image, test::golden_u8("flux1_tiny_arch", "image.uint8")), 30.0);
 }
 
@@ -168,24 +168,24 @@ TEST_F(StoredAs, Bf16CheckpointLoadedAsF32IsConvertedOnceAtLoad) {
     total += sum(w.by_dtype);
   }
   EXPECT_EQ(total, 2 * file_bytes_);
-  FluxCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
   args.latents = test::golden("flux1_tiny_arch", "latents.initial_packed");
   EXPECT_GE(psnr(pipe(args).image, test::golden_u8("flux1_tiny_arch", "image.uint8")), 30.0);
 }
 
 // A per-component choice wins over the pipeline's; the transformer gets its inputs in its dtype.
 TEST_F(StoredAs, PerComponentDtypeOverridesThePipelines) {
-  FluxPipelineOptions o = in(DType::bf16);
+  PipelineOptions o = in(DType::bf16);
   o.component_dtype["vae"] = DType::f32;
   const FluxPipeline pipe = FluxPipeline::from_pretrained(dir_, o);
   const auto dtypes = pipe.dtypes();
   EXPECT_EQ(dtypes[2].second, DType::bf16);
   EXPECT_EQ(dtypes[3].first, "vae");
   EXPECT_EQ(dtypes[3].second, DType::f32);
-  FluxCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
   args.latents = test::golden("flux1_tiny_arch", "latents.initial_packed");
   EXPECT_GE(psnr(pipe(args).image, test::golden_u8("flux1_tiny_arch", "image.uint8")), 30.0);
-  FluxPipelineOptions bad;
+  PipelineOptions bad;
   bad.component_dtype["unet"] = DType::bf16;
   test::expect_error([&] { FluxPipeline::from_pretrained(dir_, bad); }, {"unknown component 'unet'", "transformer"});
 }

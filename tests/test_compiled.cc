@@ -89,12 +89,12 @@ class CompiledFluxPipeline : public testing::TestWithParam<PipelineCase> {
 TEST_P(CompiledFluxPipeline, ImageAndLatentsEqualStrictEagerBitwise) {
   const auto [set, how] = GetParam();
   FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
-  FluxCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::flux_call_args(set);
   args.seed = 0;
-  const FluxOutput eager = pipe(args);
+  const PipelineOutput eager = pipe(args);
   if (how == "full") pipe.transformer().compile(fullgraph());
   else pipe.transformer().compile_repeated_blocks(fullgraph());
-  const FluxOutput compiled = pipe(args);
+  const PipelineOutput compiled = pipe(args);
   EXPECT_EQ(compile_stats().calls, uint64_t(args.num_inference_steps) *
                                        (how == "full" ? 1 : pipe.transformer().transformer_blocks().size() +
                                                                 pipe.transformer().single_transformer_blocks().size()));
@@ -105,7 +105,7 @@ TEST_P(CompiledFluxPipeline, ImageAndLatentsEqualStrictEagerBitwise) {
   // Regional compile with deferred mode around the blocks (what runtime.md §5.1 recommends).
   if (how == "blocks") {
     EagerModeGuard defer(EagerMode::DeferAndFuse);
-    const FluxOutput mixed = pipe(args);
+    const PipelineOutput mixed = pipe(args);
     EXPECT_EQ(mixed.image, eager.image) << set;
     EXPECT_TRUE(same_bits(mixed.latents, eager.latents)) << set;
   }
@@ -120,7 +120,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CompiledFluxPipeline,
 // ---- what compiles, and what does not (runtime.md §2.4.3) ----
 
 // Counters after one pipeline call: {traces, compiles}.
-std::pair<uint64_t, uint64_t> traces_and_compiles_of(const FluxPipeline& pipe, const FluxCallArgs& args) {
+std::pair<uint64_t, uint64_t> traces_and_compiles_of(const FluxPipeline& pipe, const PipelineCallArgs& args) {
   const CompileStats before = compile_stats();
   pipe(args);
   const CompileStats after = compile_stats();
@@ -130,21 +130,21 @@ std::pair<uint64_t, uint64_t> traces_and_compiles_of(const FluxPipeline& pipe, c
 TEST_F(CompiledMode, TheWholeTransformerCompilesOncePerImageSize) {
   FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
   pipe.transformer().compile(fullgraph());
-  const FluxCallArgs base = test::flux_call_args("flux1_tiny_arch");
+  const PipelineCallArgs base = test::flux_call_args("flux1_tiny_arch");
   using Pair = std::pair<uint64_t, uint64_t>;
   EXPECT_EQ(traces_and_compiles_of(pipe, base), Pair(1, 1)) << "first call";
   EXPECT_EQ(traces_and_compiles_of(pipe, base), Pair(0, 0)) << "same shapes again";
   for (int64_t steps : {2, 7}) {
-    FluxCallArgs a = base;
+    PipelineCallArgs a = base;
     a.num_inference_steps = steps;
     EXPECT_EQ(traces_and_compiles_of(pipe, a), Pair(0, 0)) << steps << " steps";
   }
-  FluxCallArgs other = base;
+  PipelineCallArgs other = base;
   other.seed = 7;
   other.prompt = "another prompt, same padded length";
   other.guidance_scale = 1.0;
   EXPECT_EQ(traces_and_compiles_of(pipe, other), Pair(0, 0)) << "seed, prompt text and guidance are values";
-  FluxCallArgs bigger = base;
+  PipelineCallArgs bigger = base;
   bigger.width = *base.width * 2;
   EXPECT_EQ(traces_and_compiles_of(pipe, bigger), Pair(1, 1)) << "a new width";
   EXPECT_EQ(traces_and_compiles_of(pipe, bigger), Pair(0, 0)) << "that width again";
@@ -164,17 +164,17 @@ TEST_F(CompiledMode, RepeatedBlocksCompileOneExecutablePerBlockClass) {
   ASSERT_EQ(t.transformer_blocks().size(), 2u);  // so sharing is visible
   ASSERT_EQ(t.single_transformer_blocks().size(), 2u);
   pipe.transformer().compile_repeated_blocks(fullgraph());
-  const FluxCallArgs base = test::flux_call_args("flux1_tiny_arch");
+  const PipelineCallArgs base = test::flux_call_args("flux1_tiny_arch");
   pipe(base);
   CompileStats s = compile_stats();
   EXPECT_EQ(s.compiles, 2u) << "one executable per block class";
   EXPECT_EQ(s.traces, 4u) << "each block traced once";
   EXPECT_EQ(s.shared_hits, 2u) << "the second block of each class reuses the first's executable";
   for (const auto& b : t.transformer_blocks()) EXPECT_EQ(b.compiled()->signatures(), 1u);
-  FluxCallArgs more = base;
+  PipelineCallArgs more = base;
   more.num_inference_steps = 3;
   EXPECT_EQ(traces_and_compiles_of(pipe, more), (std::pair<uint64_t, uint64_t>(0, 0)));
-  FluxCallArgs taller = base;
+  PipelineCallArgs taller = base;
   taller.height = *base.height * 2;
   EXPECT_EQ(traces_and_compiles_of(pipe, taller), (std::pair<uint64_t, uint64_t>(4, 2))) << "a new height";
 }
@@ -224,8 +224,8 @@ TEST_F(CompiledMode, RegionalCompileNeedsRepeatedBlocks) {
 
 TEST_F(CompiledMode, AWarmPersistentCacheIsLoadedInsteadOfCompiled) {
   const fs::path dir = use_persistent_cache();
-  const FluxCallArgs args = test::flux_call_args("flux1_tiny_arch");
-  FluxOutput first;
+  const PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  PipelineOutput first;
   {
     FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
     pipe.transformer().compile_repeated_blocks(fullgraph());
@@ -238,7 +238,7 @@ TEST_F(CompiledMode, AWarmPersistentCacheIsLoadedInsteadOfCompiled) {
   reset_compile_stats();
   FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
   pipe.transformer().compile_repeated_blocks(fullgraph());
-  const FluxOutput second = pipe(args);
+  const PipelineOutput second = pipe(args);
   EXPECT_EQ(compile_stats().compiles, 0u);
   EXPECT_EQ(compile_stats().disk_hits, 2u);
   EXPECT_EQ(compile_stats().disk_rejects, 0u);

@@ -40,11 +40,11 @@ class DeferredFluxPipeline : public testing::TestWithParam<std::string> {};
 TEST_P(DeferredFluxPipeline, ImageAndLatentsEqualStrictEagerBitwise) {
   const std::string set = GetParam();
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
-  FluxCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::flux_call_args(set);
   args.seed = 0;
-  const FluxOutput eager = pipe(args);
+  const PipelineOutput eager = pipe(args);
   reset_deferred_stats();
-  FluxOutput deferred;
+  PipelineOutput deferred;
   {
     EagerModeGuard mode(EagerMode::DeferAndFuse);
     deferred = pipe(args);
@@ -68,7 +68,7 @@ TEST(DeferredMode, StepsAfterTheFirstCompileNothing) {
   EagerModeGuard mode(EagerMode::DeferAndFuse);
   clear_graph_cache();
   for (int64_t steps : {4, 2, 7}) {
-    FluxCallArgs args = test::flux_call_args("flux1_tiny_arch");
+    PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
     args.num_inference_steps = steps;
     std::vector<uint64_t> misses, hits;  // cumulative, after each step
     args.on_step = [&](int64_t, int64_t, double) {

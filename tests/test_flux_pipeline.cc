@@ -18,9 +18,9 @@ class FluxPipelineGolden : public testing::TestWithParam<std::string> {};
 TEST_P(FluxPipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
   const std::string set = GetParam();
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
-  FluxCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::flux_call_args(set);
   args.latents = test::golden(set, "latents.initial_packed");
-  const FluxOutput out = pipe(args);
+  const PipelineOutput out = pipe(args);
   const std::string last = "latents.after_step" + std::to_string(args.num_inference_steps - 1);
   test::expect_close(out.latents, test::golden(set, last), 1e-4, 0, set + " final latents");
   EXPECT_LE(test::byte_diff(out.image, test::golden_u8(set, "image.uint8")).second, 1) << set;
@@ -30,9 +30,9 @@ TEST_P(FluxPipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
 TEST_P(FluxPipelineGolden, SeedZeroGivesDiffusersImage) {
   const std::string set = GetParam();
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
-  FluxCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::flux_call_args(set);
   args.seed = 0;  // the fixtures' noise came from torch.Generator("cpu").manual_seed(0)
-  const FluxOutput out = pipe(args);
+  const PipelineOutput out = pipe(args);
   EXPECT_LE(test::byte_diff(out.image, test::golden_u8(set, "image.uint8")).second, 1) << set;
 }
 
@@ -57,7 +57,7 @@ TEST(FluxPipeline, ErrorsNameWhatIsWrong) {
   test::expect_error([&] { FluxPipeline::from_pretrained(dir); }, {"[pipeline]", "vae", "missing"});
   fs::remove_all(dir);
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny"));
-  FluxCallArgs args = test::flux_call_args("flux1_tiny");
+  PipelineCallArgs args = test::flux_call_args("flux1_tiny");
   args.num_inference_steps = 0;
   test::expect_error([&] { pipe(args); }, {"num_inference_steps must be at least 1, got 0"});
   args = test::flux_call_args("flux1_tiny");
@@ -67,11 +67,11 @@ TEST(FluxPipeline, ErrorsNameWhatIsWrong) {
 
 TEST(FluxPipeline, SizesAreRoundedDownWithAWarning) {
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny"));
-  FluxCallArgs args = test::flux_call_args("flux1_tiny");
+  PipelineCallArgs args = test::flux_call_args("flux1_tiny");
   args.height = 37;  // vae_scale_factor 1: multiples of 2
   args.width = 33;
   args.num_inference_steps = 1;
-  const FluxOutput out = pipe(args);
+  const PipelineOutput out = pipe(args);
   EXPECT_EQ(out.height, 36);
   EXPECT_EQ(out.width, 32);
   ASSERT_EQ(out.warnings.size(), 1u);

@@ -166,19 +166,19 @@ TEST_P(HubCacheGolden, RepoAndSnapshotFoldersGiveThePlainFolderImage) {
   EXPECT_TRUE(fs::is_symlink(hub.snapshot() / "text_encoder_2" / "model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(hub.snapshot() / "text_encoder_2" / "model.safetensors"));
 
-  FluxCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::flux_call_args(set);
   args.latents = test::golden(set, "latents.initial_packed");
-  const FluxOutput plain = FluxPipeline::from_pretrained(test::pipeline_dir(set))(args);
+  const PipelineOutput plain = FluxPipeline::from_pretrained(test::pipeline_dir(set))(args);
 
   const FluxPipeline from_repo = FluxPipeline::from_pretrained(hub.repo());
   EXPECT_EQ(from_repo.model_dir(), hub.snapshot());
-  const FluxOutput repo_out = from_repo(args);
+  const PipelineOutput repo_out = from_repo(args);
   EXPECT_TRUE(same_bits(repo_out.latents, plain.latents)) << set << ": latents from the repo folder";
   EXPECT_EQ(repo_out.image, plain.image) << set << ": image from the repo folder";
 
   const FluxPipeline from_snapshot = FluxPipeline::from_pretrained(hub.snapshot());
   EXPECT_EQ(from_snapshot.model_dir(), hub.snapshot());
-  const FluxOutput snapshot_out = from_snapshot(args);
+  const PipelineOutput snapshot_out = from_snapshot(args);
   EXPECT_TRUE(same_bits(snapshot_out.latents, plain.latents)) << set << ": latents from the snapshot folder";
   EXPECT_EQ(snapshot_out.image, plain.image) << set << ": image from the snapshot folder";
 }

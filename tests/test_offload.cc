@@ -24,7 +24,7 @@ const char* kSet = "flux1_tiny_arch";
 class ModelOffload : public testing::Test {
  protected:
   void TearDown() override { runtime(Device::cpu()).set_memory_capacity(0); }
-  static size_t peak_of(const FluxPipeline& pipe, const FluxCallArgs& args, FluxOutput* out) {
+  static size_t peak_of(const FluxPipeline& pipe, const PipelineCallArgs& args, PipelineOutput* out) {
     synchronize(Device::cpu());
     runtime(Device::cpu()).reset_peak_memory();
     *out = pipe(args);
@@ -46,8 +46,8 @@ std::vector<std::set<std::string>> residency(const std::vector<OffloadEvent>& ev
 }
 
 TEST_F(ModelOffload, OneComponentAtATimeTheSameImageAndALowerPeak) {
-  const FluxCallArgs args = test::flux_call_args(kSet);
-  FluxOutput in_place, on_device, offloaded;
+  const PipelineCallArgs args = test::flux_call_args(kSet);
+  PipelineOutput in_place, on_device, offloaded;
   {
     const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
     peak_of(pipe, args, &in_place);
@@ -74,7 +74,7 @@ TEST_F(ModelOffload, OneComponentAtATimeTheSameImageAndALowerPeak) {
     EXPECT_TRUE(residency(pipe.offload_events()).back().empty());
     // A second call starts from the same state.
     pipe.clear_offload_events();
-    FluxOutput again;
+    PipelineOutput again;
     pipe(args);
     EXPECT_EQ(pipe.offload_events().size(), 8u);
   }
@@ -96,9 +96,9 @@ TEST_F(ModelOffload, OneComponentAtATimeTheSameImageAndALowerPeak) {
 // A capacity between what offload needs and what all-on-the-device needs: offload runs, the
 // other placement fails before any work with a message naming every component and its sizes.
 TEST_F(ModelOffload, ACapacityBetweenTheLargestComponentAndAllOfThemNeedsOffload) {
-  FluxCallArgs args = test::flux_call_args(kSet);
+  PipelineCallArgs args = test::flux_call_args(kSet);
   args.vae_tiling = VaeTilingMode::kOff;  // a tiled decode would fit too (test_vae_decode.cc)
-  FluxOutput reference;
+  PipelineOutput reference;
   FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
   reference = pipe(args);
   pipe.to(Device::cpu());
@@ -115,7 +115,7 @@ TEST_F(ModelOffload, ACapacityBetweenTheLargestComponentAndAllOfThemNeedsOffload
     FluxPipeline placed = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
     placed.to(Device::cpu());
     const size_t events_before = placed.offload_events().size();
-    FluxCallArgs counted = args;
+    PipelineCallArgs counted = args;
     int steps = 0;
     counted.on_step = [&](int64_t, int64_t, double) { ++steps; };
     test::expect_error([&] { placed(counted); },
@@ -126,7 +126,7 @@ TEST_F(ModelOffload, ACapacityBetweenTheLargestComponentAndAllOfThemNeedsOffload
   }  // its device copies go back to the pool
 
   // Offload fits and gives the same image.
-  const FluxOutput out = pipe(args);
+  const PipelineOutput out = pipe(args);
   EXPECT_EQ(out.image, reference.image);
   EXPECT_LE(runtime(Device::cpu()).memory().peak_bytes, capacity);
 }
@@ -143,8 +143,8 @@ TEST_F(ModelOffload, ToDeviceFailsFastWhenTheWeightsAloneDoNotFit) {
 // Offload composes with every execution mode: weights move under the same executables (their
 // buffers are relocated, so compiled callables see the same parameters and never recompile).
 TEST_F(ModelOffload, EveryExecutionModeGivesTheSameImage) {
-  const FluxCallArgs args = test::flux_call_args(kSet);
-  FluxOutput reference;
+  const PipelineCallArgs args = test::flux_call_args(kSet);
+  PipelineOutput reference;
   {
     const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
     reference = pipe(args);
@@ -157,10 +157,10 @@ TEST_F(ModelOffload, EveryExecutionModeGivesTheSameImage) {
     if (mode == "compile blocks") pipe.transformer().compile_repeated_blocks(o);
     if (mode == "compile full") pipe.transformer().compile(o);
     EagerModeGuard guard(mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
-    const FluxOutput first = pipe(args);
+    const PipelineOutput first = pipe(args);
     const uint64_t compiles = compile_stats().compiles, traces = compile_stats().traces;
     const cpu::PrepackStats packs = cpu::prepack_stats();
-    const FluxOutput second = pipe(args);  // weights onloaded again, at new device addresses
+    const PipelineOutput second = pipe(args);  // weights onloaded again, at new device addresses
     // Onloaded weights are not pre-packed: they would be packed again on every call.
     EXPECT_EQ(cpu::prepack_stats().packed, packs.packed) << mode;
     if (mode.starts_with("compile")) {
@@ -180,7 +180,7 @@ TEST_F(ModelOffload, EveryExecutionModeGivesTheSameImage) {
 // not; the placed pipeline then counts skips instead (test_compiled.cc checks that AVX-512 packs).
 TEST_F(ModelOffload, PlacedWeightsArePrepackedOnceOnloadedOnesNever) {
   const bool packs = cpu::linear_packing_keeps_bits(64, 64);
-  const FluxCallArgs args = test::flux_call_args(kSet);
+  const PipelineCallArgs args = test::flux_call_args(kSet);
   CompileOptions o;
   o.fullgraph = true;
   FluxPipeline placed = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
@@ -188,7 +188,7 @@ TEST_F(ModelOffload, PlacedWeightsArePrepackedOnceOnloadedOnesNever) {
   placed.transformer().compile(o);
   const size_t required = placed.estimate_memory(args).required;
   cpu::PrepackStats p0 = cpu::prepack_stats();
-  const FluxOutput first = placed(args);
+  const PipelineOutput first = placed(args);
   cpu::PrepackStats p1 = cpu::prepack_stats();
   EXPECT_EQ(p1.packed > p0.packed, packs);
   EXPECT_EQ(p1.skipped > p0.skipped, !packs);
@@ -204,7 +204,7 @@ TEST_F(ModelOffload, PlacedWeightsArePrepackedOnceOnloadedOnesNever) {
   FluxPipeline offloaded = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
   offloaded.enable_model_cpu_offload();
   offloaded.transformer().compile(o);
-  const FluxOutput out = offloaded(args);
+  const PipelineOutput out = offloaded(args);
   cpu::PrepackStats p3 = cpu::prepack_stats();
   EXPECT_EQ(p3.packed, p2.packed);
   EXPECT_GT(p3.skipped, p2.skipped);

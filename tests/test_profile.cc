@@ -21,14 +21,14 @@ namespace kiln {
 namespace {
 
 struct Profiled {
-  FluxOutput out;
+  PipelineOutput out;
   Profile profile;
 };
 
 Profiled run_bundled(bool profile_on, EagerMode mode = EagerMode::DeferNever) {
   const EagerModeGuard guard(mode);
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
-  FluxCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
   args.seed = 0;
   pipe(args);  // the first call builds kernels and pools memory: time the second
   reset_profile();

@@ -124,12 +124,12 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 // (runtime.md §6.10: the sum over ranks reorders floating-point additions), the image within
 // one level, in strict eager, deferred and compiled (repeated blocks, whole model) modes.
 TEST_F(TwoRanks, TheShardedPipelineGivesTheSingleProcessImage) {
-  const FluxCallArgs args = test::flux_call_args(kSet);
-  const FluxOutput single = FluxPipeline::from_pretrained(test::pipeline_dir(kSet))(args);
+  const PipelineCallArgs args = test::flux_call_args(kSet);
+  const PipelineOutput single = FluxPipeline::from_pretrained(test::pipeline_dir(kSet))(args);
   const std::vector<float> want = to_vector(single.latents);
   double peak = 0;
   for (float v : want) peak = std::max(peak, double(std::fabs(v)));
-  FluxPipelineOptions options;
+  PipelineOptions options;
   options.tensor_parallel = TensorParallelConfig{DeviceMesh(ProcessGroup::world())};
   for (const std::string mode : {"eager", "defer", "compile blocks", "compile full"}) {
     FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), options);
@@ -138,7 +138,7 @@ TEST_F(TwoRanks, TheShardedPipelineGivesTheSingleProcessImage) {
     if (mode == "compile blocks") pipe.transformer().compile_repeated_blocks(o);
     if (mode == "compile full") pipe.transformer().compile(o);
     EagerModeGuard guard(mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
-    const FluxOutput out = pipe(args);
+    const PipelineOutput out = pipe(args);
     EXPECT_LE(max_abs_diff(to_vector(out.latents), want), 1e-3 + 1e-3 * peak) << mode;
     EXPECT_LE(test::byte_diff(out.image, single.image).second, 1) << mode;
   }

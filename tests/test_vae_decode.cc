@@ -116,13 +116,13 @@ TEST(VaeTiledDecode, OneTileIsTheUntiledDecodeAndMemoryIsBoundedByTheTile) {
 
 TEST(VaeTiledDecode, AutoTilesOnlyWhenTheUntiledDecodeDoesNotFit) {
   FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
-  FluxCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
   args.seed = 0;
   args.height = args.width = 256;
   args.vae_tiling = VaeTilingMode::kOff;
-  const FluxOutput untiled = pipe(args);
+  const PipelineOutput untiled = pipe(args);
   args.vae_tiling = VaeTilingMode::kAuto;
-  const FluxOutput fits = pipe(args);  // the machine's memory holds it: untiled, the same image
+  const PipelineOutput fits = pipe(args);  // the machine's memory holds it: untiled, the same image
   EXPECT_EQ(fits.vae_tile_size, 0);
   EXPECT_EQ(fits.image, untiled.image);
 
@@ -132,7 +132,7 @@ TEST(VaeTiledDecode, AutoTilesOnlyWhenTheUntiledDecodeDoesNotFit) {
   ASSERT_LT(small.required, whole.required);
   DeviceRuntime& rt = runtime(Device::cpu());
   rt.set_memory_capacity((whole.required + small.required) / 2);
-  FluxOutput tiled;
+  PipelineOutput tiled;
   try {
     tiled = pipe(args);
   } catch (...) {

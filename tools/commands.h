@@ -8,10 +8,10 @@
 #include <nlohmann/json_fwd.hpp>
 
 namespace kiln {
-class FluxPipeline;
-struct FluxPipelineOptions;
-struct FluxCallArgs;
-struct FluxOutput;
+class DiffusionPipeline;
+struct PipelineOptions;
+struct PipelineCallArgs;
+struct PipelineOutput;
 }
 
 namespace kiln::cli {
@@ -29,17 +29,18 @@ int make_random(const std::vector<std::string>& args);  // make_random.cc
 
 // Shared by generate and warmup (generate.cc).
 int64_t parse_int(const std::string& flag, const std::string& value);  // "[cli] flag X expects an integer"
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& value);  // "7,8,9"
 std::string parse_model(const std::string& value);                      // --model: not "" (no --model = bundled)
 size_t parse_bytes(const std::string& flag, const std::string& value);  // "6GiB", "512MiB", "2GB", bytes
 void check_compile_flag(const std::string& value);                      // "full" or "blocks"
 // --dtype auto|bf16|f16|f32[,COMPONENT=DTYPE...] into options.dtype / options.component_dtype.
-void parse_dtype(const std::string& value, FluxPipelineOptions& options);
+void parse_dtype(const std::string& value, PipelineOptions& options);
 // The report's engine.dtype (per component) and memory.weights_bytes of a loaded pipeline.
-nlohmann::json dtype_report(const FluxPipeline& pipe);
-nlohmann::json weight_bytes_report(const FluxPipeline& pipe);
+nlohmann::json dtype_report(const DiffusionPipeline& pipe);
+nlohmann::json weight_bytes_report(const DiffusionPipeline& pipe);
 // The fail-fast estimate of a call that ran (memory.estimate): per component weights and traced
 // activations, and what its placement needs, to read beside the measured peaks.
-nlohmann::json estimate_report(const FluxPipeline& pipe, const FluxCallArgs& call, const FluxOutput& result);
-void compile_transformer(FluxPipeline& pipe, const std::string& how, bool prepack_weights = true);   // --compile full|blocks
+nlohmann::json estimate_report(const DiffusionPipeline& pipe, const PipelineCallArgs& call, const PipelineOutput& result);
+void compile_transformer(DiffusionPipeline& pipe, const std::string& how, bool prepack_weights = true);   // --compile full|blocks
 
 }  // namespace kiln::cli

@@ -1,7 +1,7 @@
 // --dtype: Diffusers' torch_dtype, per pipeline and per component.
 #include "commands.h"
 #include "core/error.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/diffusion_pipeline.h"
 
 namespace kiln::cli {
 
@@ -18,7 +18,7 @@ std::optional<DType> dtype_value(const std::string& flag_value, const std::strin
 
 }  // namespace
 
-void parse_dtype(const std::string& value, FluxPipelineOptions& options) {
+void parse_dtype(const std::string& value, PipelineOptions& options) {
   KILN_CHECK(!value.empty(), "cli", "--dtype \"\": expected auto, bf16, f16 or f32 (optionally followed by "
                                     ",COMPONENT=DTYPE, e.g. bf16,vae=f32)");
   size_t start = 0;

@@ -1,4 +1,5 @@
-// `kiln generate`: text to image with a FLUX.1 checkpoint, like diffusers' FluxPipeline.
+// `kiln generate`: text to image with any pipeline class kiln implements (the one the model
+// folder's model_index.json names), like diffusers' DiffusionPipeline.from_pretrained(...)(...).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -23,8 +24,7 @@
 #include "io/output_file.h"
 #include "io/png.h"
 #include "io/safetensors.h"
-#include "models/flux/flux_transformer.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/diffusion_pipeline.h"
 #include "report.h"
 #include "exec/profile.h"
 
@@ -39,7 +39,7 @@ constexpr const char* kDefaultPrompt = "A painting of a squirrel eating a burger
 struct Options {
   fs::path model;
   bool bundled = false;
-  FluxCallArgs call;
+  PipelineCallArgs call;
   fs::path latents_file;
   fs::path out = "out.png";
   fs::path report;
@@ -56,7 +56,7 @@ struct Options {
   int64_t tp = 0;            // --tp N: tensor parallel over N processes (mpirun -np N)
   size_t device_memory = 0;  // --device-memory: the device allocator's capacity (0 = unlimited)
   bool strict = false;       // --strict: unused checkpoint tensors are errors
-  FluxPipelineOptions dtypes;  // --dtype (parse_dtype): its dtype and component_dtype
+  PipelineOptions dtypes;  // --dtype (parse_dtype): its dtype and component_dtype
 };
 
 double parse_float(const std::string& flag, const std::string& v) {
@@ -92,6 +92,14 @@ Options parse(const std::vector<std::string>& args) {
     if (flag == "--model") o.model = parse_model(value());
     else if (flag == "--prompt") o.call.prompt = value(), prompt_given = true;
     else if (flag == "--prompt-2") o.call.prompt_2 = value();
+    else if (flag == "--prompt-3") o.call.prompt_3 = value();
+    else if (flag == "--negative-prompt") o.call.negative_prompt = value();
+    else if (flag == "--negative-prompt-2") o.call.negative_prompt_2 = value();
+    else if (flag == "--negative-prompt-3") o.call.negative_prompt_3 = value();
+    else if (flag == "--slg-layers") o.call.skip_guidance_layers = parse_int_list(flag, value());
+    else if (flag == "--slg-scale") o.call.skip_layer_guidance_scale = parse_float(flag, value());
+    else if (flag == "--slg-start") o.call.skip_layer_guidance_start = parse_float(flag, value());
+    else if (flag == "--slg-stop") o.call.skip_layer_guidance_stop = parse_float(flag, value());
     else if (flag == "--height") o.call.height = parse_int(flag, value());
     else if (flag == "--width") o.call.width = parse_int(flag, value());
     else if (flag == "--steps") o.call.num_inference_steps = parse_int(flag, value()), steps_given = true;
@@ -120,8 +128,8 @@ Options parse(const std::vector<std::string>& args) {
   }
   // Checked here, before minutes of model loading.
   KILN_CHECK(o.call.num_inference_steps >= 1, "cli", "--steps must be at least 1, got ", o.call.num_inference_steps);
-  KILN_CHECK(o.call.max_sequence_length >= 1 && o.call.max_sequence_length <= 512, "cli",
-             "--max-sequence-length must be in [1, 512], got ", o.call.max_sequence_length);
+  if (const auto n = o.call.max_sequence_length)
+    KILN_CHECK(*n >= 1 && *n <= 512, "cli", "--max-sequence-length must be in [1, 512], got ", *n);
   for (const auto& [flag, v] : {std::pair{"--height", o.call.height}, std::pair{"--width", o.call.width}})
     KILN_CHECK(!v || *v >= 16, "cli", flag, " must be at least 16, got ", v.value_or(0));
   KILN_CHECK(Device::parse(o.device) == Device::cpu(), "cli", "--device ", o.device,
@@ -205,12 +213,23 @@ void check_compile_flag(const std::string& v) {
              "one executable per block class and size)");
 }
 
-void compile_transformer(FluxPipeline& pipe, const std::string& how, bool prepack_weights) {
+// "7,8,9" -> {7, 8, 9}.
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& v) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= v.size()) {
+    const size_t comma = std::min(v.find(',', start), v.size());
+    out.push_back(parse_int(flag, v.substr(start, comma - start)));
+    start = comma + 1;
+  }
+  return out;
+}
+
+void compile_transformer(DiffusionPipeline& pipe, const std::string& how, bool prepack_weights) {
   CompileOptions options;
-  options.fullgraph = true;  // FLUX's forward has no graph break; any would be a bug worth an error
+  options.fullgraph = true;  // the transformers' forwards have no graph break; any would be a bug worth an error
   options.prepack_weights = prepack_weights;
-  if (how == "blocks") pipe.transformer().compile_repeated_blocks(options);
-  else pipe.transformer().compile(options);
+  pipe.compile_transformer(how == "blocks" ? CompileScope::kRepeatedBlocks : CompileScope::kFull, options);
 }
 
 namespace {
@@ -276,7 +295,7 @@ int generate(const std::vector<std::string>& args) {
   io::reset_bytes_read();
 
   if (o.device_memory) runtime(Device::cpu()).set_memory_capacity(o.device_memory);
-  FluxPipelineOptions pipe_options;
+  PipelineOptions pipe_options;
   if (o.tp > 1) pipe_options.tensor_parallel = TensorParallelConfig{DeviceMesh(world)};
   pipe_options.strict = o.strict;
   pipe_options.dtype = o.dtypes.dtype;
@@ -286,7 +305,8 @@ int generate(const std::vector<std::string>& args) {
   };
   pipe_options.on_warning = warn;
   if (writer) std::fprintf(stderr, "kiln: loading %s\n", o.model.c_str());
-  FluxPipeline pipe = FluxPipeline::from_pretrained(o.model, pipe_options);
+  const std::unique_ptr<DiffusionPipeline> loaded = DiffusionPipeline::from_pretrained(o.model, pipe_options);
+  DiffusionPipeline& pipe = *loaded;
   if (writer) std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe.load_seconds());
   if (o.offload == "none") pipe.to(Device::cpu());
   if (o.offload == "model") pipe.enable_model_cpu_offload(Device::cpu());
@@ -303,7 +323,7 @@ int generate(const std::vector<std::string>& args) {
   };
   reset_profile();
   set_profiling(o.profile);
-  const FluxOutput result = pipe(o.call);
+  const PipelineOutput result = pipe(o.call);
   set_profiling(false);
 
   const std::vector<std::pair<std::string, std::string>> meta = {
@@ -335,13 +355,14 @@ int generate(const std::vector<std::string>& args) {
                           {"model", o.model.string()},
                           {"prompt", o.call.prompt},
                           {"prompt_2", o.call.prompt_2.value_or(o.call.prompt)},
+                          {"pipeline", pipe.class_name()},
                           {"height", o.call.height ? nlohmann::json(*o.call.height) : nlohmann::json()},
                           {"width", o.call.width ? nlohmann::json(*o.call.width) : nlohmann::json()},
                           {"output_height", result.height},
                           {"output_width", result.width},
                           {"steps", o.call.num_inference_steps},
-                          {"guidance", o.call.guidance_scale},
-                          {"max_sequence_length", o.call.max_sequence_length},
+                          {"guidance", result.guidance_scale},
+                          {"max_sequence_length", result.max_sequence_length},
                           {"seed", o.call.seed},
                           {"latents", o.latents_file.string()},
                           {"vae_tiling", o.call.vae_tiling == VaeTilingMode::kAuto ? "auto"

@@ -5,21 +5,21 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/diffusion_pipeline.h"
 
 namespace kiln::cli {
 
-nlohmann::json dtype_report(const FluxPipeline& pipe) {
+nlohmann::json dtype_report(const DiffusionPipeline& pipe) {
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [component, dtype] : pipe.dtypes()) out[component] = dtype_name(dtype);
   return out;
 }
 
-nlohmann::json weight_bytes_report(const FluxPipeline& pipe) {
+nlohmann::json weight_bytes_report(const DiffusionPipeline& pipe) {
   nlohmann::json components = nlohmann::json::object();
   std::map<std::string, size_t> by_dtype, by_place;
   size_t total = 0;
-  for (const FluxPipeline::WeightBytes& w : pipe.weight_bytes()) {
+  for (const DiffusionPipeline::WeightBytes& w : pipe.weight_bytes()) {
     size_t mine = 0;
     for (const auto& [k, v] : w.by_dtype) by_dtype[k] += v, mine += v;
     for (const auto& [k, v] : w.by_place) by_place[k] += v;
@@ -29,8 +29,8 @@ nlohmann::json weight_bytes_report(const FluxPipeline& pipe) {
   return {{"total", total}, {"by_dtype", by_dtype}, {"by_place", by_place}, {"components", components}};
 }
 
-nlohmann::json estimate_report(const FluxPipeline& pipe, const FluxCallArgs& call, const FluxOutput& result) {
-  FluxCallArgs sized = call;
+nlohmann::json estimate_report(const DiffusionPipeline& pipe, const PipelineCallArgs& call, const PipelineOutput& result) {
+  PipelineCallArgs sized = call;
   sized.height = result.height;
   sized.width = result.width;
   // The plan of the decode the call ran (untiled or tiled: the call's memory plan chose).
@@ -45,7 +45,7 @@ nlohmann::json estimate_report(const FluxPipeline& pipe, const FluxCallArgs& cal
   // (read in place from the mapped files, or copies converted at load) plus what the call needs
   // on the device, which for the CPU device is host memory too.
   size_t host_weights = 0;
-  for (const FluxPipeline::WeightBytes& w : pipe.weight_bytes())
+  for (const DiffusionPipeline::WeightBytes& w : pipe.weight_bytes())
     for (const auto& [place, bytes] : w.by_place)
       if (place != "device") host_weights += bytes;
   return {{"placement", e.placement},

@@ -11,7 +11,7 @@
 #include "exec/compile.h"
 #include "exec/executable_store.h"
 #include "io/output_file.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/diffusion_pipeline.h"
 #include "report.h"
 
 namespace kiln::cli {
@@ -72,7 +72,7 @@ int warmup(const std::vector<std::string>& args) {
   KILN_CHECK(!sizes_text.empty(), "cli", "warmup needs --sizes HEIGHTxWIDTH[,...] (e.g. --sizes 512x512,1024x1024)");
   const std::vector<Size> sizes = parse_sizes(sizes_text);
   check_compile_flag(compile);
-  FluxPipelineOptions pipe_options;
+  PipelineOptions pipe_options;
   parse_dtype(dtype, pipe_options);
   KILN_CHECK(max_sequence_length >= 1 && max_sequence_length <= 512, "cli",
              "--max-sequence-length must be in [1, 512], got ", max_sequence_length);
@@ -87,12 +87,12 @@ int warmup(const std::vector<std::string>& args) {
                          "fills this process's cache\n");
 
   reset_compile_stats();
-  FluxPipeline pipe = FluxPipeline::from_pretrained(model, pipe_options);
-  compile_transformer(pipe, compile);
+  const std::unique_ptr<DiffusionPipeline> pipe = DiffusionPipeline::from_pretrained(model, pipe_options);
+  compile_transformer(*pipe, compile);
   for (const Size& s : sizes) {
     const CompileStats before = compile_stats();
     const auto t0 = std::chrono::steady_clock::now();
-    pipe.warmup(s.height, s.width, max_sequence_length);
+    pipe->warmup(s.height, s.width, max_sequence_length);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const CompileStats after = compile_stats();
     std::fprintf(stderr, "kiln: warmup %lldx%lld (%s): %llu compiled, %llu loaded from the cache, %llu shared, %.3f s\n",

@@ -1,0 +1,420 @@
+#include "pipelines/diffusion_pipeline.h"
+
+#include <chrono>
+#include <cstdio>
+#include <optional>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "devices/runtime.h"
+#include "exec/capture.h"
+#include "exec/deferred.h"
+#include "exec/host.h"
+#include "exec/memory_plan.h"
+#include "exec/profile.h"
+#include "models/vae/autoencoder_kl.h"
+#include "pipelines/pipeline_state.h"
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+DiffusionPipeline::DiffusionPipeline(std::unique_ptr<PipelineState> state) : s_(std::move(state)) {}
+DiffusionPipeline::DiffusionPipeline(DiffusionPipeline&&) noexcept = default;
+DiffusionPipeline& DiffusionPipeline::operator=(DiffusionPipeline&&) noexcept = default;
+DiffusionPipeline::~DiffusionPipeline() = default;
+
+// ---- placement ----
+
+void DiffusionPipeline::onload(size_t i) const {
+  PipelineComponent& c = s_->components[i];
+  if (c.weights.resident()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  c.weights.onload(s_->device, s_->placement == Placement::model_offload);
+  s_->events.push_back({c.name, "onload", c.weights.bytes(), seconds_since(t0),
+                        runtime(s_->device).memory().in_use_bytes});
+}
+
+void DiffusionPipeline::offload(size_t i) const {
+  PipelineComponent& c = s_->components[i];
+  if (!c.weights.resident()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  c.weights.offload();
+  s_->events.push_back({c.name, "offload", c.weights.bytes(), seconds_since(t0),
+                        runtime(s_->device).memory().in_use_bytes});
+}
+
+void DiffusionPipeline::use(const std::string& component) const {
+  if (s_->placement != Placement::model_offload) return;
+  // Any other resident component (left by a call that failed half-way) leaves too, so at most
+  // one is ever resident.
+  size_t at = s_->components.size();
+  for (size_t j = 0; j < s_->components.size(); ++j) {
+    if (s_->components[j].name == component) at = j;
+    else offload(j);
+  }
+  KILN_CHECK(at < s_->components.size(), "pipeline", "internal: no model component '", component, "'");
+  onload(at);
+}
+
+// maybe_free_model_hooks(): the end of a call under offload releases everything.
+void DiffusionPipeline::free_all() const {
+  if (s_->placement != Placement::model_offload) return;
+  for (size_t i = 0; i < s_->components.size(); ++i) offload(i);
+}
+
+DiffusionPipeline& DiffusionPipeline::to(const Device& device) {
+  runtime(device);  // "[device] ... not available" for a device this build lacks
+  size_t total = 0, largest = 0;
+  std::string parts;
+  for (const PipelineComponent& c : s_->components) {
+    const size_t b = c.weights.device_bytes(device);
+    total += b;
+    largest = std::max(largest, b);
+    parts += (parts.empty() ? "" : ", ") + c.name + " " + format_bytes(b);
+  }
+  const size_t capacity = runtime(device).memory().capacity_bytes;
+  // Fail fast, before copying anything (the rest of the device's memory is what activations get).
+  KILN_CHECK(capacity == 0 || total <= capacity, "memory", "to(", device.str(), "): the weights need ",
+             format_bytes(total), " (", parts, ") but the device's capacity is ", format_bytes(capacity),
+             "; enable_model_cpu_offload() (--offload model) keeps one component at a time on the device (the "
+             "largest weighs ", format_bytes(largest), ")");
+  std::lock_guard<std::mutex> lock(s_->call_mu);
+  free_all();
+  s_->placement = Placement::device;
+  s_->device = device;
+  try {
+    for (size_t i = 0; i < s_->components.size(); ++i) onload(i);
+  } catch (...) {  // nothing half-placed: back to the host
+    for (size_t i = 0; i < s_->components.size(); ++i) offload(i);
+    s_->placement = Placement::host;
+    throw;
+  }
+  return *this;
+}
+
+DiffusionPipeline& DiffusionPipeline::enable_model_cpu_offload(const Device& device) {
+  std::lock_guard<std::mutex> lock(s_->call_mu);
+  runtime(device);
+  KILN_CHECK(!s_->options.tensor_parallel, "pipeline",
+             "model CPU offload with tensor parallelism is not supported (runtime.md §4.1.4): the sharded "
+             "transformer already fits each rank");
+  if (s_->placement == Placement::device)  // §4.1.2 step 4: everything back to the host first
+    for (size_t i = 0; i < s_->components.size(); ++i) offload(i);
+  s_->placement = Placement::model_offload;
+  s_->device = device;
+  return *this;
+}
+
+std::vector<std::string> DiffusionPipeline::model_cpu_offload_seq() const {
+  std::vector<std::string> names;
+  for (const PipelineComponent& c : s_->components) names.push_back(c.name);
+  return names;
+}
+
+const std::vector<OffloadEvent>& DiffusionPipeline::offload_events() const { return s_->events; }
+void DiffusionPipeline::clear_offload_events() { s_->events.clear(); }
+
+std::vector<std::pair<std::string, DType>> DiffusionPipeline::dtypes() const {
+  std::vector<std::pair<std::string, DType>> out;
+  for (const PipelineComponent& c : s_->components) out.emplace_back(c.name, c.dtype);
+  return out;
+}
+
+std::vector<DiffusionPipeline::WeightBytes> DiffusionPipeline::weight_bytes() const {
+  std::vector<WeightBytes> out;
+  for (const PipelineComponent& c : s_->components) {
+    ComponentWeights::Bytes b = c.weights.bytes_by();
+    out.push_back({c.name, std::move(b.by_dtype), std::move(b.by_place)});
+  }
+  return out;
+}
+
+double DiffusionPipeline::load_seconds() const { return s_->load_seconds; }
+const fs::path& DiffusionPipeline::model_dir() const { return s_->dir; }
+const fs::path& DiffusionPipeline::dir() const { return s_->dir; }
+int64_t DiffusionPipeline::vae_scale_factor() const { return vae().config().vae_scale_factor(); }
+
+// ---- memory ----
+
+size_t DiffusionPipeline::physical_available() const {
+  return env::choice("KILN_HOST_MEMORY_CHECK").value_or("1") == "1" ? runtime(s_->device).physical_available_bytes()
+                                                                    : 0;
+}
+
+// The memory a call may use on the device: its capacity or, without one, what the device can
+// still get beyond what it holds (the host's, on the CPU; KILN_HOST_MEMORY_CHECK=0: no limit).
+// 0: no limit known.
+size_t DiffusionPipeline::memory_limit() const {
+  const MemoryStats mem = runtime(s_->device).memory();
+  if (mem.capacity_bytes) return mem.capacity_bytes;
+  const size_t physical = physical_available();
+  return physical ? physical + mem.in_use_bytes : 0;
+}
+
+size_t DiffusionPipeline::trace_peak_bytes(const char* what, const std::function<Tensor()>& f) {
+  return unfused_peak_bytes_on(detail::capture(what, [&] { return std::vector<Tensor>{f()}; }).recorded,
+                               Device::cpu());
+}
+
+// Traced once per size (nothing runs), then remembered, since every call checks its memory first.
+std::vector<size_t> DiffusionPipeline::activations(int64_t h, int64_t w, int64_t max_sequence_length,
+                                                   int64_t vae_tile_size) const {
+  std::lock_guard<std::mutex> lock(s_->activations_mu);
+  const auto key = std::make_tuple(h, w, max_sequence_length, vae_tile_size);
+  if (const auto it = s_->traced_activations.find(key); it != s_->traced_activations.end()) return it->second;
+  DeviceRuntime& rt = runtime(s_->device);
+  // The traces upload their small inputs (token ids, position tables) as real tensors. They
+  // must not count against the capacity being checked, or a capacity too small even for them
+  // would fail in the allocator instead of with the estimate's numbers. The capacity is the
+  // device's, so lifts are serialised process-wide: two overlapping ones could otherwise
+  // restore each other's 0. (Another thread allocating during a lift is not capped.)
+  static std::mutex lift_mu;
+  std::lock_guard<std::mutex> lift_lock(lift_mu);
+  struct CapacityLifted {
+    DeviceRuntime& rt;
+    size_t capacity;
+    ~CapacityLifted() { rt.set_memory_capacity(capacity); }
+  } lifted{rt, rt.memory().capacity_bytes};
+  rt.set_memory_capacity(0);
+  return s_->traced_activations[key] = trace_activations(h, w, max_sequence_length, vae_tile_size);
+}
+
+int64_t DiffusionPipeline::requested_vae_tile(const PipelineCallArgs& args) const {
+  const int64_t vsf = vae_scale_factor();
+  const int64_t tile = args.vae_tile_size ? args.vae_tile_size : vae().config().sample_size;
+  KILN_CHECK(tile >= 2 * vsf, "pipeline", "vae_tile_size must be at least ", 2 * vsf, " image pixels, got ", tile);
+  return tile;
+}
+
+Tensor DiffusionPipeline::decode(const Tensor& z, int64_t vae_tile_size) const {
+  return vae_tile_size ? vae().tiled_decode(z, VaeTiling{vae_tile_size}) : vae().decode(z);
+}
+
+MemoryEstimate DiffusionPipeline::estimate_memory(const PipelineCallArgs& args) const {
+  const int64_t vsf = vae_scale_factor();
+  const int64_t tile = requested_vae_tile(args);
+  switch (args.vae_tiling) {
+    case VaeTilingMode::kOff: return estimate_memory(args, 0);
+    case VaeTilingMode::kOn: return estimate_memory(args, tile);
+    case VaeTilingMode::kAuto: break;
+  }
+  // Untiled when that fits; else the given tile, or the largest that fits, halving from the VAE's
+  // (a tile as large as the image would decode it whole) in steps of 4 latent pixels, which keep
+  // Diffusers' stride and seam whole, down to 128 image pixels (or the VAE's own smaller tile).
+  MemoryEstimate e = estimate_memory(args, 0);
+  const size_t limit = memory_limit();
+  if (limit == 0 || e.required <= limit) return e;
+  if (args.vae_tile_size) return estimate_memory(args, tile);
+  const int64_t step = 4 * vsf, multiple = size_multiple();
+  const int64_t height = args.height.value_or(default_sample_size() * vsf) / multiple * multiple;
+  const int64_t width = args.width.value_or(default_sample_size() * vsf) / multiple * multiple;
+  const auto halve = [step](int64_t t) { return t / 2 / step * step; };
+  int64_t t = tile;
+  while (t >= std::max(height, width) && halve(t) >= step) t = halve(t);
+  for (;; t = halve(t)) {
+    e = estimate_memory(args, t);
+    if (e.required <= limit || halve(t) < std::max<int64_t>(step, 128)) break;
+  }
+  return e;  // the smallest tile's plan when none fits (the call then fails with its numbers)
+}
+
+MemoryEstimate DiffusionPipeline::estimate_memory(const PipelineCallArgs& args, int64_t vae_tile_size) const {
+  const int64_t multiple = size_multiple(), vsf = vae_scale_factor();
+  const int64_t height = args.height.value_or(default_sample_size() * vsf) / multiple * multiple;
+  const int64_t width = args.width.value_or(default_sample_size() * vsf) / multiple * multiple;
+  KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "height and width must be at least ", multiple);
+  const int64_t h = height / vsf, w = width / vsf, msl = max_sequence_length(args);
+  MemoryEstimate e;
+  e.vae_tile_size = vae_tile_size;
+  e.capacity = runtime(s_->device).memory().capacity_bytes;
+  const std::vector<size_t> act = activations(h, w, msl, vae_tile_size);
+  size_t all_weights = 0, max_act = 0, max_component = 0;
+  for (size_t i = 0; i < s_->components.size(); ++i) {
+    const size_t wb = s_->components[i].weights.device_bytes(s_->device);
+    e.components.push_back({s_->components[i].name, wb, act[i]});
+    all_weights += wb;
+    max_act = std::max(max_act, act[i]);
+    max_component = std::max(max_component, wb + act[i]);
+  }
+  e.carried_bytes = carried_bytes(h, w, msl);
+  switch (s_->placement) {
+    case Placement::host: e.placement = "host"; e.required = max_act; break;
+    case Placement::device: e.placement = "device"; e.required = all_weights + max_act; break;
+    case Placement::model_offload: e.placement = "model offload"; e.required = max_component; break;
+  }
+  e.required += e.carried_bytes;
+  // Pre-packed weights made before a capacity was set stay on the device (compiled mode makes
+  // no new ones under a capacity): what they hold is not available to this call.
+  e.required += runtime(s_->device).memory().derived_bytes;
+  return e;
+}
+
+// The fail-fast message: what the call needs, per component, and what would fit instead.
+std::string DiffusionPipeline::memory_misfit(const MemoryEstimate& e, const PipelineCallArgs& args) const {
+  std::string parts;
+  size_t largest = 0;
+  for (const ComponentMemory& m : e.components) {
+    parts += (parts.empty() ? "" : ", ") + m.name + " " + format_bytes(m.weight_bytes) + " weights + " +
+             format_bytes(m.activation_bytes) + " activations";
+    largest = std::max(largest, m.weight_bytes + m.activation_bytes);
+  }
+  largest += e.carried_bytes;
+  const std::string where = e.placement == "host"     ? "with the weights read in place from the host"
+                            : e.placement == "device" ? "with every component's weights on the device"
+                                                      : "with model offload";
+  const bool host_limit = e.physical_limit;
+  std::string msg = std::to_string(*args.height) + "x" + std::to_string(*args.width) + " " + where + " needs " +
+                    format_bytes(e.required) + (host_limit ? " of memory but " : " of device memory but ") +
+                    (host_limit ? "this machine has only " + format_bytes(e.capacity) + " available"
+                                : "the capacity is " + format_bytes(e.capacity)) +
+                    " (" + parts + ", " + format_bytes(e.carried_bytes) + " carried between them)";
+  std::vector<std::string> options;
+  if (e.placement == "device" && largest <= e.capacity)
+    options.push_back("--offload model / enable_model_cpu_offload() needs " + format_bytes(largest));
+  // A smaller image under the same placement (the transformer's and VAE's activations shrink).
+  const int64_t multiple = size_multiple();
+  for (int64_t div = 2; *args.height / div >= multiple && *args.width / div >= multiple; div *= 2) {
+    PipelineCallArgs smaller = args;
+    smaller.height = *args.height / div / multiple * multiple;
+    smaller.width = *args.width / div / multiple * multiple;
+    MemoryEstimate s = estimate_memory(smaller);
+    s.capacity = e.capacity;
+    if (s.fits()) {
+      options.push_back(std::to_string(*smaller.height) + "x" + std::to_string(*smaller.width) + " needs " +
+                        format_bytes(s.required));
+      break;
+    }
+  }
+  msg += options.empty() ? (host_limit ? "; nothing smaller fits either" : "; nothing smaller fits either: raise --device-memory")
+                         : "; would fit: ";
+  for (size_t i = 0; i < options.size(); ++i) msg += (i ? ", or " : "") + options[i];
+  return msg;
+}
+
+// ---- compiled mode ----
+
+void DiffusionPipeline::warmup(int64_t height, int64_t width, std::optional<int64_t> max_sequence_length) const {
+  const int64_t multiple = size_multiple();
+  KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "warmup: height and width must be at least ",
+             multiple, ", got ", height, "x", width);
+  PipelineCallArgs args;
+  args.max_sequence_length = max_sequence_length;
+  const int64_t msl = this->max_sequence_length(args);
+  KILN_CHECK(transformer_compiled(), "pipeline",
+             "warmup needs a compiled transformer (compile or compile_repeated_blocks first)");
+  const int64_t vsf = vae_scale_factor();
+  warmup_transformer(height / multiple * multiple / vsf, width / multiple * multiple / vsf, msl);
+}
+
+// ---- __call__ ----
+
+struct DiffusionPipeline::Stages::Scope {
+  std::optional<ProfileScope> profile;
+};
+
+DiffusionPipeline::Stages::Stages(const DiffusionPipeline& pipe) : pipe_(pipe), scope_(std::make_unique<Scope>()) {}
+DiffusionPipeline::Stages::~Stages() = default;
+
+void DiffusionPipeline::Stages::next(const char* component) {
+  if (scope_->profile && profiling()) mark_step();
+  // The blocks the allocator keeps for the finished component's activations have other sizes
+  // than the next one's: returned to the system, the process holds one component's activations
+  // at a time, as the memory plan counts them.
+  if (scope_->profile) runtime(pipe_.s_->device).release_cached_memory();
+  scope_->profile.emplace(component);
+}
+
+void DiffusionPipeline::Stages::end() { scope_->profile.reset(); }
+
+PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const {
+  std::lock_guard<std::mutex> lock(s_->call_mu);
+  const auto t_start = std::chrono::steady_clock::now();
+  PipelineOutput out;
+  KILN_CHECK(args.num_inference_steps >= 1, "pipeline", "num_inference_steps must be at least 1, got ",
+             args.num_inference_steps);
+  const int64_t msl = max_sequence_length(args);
+  const int64_t vsf = vae_scale_factor(), multiple = size_multiple();
+  int64_t height = args.height.value_or(default_sample_size() * vsf);
+  int64_t width = args.width.value_or(default_sample_size() * vsf);
+  KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "height and width must be at least ", multiple,
+             ", got ", height, "x", width);
+  constexpr int64_t kMaxSide = int64_t(1) << 20;  // keeps every size computation far from overflow
+  KILN_CHECK(height <= kMaxSide && width <= kMaxSide, "pipeline", "height and width must be at most ", kMaxSide,
+             ", got ", height, "x", width);
+  if (height % multiple || width % multiple) {
+    out.warnings.push_back("height and width must be divisible by " + std::to_string(multiple) + "; " +
+                           std::to_string(height) + "x" + std::to_string(width) + " is rounded down to " +
+                           std::to_string(height / multiple * multiple) + "x" +
+                           std::to_string(width / multiple * multiple));
+    height = height / multiple * multiple;
+    width = width / multiple * multiple;
+    if (args.on_warning) args.on_warning(out.warnings.back());
+  }
+  out.max_sequence_length = msl;
+  check_call(args, height, width, out);
+
+  // Fail fast (§4, design.md §4): check what this call needs under the current placement before
+  // any work, against the device's capacity or, without one, the memory the device can still get
+  // (the host's, on the CPU), and say what would fit instead.
+  const MemoryStats mem = runtime(s_->device).memory();
+  const size_t physical = physical_available();  // KILN_HOST_MEMORY_CHECK=0: no check
+  const size_t limit = memory_limit();
+  if (physical != 0) {
+    // A floor of host memory first, in closed form, so an absurd size fails before the estimate
+    // itself allocates.
+    const double floor = host_floor_bytes(height, width, msl);
+    KILN_CHECK(floor <= double(physical), "memory", height, "x", width, " needs at least ",
+               format_bytes(size_t(floor)), " of memory for its noise, latents, position tables and image alone, but ",
+               "this machine has only ", format_bytes(physical), " available; choose a smaller --height/--width");
+  }
+  // The decode this call runs: the plan's choice, or without a limit to plan against, tiles only
+  // when asked for.
+  PipelineCallArgs sized = args;
+  sized.height = height;
+  sized.width = width;
+  int64_t vae_tile_size = 0;
+  if (limit != 0) {
+    MemoryEstimate e = estimate_memory(sized);
+    e.capacity = limit;
+    e.physical_limit = mem.capacity_bytes == 0;
+    if (!e.fits()) fail("memory", memory_misfit(e, sized));
+    vae_tile_size = e.vae_tile_size;
+  } else if (args.vae_tiling == VaeTilingMode::kOn) {
+    vae_tile_size = requested_vae_tile(args);
+  }
+  out.vae_tile_size = vae_tile_size;
+  // Model offload: components are released at the end, also when the call fails.
+  struct FreeAtEnd {
+    const DiffusionPipeline& p;
+    ~FreeAtEnd() {
+      try {
+        p.free_all();
+      } catch (...) {
+      }
+    }
+  } free_at_end{*this};
+  run(args, Sized{height, width, msl, vae_tile_size}, out);
+  out.timings.total = seconds_since(t_start);
+  return out;
+}
+
+}  // namespace kiln

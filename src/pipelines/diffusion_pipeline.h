@@ -1,0 +1,271 @@
+// DiffusionPipeline: what every text-to-image pipeline shares (runtime.md §3–4, design.md §4),
+// as Diffusers' DiffusionPipeline base: the components listed in model_index.json, where their
+// weights live (host, to(device), model CPU offload in model_cpu_offload_seq order), the
+// fail-fast memory estimate of a call, the size checks and the stage bookkeeping of __call__.
+// A concrete pipeline (FluxPipeline, StableDiffusion3Pipeline) declares its components and
+// its call; DiffusionPipeline::from_pretrained builds the class model_index.json names.
+#pragma once
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "distributed/tensor_parallel.h"
+#include "exec/compile.h"
+
+namespace kiln {
+
+class AutoencoderKL;
+struct PipelineState;
+
+struct PipelineOptions {
+  Device device = Device::cpu();
+  // Tensor parallelism (runtime.md §6): the transformer is sharded over the mesh (each rank
+  // loads only its slices); text encoders and VAE are replicated; every rank runs the pipeline.
+  std::optional<TensorParallelConfig> tensor_parallel;
+  // A checkpoint tensor no model reads (beyond those it skips on purpose) is an error, not a
+  // warning (--strict).
+  bool strict = false;
+  // Called with each load warning (unused checkpoint tensors).
+  std::function<void(const std::string&)> on_warning;
+  // Diffusers' torch_dtype (design.md §6): the dtype every component's weights are held in and
+  // its activations computed in. std::nullopt is "auto": each component's checkpoint dtype, so
+  // a bf16 checkpoint runs in bf16 with its weights read in place and never widened. f32 is the
+  // reference path (a bf16 checkpoint's weights are then converted once, at load).
+  std::optional<DType> dtype;
+  // Per-component choice (a model component of the pipeline, e.g. "text_encoder_2",
+  // "transformer"; std::nullopt: auto), over `dtype`.
+  std::map<std::string, std::optional<DType>> component_dtype;
+};
+
+// Tiled VAE decoding (Diffusers' pipe.vae.enable_tiling(), AutoencoderKL.tiled_decode).
+enum class VaeTilingMode {
+  kAuto,  // tiled only when the call's memory plan says the untiled decode does not fit
+  kOn,    // always (latents larger than one tile)
+  kOff,   // never
+};
+
+// The __call__ arguments of the supported pipelines, by their Diffusers names. An argument a
+// pipeline does not take is an error naming it when set; std::nullopt takes the pipeline's
+// default.
+struct PipelineCallArgs {
+  std::string prompt;
+  std::optional<std::string> prompt_2;  // FLUX: T5's prompt; SD3: CLIP-G's. Default: prompt
+  std::optional<std::string> prompt_3;  // SD3: T5's prompt. Default: prompt
+  // SD3 (classifier-free guidance): default "" and, for _2/_3, negative_prompt.
+  std::optional<std::string> negative_prompt, negative_prompt_2, negative_prompt_3;
+  std::optional<int64_t> height, width;  // default: default_sample_size * vae_scale_factor
+  int64_t num_inference_steps = 28;
+  // FLUX: used only by guidance-distilled (dev) checkpoints (default 3.5). SD3: classifier-free
+  // guidance, on when > 1 (default 7.0).
+  std::optional<double> guidance_scale;
+  std::optional<int64_t> max_sequence_length;  // T5 tokens; FLUX default 512, SD3 256
+  // SD3 skip-layer guidance (Diffusers' skip_guidance_layers, skip_layer_guidance_scale, _start,
+  // _stop): empty = off.
+  std::vector<int64_t> skip_guidance_layers;
+  double skip_layer_guidance_scale = 2.8;
+  double skip_layer_guidance_start = 0.01;
+  double skip_layer_guidance_stop = 0.2;
+  uint64_t seed = 0;  // torch.Generator("cpu").manual_seed(seed) noise, unless latents are given
+  // Explicit initial noise (parity tests): [1, C, h, w], or FLUX's packed [1, L_img, 4C].
+  Tensor latents;
+  VaeTilingMode vae_tiling = VaeTilingMode::kAuto;
+  // Diffusers' vae.tile_sample_min_size: image pixels per tile side (0: the VAE's sample_size).
+  // kAuto starts from it and halves it until the plan fits.
+  int64_t vae_tile_size = 0;
+  // Called after every denoising step with (step index from 0, total steps, seconds of that step).
+  std::function<void(int64_t, int64_t, double)> on_step;
+  // Called at once with each warning (e.g. a size rounded down, a prompt cut), before the work starts.
+  std::function<void(const std::string&)> on_warning;
+  // Called when a stage other than the steps ends: ("encode" | "decode", seconds).
+  std::function<void(const std::string&, double)> on_stage;
+};
+
+// One move of a component's weights (model offload, runtime.md §4.1.3), for reports and tests.
+struct OffloadEvent {
+  std::string component;  // a model component, e.g. "text_encoder", "transformer", "vae"
+  std::string action;     // "onload" or "offload"
+  size_t bytes = 0;       // the component's weights
+  double seconds = 0;     // the copy (onload) or release (offload)
+  size_t device_in_use = 0;  // device bytes in use right after it
+};
+
+// What one call needs on the device (model offload's fail-fast check).
+struct ComponentMemory {
+  std::string name;
+  size_t weight_bytes = 0;
+  size_t activation_bytes = 0;  // peak of its forward run op by op, at the call's sizes
+};
+struct MemoryEstimate {
+  std::vector<ComponentMemory> components;  // in model_cpu_offload_seq order
+  std::string placement;                    // "host", "device" or "model offload"
+  size_t carried_bytes = 0;  // what the pipeline keeps across components: embeddings, latents, ids, RoPE tables
+  size_t required = 0;       // for that placement, carried bytes included
+  // The VAE decode the plan is for: untiled (0), or tiles of this many image pixels per side.
+  int64_t vae_tile_size = 0;
+  size_t capacity = 0;                      // the device's (0 = unlimited)
+  bool physical_limit = false;  // capacity is the memory the device can still get (none was set)
+  bool fits() const { return capacity == 0 || required <= capacity; }
+};
+
+struct PipelineTimings {
+  double encode = 0, decode = 0, total = 0;
+  std::vector<double> steps;
+};
+
+struct PipelineOutput {
+  int64_t height = 0, width = 0;
+  std::vector<uint8_t> image;  // RGB, row-major HWC
+  Tensor latents;              // final latents (FLUX: packed [1, L_img, 4C]; SD3: [1, C, h, w])
+  PipelineTimings timings;
+  std::vector<std::string> warnings;  // e.g. a size rounded down to a multiple of 16
+  int64_t vae_tile_size = 0;          // the decode ran in tiles of this many image pixels (0: untiled)
+  // The call's guidance_scale and max_sequence_length after the pipeline's defaults.
+  double guidance_scale = 0;
+  int64_t max_sequence_length = 0;
+};
+
+// How a pipeline's denoiser is compiled (runtime.md §2.4, §5): the whole transformer, or
+// compile_repeated_blocks (one executable per block structure).
+enum class CompileScope { kFull, kRepeatedBlocks };
+
+class DiffusionPipeline {
+ public:
+  // Reads `dir`/model_index.json and loads the pipeline class its _class_name names (one of
+  // supported_classes(); any other is an error listing them).
+  static std::unique_ptr<DiffusionPipeline> from_pretrained(const std::filesystem::path& dir,
+                                                            const PipelineOptions& options = {});
+  static const std::vector<std::string>& supported_classes();
+
+  DiffusionPipeline(DiffusionPipeline&&) noexcept;
+  DiffusionPipeline& operator=(DiffusionPipeline&&) noexcept;
+  virtual ~DiffusionPipeline();
+
+  virtual const char* class_name() const = 0;
+  // __call__: checks the arguments and the memory the call needs before any work (failing
+  // with the numbers and what would fit), then runs the pipeline's stages.
+  PipelineOutput operator()(const PipelineCallArgs& args) const;
+
+  // ---- where the weights live (runtime.md §3–4, design.md §4) ----
+  // By default the weights stay on the host (the mmapped checkpoint) and the CPU device reads
+  // them in place: device memory holds only activations.
+  // to(device): every component's weights are copied into device memory now (fails fast, naming
+  // each component's size, when they exceed the device's capacity).
+  DiffusionPipeline& to(const Device& device);
+  // Model CPU offload: a component's weights are copied to the device when it is first called
+  // in model_cpu_offload_seq order and released when the next one starts; the transformer
+  // stays for all steps; everything is released at the end of each call. Device peak = the
+  // largest component + its activations.
+  DiffusionPipeline& enable_model_cpu_offload(const Device& device = Device::cpu());
+  // The model components in model_cpu_offload_seq order (Diffusers' attribute, as a list; only
+  // those this checkpoint has).
+  std::vector<std::string> model_cpu_offload_seq() const;
+  // The device memory a call with these arguments needs under the current placement, per
+  // component (weights exactly, activations as traced; nothing runs). operator() checks it
+  // before any work. With args.vae_tiling kAuto the plan is for the decode the call would run:
+  // untiled when that fits the device's memory, else tiled (MemoryEstimate::vae_tile_size).
+  MemoryEstimate estimate_memory(const PipelineCallArgs& args) const;
+  // The plan with the VAE decoding untiled (0) or in tiles of vae_tile_size image pixels.
+  MemoryEstimate estimate_memory(const PipelineCallArgs& args, int64_t vae_tile_size) const;
+  const std::vector<OffloadEvent>& offload_events() const;
+  void clear_offload_events();
+
+  // ---- compiled mode ----
+  // Compiles the denoiser as pipe.transformer.compile() / compile_repeated_blocks() would.
+  virtual void compile_transformer(CompileScope scope, const CompileOptions& options = {}) = 0;
+  // Traces and compiles the transformer executables a call at this size would use, without
+  // running anything, so serving never compiles on a request (kiln warmup). Sizes are rounded
+  // as operator() rounds them; max_sequence_length std::nullopt: the pipeline's default. Needs
+  // a compiled transformer.
+  void warmup(int64_t height, int64_t width, std::optional<int64_t> max_sequence_length = std::nullopt) const;
+
+  int64_t vae_scale_factor() const;
+  // Image sides must be multiples of this (the VAE's scale factor times the patch size).
+  int64_t size_multiple() const { return vae_scale_factor() * patch_size(); }
+  virtual int64_t default_sample_size() const = 0;
+  // The dtype each model component was loaded in (after "auto" was resolved), in
+  // model_cpu_offload_seq order.
+  std::vector<std::pair<std::string, DType>> dtypes() const;
+  // The bytes of every weight each component holds, by dtype and by where they live now
+  // (mapped checkpoint file, host copy, device), in model_cpu_offload_seq order.
+  struct WeightBytes {
+    std::string component;
+    std::map<std::string, size_t> by_dtype, by_place;
+  };
+  std::vector<WeightBytes> weight_bytes() const;
+  double load_seconds() const;
+  const std::filesystem::path& model_dir() const;
+
+ protected:
+  // The loaded components and their placement (pipelines/pipeline_state.h), from PipelineLoader.
+  explicit DiffusionPipeline(std::unique_ptr<PipelineState> state);
+
+  // ---- what a concrete pipeline provides ----
+  virtual const AutoencoderKL& vae() const = 0;
+  virtual int64_t patch_size() const = 0;
+  // The T5 length a call uses (its default when not given), checked against the pipeline's limit.
+  virtual int64_t max_sequence_length(const PipelineCallArgs& args) const = 0;
+  // Argument checks and warnings (prompt cuts) before the memory check; `out.warnings` collects them.
+  virtual void check_call(const PipelineCallArgs& args, int64_t height, int64_t width, PipelineOutput& out) const = 0;
+  // The peak activation bytes of each model component's forward at these sizes (latent h × w),
+  // in model_cpu_offload_seq order, traced without running anything (trace_peak_bytes).
+  virtual std::vector<size_t> trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
+                                                int64_t vae_tile_size) const = 0;
+  // Bytes the pipeline keeps across components (embeddings, latents, ids, tables).
+  virtual size_t carried_bytes(int64_t h, int64_t w, int64_t max_sequence_length) const = 0;
+  // Host bytes a call needs whatever the placement (noise, latents, tables, the image).
+  virtual double host_floor_bytes(int64_t height, int64_t width, int64_t max_sequence_length) const = 0;
+  virtual bool transformer_compiled() const = 0;
+  virtual void warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const = 0;
+  // The stages of __call__ after the checks, sized (height, width multiples of size_multiple()).
+  struct Sized {
+    int64_t height, width, max_sequence_length, vae_tile_size;
+  };
+  virtual void run(const PipelineCallArgs& args, const Sized& sized, PipelineOutput& out) const = 0;
+
+  // ---- what run() uses ----
+  // The offload hook before `component` runs (§4.1.3): every other component leaves the device,
+  // then it arrives (if not there already). A no-op unless model offload is on.
+  void use(const std::string& component) const;
+  // The VAE decode of latents z [1, C, h, w], tiled when vae_tile_size > 0.
+  Tensor decode(const Tensor& z, int64_t vae_tile_size) const;
+  const std::filesystem::path& dir() const;
+  // Peak bytes of a forward, traced (nothing runs): f's recorded ops' liveness.
+  static size_t trace_peak_bytes(const char* what, const std::function<Tensor()>& f);
+
+  // The profile and memory bookkeeping of the stages: each model component's launches count for
+  // it (exec/profile.h), and the allocator's cached blocks of the finished component are returned.
+  class Stages {
+   public:
+    explicit Stages(const DiffusionPipeline& pipe);
+    ~Stages();
+    void next(const char* component);  // the next component's work starts
+    void end();                        // no component's
+   private:
+    const DiffusionPipeline& pipe_;
+    struct Scope;
+    std::unique_ptr<Scope> scope_;
+  };
+
+  std::unique_ptr<PipelineState> s_;
+
+ private:
+  size_t memory_limit() const;
+  size_t physical_available() const;
+  std::vector<size_t> activations(int64_t h, int64_t w, int64_t max_sequence_length, int64_t vae_tile_size) const;
+  int64_t requested_vae_tile(const PipelineCallArgs& args) const;
+  void onload(size_t i) const;
+  void offload(size_t i) const;
+  void free_all() const;
+  std::string memory_misfit(const MemoryEstimate& e, const PipelineCallArgs& args) const;
+};
+
+// "1.50 GiB", "312.0 MiB", "4.0 KiB", "12 B".
+std::string format_bytes(size_t bytes);
+
+}  // namespace kiln

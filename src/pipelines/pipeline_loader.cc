@@ -1,0 +1,129 @@
+#include "pipelines/pipeline_loader.h"
+
+#include "core/error.h"
+#include "io/model_folder.h"
+#include "io/relative_name.h"
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path checked_folder(const fs::path& model) {
+  KILN_CHECK(fs::is_directory(model), "pipeline", "model folder ", model.string(), " does not exist");
+  return io::resolve_model_folder(model);  // a hub cache repo folder: its snapshot
+}
+
+// The class an index entry names ([library, class]); "" for [null, null].
+std::string entry_class(const nlohmann::json& entry) {
+  if (entry.is_array() && entry.size() == 2 && entry[1].is_null()) return "";
+  return entry.is_array() && entry.size() == 2 && entry[1].is_string() ? entry[1].get<std::string>() : entry.dump();
+}
+
+}  // namespace
+
+PipelineLoader::PipelineLoader(const fs::path& model, const PipelineOptions& options,
+                               const std::string& pipeline_class, std::vector<ComponentClasses> classes,
+                               std::vector<std::string> model_components)
+    : t0_(std::chrono::steady_clock::now()),
+      index_(checked_folder(model) / "model_index.json"),
+      state_(std::make_unique<PipelineState>()) {
+  state_->dir = checked_folder(model);
+  state_->options = options;
+  state_->device = options.device;
+  const fs::path index_file = state_->dir / "model_index.json";
+  io::model_index_components(index_, state_->dir, "pipeline");  // every listed name, before any load
+  const std::string cls = index_.get_string("_class_name", "");
+  KILN_CHECK(cls.empty() || cls == pipeline_class, "pipeline", index_file.string(), ": _class_name is '", cls,
+             "', expected ", pipeline_class);
+  for (const ComponentClasses& c : classes) {
+    if (!index_.has(c.component)) {
+      KILN_CHECK(c.optional, "pipeline", index_file.string(), ": component '", c.component, "' is not listed");
+      continue;
+    }
+    const std::string got = entry_class(index_.json()[c.component]);
+    if (got.empty()) {
+      KILN_CHECK(c.optional, "pipeline", index_file.string(), ": component '", c.component, "' is [null, null], but ",
+                 pipeline_class, " needs it");
+      continue;
+    }
+    std::string expected;
+    bool known = false;
+    for (const std::string& k : c.classes) {
+      known = known || got == k;
+      expected += (expected.empty() ? "" : " or ") + k;
+    }
+    KILN_CHECK(known, "pipeline", index_file.string(), ": component '", c.component, "' is ", got, ", which kiln's ",
+               pipeline_class, " does not implement (expected ", expected, ")");
+  }
+  for (const auto& [name, dtype] : options.component_dtype) {
+    bool known = false;
+    std::string list;
+    for (const std::string& m : model_components) {
+      known = known || name == m;
+      list += (list.empty() ? "" : ", ") + m;
+    }
+    KILN_CHECK(known, "pipeline", "dtype given for unknown component '", name, "' (", pipeline_class, "'s are ", list,
+               ")");
+  }
+  for (const ComponentClasses& c : classes)  // every folder, before any load
+    if (has(c.component)) path(c.component);
+  for (const std::string& m : model_components) state_->components.push_back({m, ComponentWeights(m), DType::f32, {}});
+}
+
+bool PipelineLoader::has(const std::string& component) const {
+  return index_.has(component) && !entry_class(index_.json()[component]).empty();
+}
+
+fs::path PipelineLoader::path(const std::string& component) const {
+  const fs::path index_file = state_->dir / "model_index.json";
+  KILN_CHECK(index_.has(component), "pipeline", index_file.string(), ": component '", component, "' is not listed");
+  io::check_relative_name("pipeline", index_file, "component", component,
+                          "a component folder inside " + state_->dir.string());
+  const fs::path p = state_->dir / component;
+  KILN_CHECK(fs::is_directory(p), "pipeline", "component folder ", p.string(), " is missing (listed in ",
+             index_file.string(), ")");
+  return p;
+}
+
+std::optional<DType> PipelineLoader::dtype(const std::string& component) const {
+  std::optional<DType> want = state_->options.dtype;
+  const auto& per = state_->options.component_dtype;
+  if (const auto it = per.find(component); it != per.end()) want = it->second;
+  KILN_CHECK(!want || is_floating(*want), "pipeline", "dtype for ", component, " must be bf16, f16 or f32, got ",
+             dtype_name(*want));
+  return want;
+}
+
+PipelineComponent& PipelineLoader::slot(const std::string& component) {
+  for (PipelineComponent& c : state_->components)
+    if (c.name == component) {
+      loaded_.push_back(component);
+      return c;
+    }
+  fail("pipeline", "internal: '", component, "' is not a model component of this pipeline");
+}
+
+void PipelineLoader::report_unused(const PipelineComponent& c, const std::vector<std::string>& unused) const {
+  for (const std::string& u : unused) {
+    const std::string msg = c.name + " does not use these checkpoint tensors: " + u;
+    KILN_CHECK(!state_->options.strict, "weights", msg, " (--strict refuses them)");
+    if (state_->options.on_warning) state_->options.on_warning(msg);
+  }
+}
+
+std::unique_ptr<PipelineState> PipelineLoader::finish() {
+  std::vector<PipelineComponent> kept;
+  for (PipelineComponent& c : state_->components)
+    for (const std::string& l : loaded_)
+      if (l == c.name) {
+        kept.push_back(std::move(c));
+        break;
+      }
+  state_->components = std::move(kept);
+  state_->load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  return std::move(state_);
+}
+
+}  // namespace kiln
