@@ -104,7 +104,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FluxTransformerGolden, ::testing::Values("flu
 
 // Spec §2.5.1 sanity vector (t = 1000, cos half first).
 TEST(FluxTransformer, TimestepSinusoidSanity) {
-  const auto e = to_vector(flux::timestep_sinusoid(from_vector({1000.0f}, {1})));
+  const auto e = to_vector(nn::timestep_sinusoid(from_vector({1000.0f}, {1})));
   ASSERT_EQ(e.size(), 256u);
   const std::vector<std::pair<size_t, float>> want{{0, 0.5623791f},   {1, 0.7896267f},   {2, 0.4399279f},
                                                    {127, 0.9942316f}, {128, 0.8268796f}, {129, 0.6135876f},

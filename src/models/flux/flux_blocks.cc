@@ -5,18 +5,11 @@
 namespace kiln::flux {
 namespace {
 
+using nn::layer_norm_no_affine;
+using nn::modulate;
+using nn::split_heads;
+
 constexpr double kNormEps = 1e-6;  // every LayerNorm and QK RMSNorm in the transformer
-
-// LayerNorm eps 1e-6 without affine parameters, as all transformer LNs are.
-Tensor ln(const Tensor& x) { return layer_norm(x, Tensor(), Tensor(), kNormEps); }
-
-// LN(x)·(1 + scale) + shift with scale/shift [B, D] broadcast over the sequence.
-Tensor modulate(const Tensor& normed, const Tensor& scale, const Tensor& shift) {
-  return normed * (1.0 + unsqueeze(scale, 1)) + unsqueeze(shift, 1);
-}
-
-// [B, S, H*hd] -> [B, S, H, hd]; the head count follows the (possibly sharded) width.
-Tensor heads(const Tensor& x, int64_t head_dim) { return reshape(x, {x.dim(0), x.dim(1), -1, head_dim}); }
 
 // fp16 activations are clamped to the finite range after each block, as Diffusers does.
 Tensor clamp_fp16(const Tensor& x) { return x.dtype() == DType::f16 ? clamp(x, -65504.0, 65504.0) : x; }
@@ -56,7 +49,7 @@ Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const R
 
 // ---- double-stream block ----
 
-FluxTransformerBlock::FluxTransformerBlock(const nn::Weights& w, const BlockDims& d) : dims_(d) {
+FluxTransformerBlock::FluxTransformerBlock(const nn::Weights& w, const nn::BlockDims& d) : dims_(d) {
   const int64_t D = d.dim, hd = d.head_dim, M = d.mlp_hidden;
   const nn::Weights attn = w.sub("attn");
   img_ = Stream{nn::Linear(w.sub("norm1").sub("linear"), D, 6 * D),
@@ -107,28 +100,28 @@ std::pair<Tensor, Tensor> FluxTransformerBlock::forward(const Tensor& x, const T
   const Tensor act = silu(temb);
   const std::vector<Tensor> m = chunk(img_.norm1(act), 6, 1);
   const std::vector<Tensor> mc = chunk(txt_.norm1(act), 6, 1);
-  const Tensor x_n = modulate(ln(x), m[1], m[0]);
-  const Tensor c_n = modulate(ln(c), mc[1], mc[0]);
+  const Tensor x_n = modulate(layer_norm_no_affine(x), m[1], m[0]);
+  const Tensor c_n = modulate(layer_norm_no_affine(c), mc[1], mc[0]);
 
   // Joint attention: each stream projects and RMS-normalises its own Q/K; text comes first.
-  const Tensor q = concat({txt_.norm_q(heads(txt_.q(c_n), hd)), img_.norm_q(heads(img_.q(x_n), hd))}, 1);
-  const Tensor k = concat({txt_.norm_k(heads(txt_.k(c_n), hd)), img_.norm_k(heads(img_.k(x_n), hd))}, 1);
-  const Tensor v = concat({heads(txt_.v(c_n), hd), heads(img_.v(x_n), hd)}, 1);
+  const Tensor q = concat({txt_.norm_q(split_heads(txt_.q(c_n), hd)), img_.norm_q(split_heads(img_.q(x_n), hd))}, 1);
+  const Tensor k = concat({txt_.norm_k(split_heads(txt_.k(c_n), hd)), img_.norm_k(split_heads(img_.k(x_n), hd))}, 1);
+  const Tensor v = concat({split_heads(txt_.v(c_n), hd), split_heads(img_.v(x_n), hd)}, 1);
   const Tensor o = rope_attention(q, k, v, rope);
   const Tensor attn_c = txt_.out(slice(o, 1, 0, L_txt));
   const Tensor attn_x = img_.out(slice(o, 1, L_txt, S));
 
   // Residual updates in Diffusers' order; FF = net.2(GELU_tanh(net.0.proj(·))).
   Tensor xo = x + unsqueeze(m[2], 1) * attn_x;
-  xo = xo + unsqueeze(m[5], 1) * img_.ff_out(gelu(img_.ff_in(modulate(ln(xo), m[4], m[3])), "tanh"));
+  xo = xo + unsqueeze(m[5], 1) * img_.ff_out(gelu(img_.ff_in(modulate(layer_norm_no_affine(xo), m[4], m[3])), "tanh"));
   Tensor co = c + unsqueeze(mc[2], 1) * attn_c;
-  co = co + unsqueeze(mc[5], 1) * txt_.ff_out(gelu(txt_.ff_in(modulate(ln(co), mc[4], mc[3])), "tanh"));
+  co = co + unsqueeze(mc[5], 1) * txt_.ff_out(gelu(txt_.ff_in(modulate(layer_norm_no_affine(co), mc[4], mc[3])), "tanh"));
   return {clamp_fp16(co), xo};  // Diffusers clamps only the text stream here
 }
 
 // ---- single-stream block ----
 
-FluxSingleTransformerBlock::FluxSingleTransformerBlock(const nn::Weights& w, const BlockDims& d)
+FluxSingleTransformerBlock::FluxSingleTransformerBlock(const nn::Weights& w, const nn::BlockDims& d)
     : norm_(w.sub("norm").sub("linear"), d.dim, 3 * d.dim),
       to_q_(w.sub("attn").sub("to_q"), d.dim, d.dim),
       to_k_(w.sub("attn").sub("to_k"), d.dim, d.dim),
@@ -164,23 +157,15 @@ std::pair<Tensor, Tensor> FluxSingleTransformerBlock::forward(const Tensor& x, c
   const Tensor h = concat({c, x}, 1);  // the residual
   // AdaLayerNormZeroSingle chunks: shift, scale, gate.
   const std::vector<Tensor> m = chunk(norm_(silu(temb)), 3, 1);
-  const Tensor h_n = modulate(ln(h), m[1], m[0]);
+  const Tensor h_n = modulate(layer_norm_no_affine(h), m[1], m[0]);
   // MLP and attention branches read the same h_n; attention has no output projection.
   const Tensor mlp = gelu(proj_mlp_(h_n), "tanh");
-  const Tensor a = rope_attention(norm_q_(heads(to_q_(h_n), hd)), norm_k_(heads(to_k_(h_n), hd)),
-                                  heads(to_v_(h_n), hd), rope);
+  const Tensor a = rope_attention(norm_q_(split_heads(to_q_(h_n), hd)), norm_k_(split_heads(to_k_(h_n), hd)),
+                                  split_heads(to_v_(h_n), hd), rope);
   const Tensor out = clamp_fp16(h + unsqueeze(m[2], 1) * proj_out_(concat({a, mlp}, 2)));
   return {slice(out, 1, 0, L_txt), slice(out, 1, L_txt, S)};
 }
 
 // ---- output norm ----
-
-AdaLayerNormContinuous::AdaLayerNormContinuous(const nn::Weights& w, int64_t dim)
-    : linear_(w.sub("linear"), dim, 2 * dim) {}
-
-Tensor AdaLayerNormContinuous::operator()(const Tensor& x, const Tensor& temb) const {
-  const std::vector<Tensor> m = chunk(linear_(silu(temb)), 2, 1);  // scale first, then shift
-  return modulate(ln(x), m[0], m[1]);
-}
 
 }  // namespace kiln::flux

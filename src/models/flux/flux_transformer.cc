@@ -139,12 +139,12 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, con
   Core& m = core_;
   m.x_embedder = nn::Linear(w.sub("x_embedder"), c.in_channels, D);
   m.context_embedder = nn::Linear(w.sub("context_embedder"), c.joint_attention_dim, D);
-  m.time_text_embed = flux::TimeTextEmbed(w.sub("time_text_embed"), D, c.pooled_projection_dim, c.guidance_embeds);
-  const flux::BlockDims dims{D, c.attention_head_dim, c.mlp_hidden()};
+  m.time_text_embed = nn::TimeTextEmbed(w.sub("time_text_embed"), D, c.pooled_projection_dim, c.guidance_embeds);
+  const nn::BlockDims dims{D, c.attention_head_dim, c.mlp_hidden()};
   for (int64_t i = 0; i < c.num_layers; ++i) m.transformer_blocks.emplace_back(w.sub("transformer_blocks", i), dims);
   for (int64_t i = 0; i < c.num_single_layers; ++i)
     m.single_transformer_blocks.emplace_back(w.sub("single_transformer_blocks", i), dims);
-  m.norm_out = flux::AdaLayerNormContinuous(w.sub("norm_out"), D);
+  m.norm_out = nn::AdaLayerNormContinuous(w.sub("norm_out"), D);
   m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features());
 }
 

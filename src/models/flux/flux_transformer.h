@@ -12,6 +12,7 @@
 #include "io/json_config.h"
 #include "distributed/tensor_parallel.h"
 #include "models/flux/flux_blocks.h"
+#include "nn/embeddings.h"
 
 namespace kiln {
 
@@ -113,10 +114,10 @@ class FluxTransformer2DModel {
   // traces (a copy of it lives in the compiled callable; tensors are shared handles).
   struct Core {
     nn::Linear x_embedder, context_embedder, proj_out;
-    flux::TimeTextEmbed time_text_embed;
+    nn::TimeTextEmbed time_text_embed;
     std::vector<flux::FluxTransformerBlock> transformer_blocks;
     std::vector<flux::FluxSingleTransformerBlock> single_transformer_blocks;
-    flux::AdaLayerNormContinuous norm_out;
+    nn::AdaLayerNormContinuous norm_out;
 
     Tensor time_embedding(const Tensor& timestep, const Tensor& pooled_projections,
                           const std::optional<Tensor>& guidance) const;
