@@ -66,8 +66,36 @@ void FlowMatchEulerDiscreteScheduler::set_timesteps(int64_t n, double mu) {
     const float shift = float(config_.shift);
     for (float& v : s) v = shift * v / (1.0f + (shift - 1.0f) * v);
   }
-  timesteps_.resize(size_t(n));
-  for (int64_t i = 0; i < n; ++i) timesteps_[size_t(i)] = s[size_t(i)] * float(config_.num_train_timesteps);
+  use_sigmas(s);
+}
+
+void FlowMatchEulerDiscreteScheduler::set_timesteps(int64_t n) {
+  KILN_CHECK(n >= 1, "scheduler", "num_inference_steps must be at least 1, got ", n);
+  KILN_CHECK(!config_.use_dynamic_shifting, "scheduler",
+             "dynamic shifting needs mu: set_timesteps(num_inference_steps, mu)");
+  // The training sigmas t/N_T for t = N_T..1, shifted in fp32 (the constructor's torch ops).
+  const float n_t = float(config_.num_train_timesteps), shift = float(config_.shift);
+  const auto trained = [&](float t) {
+    const float sigma = t / n_t;
+    return shift * sigma / (1.0f + (shift - 1.0f) * sigma);
+  };
+  const double sigma_max = trained(n_t), sigma_min = trained(1.0f);
+  // np.linspace(sigma_max * N_T, sigma_min * N_T, n) in float64 (last element exact), / N_T, the
+  // shift again in float64, then fp32.
+  const double start = sigma_max * double(config_.num_train_timesteps);
+  const double stop = sigma_min * double(config_.num_train_timesteps);
+  const double step = n > 1 ? (stop - start) / double(n - 1) : 0.0;
+  std::vector<float> s(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double sigma = (n > 1 && i == n - 1 ? stop : start + double(i) * step) / double(config_.num_train_timesteps);
+    s[size_t(i)] = float(config_.shift * sigma / (1.0 + (config_.shift - 1.0) * sigma));
+  }
+  use_sigmas(s);
+}
+
+void FlowMatchEulerDiscreteScheduler::use_sigmas(const std::vector<float>& s) {
+  timesteps_.resize(s.size());
+  for (size_t i = 0; i < s.size(); ++i) timesteps_[i] = s[i] * float(config_.num_train_timesteps);
   sigmas_ = s;
   sigmas_.push_back(0.0f);
   step_index_ = 0;

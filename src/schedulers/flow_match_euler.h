@@ -1,6 +1,6 @@
-// FlowMatchEulerDiscreteScheduler as FLUX uses it (flux1.md §6.5): the sigma schedule is
-// computed on the host in the same precision as Diffusers (fp32 after a float64 linspace),
-// with static or dynamic (resolution-dependent) shifting; step() is an Euler update whose
+// FlowMatchEulerDiscreteScheduler as FLUX (flux1.md §6.5) and SD3 (sd3.md §6) use it: the sigma
+// schedule is computed on the host in the same precision as Diffusers (fp32 after a float64
+// linspace), with static or dynamic (resolution-dependent) shifting; step() is an Euler update whose
 // per-step dt is a host scalar handed to the device as a value.
 #pragma once
 #include <filesystem>
@@ -30,8 +30,13 @@ class FlowMatchEulerDiscreteScheduler {
 
   // mu for an image of `image_seq_len` packed tokens (linear in the sequence length).
   double calculate_shift(int64_t image_seq_len) const;
-  // N steps from linspace(1, 1/N, N); `mu` is used only with dynamic shifting.
+  // N steps from linspace(1, 1/N, N); `mu` is used only with dynamic shifting (FluxPipeline
+  // passes these sigmas).
   void set_timesteps(int64_t num_inference_steps, double mu);
+  // set_timesteps(N) without sigmas (StableDiffusion3Pipeline): N steps from the largest to the
+  // smallest training sigma (both already shifted at construction, in fp32), shifted again in
+  // float64 (sd3.md §6's quirk), then fp32.
+  void set_timesteps(int64_t num_inference_steps);
 
   const std::vector<float>& sigmas() const { return sigmas_; }        // N + 1 values, last 0
   const std::vector<float>& timesteps() const { return timesteps_; }  // N values (sigma * 1000)
@@ -41,6 +46,8 @@ class FlowMatchEulerDiscreteScheduler {
   const FlowMatchEulerConfig& config() const { return config_; }
 
  private:
+  void use_sigmas(const std::vector<float>& sigmas);  // timesteps = sigmas * N_T, then a final sigma 0
+
   FlowMatchEulerConfig config_;
   std::vector<float> sigmas_, timesteps_;
   int64_t step_index_ = 0;

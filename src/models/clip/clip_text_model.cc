@@ -27,9 +27,12 @@ ClipTextModel::Config ClipTextModel::Config::from_json(const io::JsonConfig& jso
   c.hidden_act = json.get_string("hidden_act", c.hidden_act);
   c.layer_norm_eps = json.get_float("layer_norm_eps", c.layer_norm_eps);
   c.eos_token_id = json.get_int("eos_token_id", c.eos_token_id);
+  for (const std::string& a : json.get_string_list("architectures", {}))
+    c.with_projection = c.with_projection || a == "CLIPTextModelWithProjection";
+  c.projection_dim = json.get_int("projection_dim", c.projection_dim);
   for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
                          {"intermediate_size", c.intermediate_size}, {"num_attention_heads", c.num_attention_heads},
-                         {"max_position_embeddings", c.max_position_embeddings}})
+                         {"max_position_embeddings", c.max_position_embeddings}, {"projection_dim", c.projection_dim}})
     KILN_CHECK(v > 0, kWhere, json.source(), ": field '", name, "' must be positive, got ", v);
   KILN_CHECK(c.num_hidden_layers >= 0, kWhere, json.source(), ": field 'num_hidden_layers' must be >= 0, got ",
              c.num_hidden_layers);
@@ -66,6 +69,8 @@ ClipTextModel::ClipTextModel(const Config& config, const nn::Weights& weights) :
     layers_.push_back(std::move(l));
   }
   final_layer_norm_ = nn::LayerNorm(tm.sub("final_layer_norm"), E, config.layer_norm_eps);
+  if (config.with_projection)
+    text_projection_ = nn::Linear(weights.sub("text_projection"), E, config.projection_dim, /*bias=*/false);
 }
 
 std::vector<int64_t> ClipTextModel::pooled_positions(const std::vector<int64_t>& ids, int64_t batch, int64_t length,
@@ -138,6 +143,7 @@ ClipTextModel::Output ClipTextModel::forward(const Tensor& input_ids, bool outpu
   for (int64_t b = 0; b < B; ++b) rows[size_t(b)] = b * L + pos[size_t(b)];
   out.pooler_output =
       gather(reshape(out.last_hidden_state, {B * L, config_.hidden_size}), from_ints(rows, {B}));
+  if (config_.with_projection) out.text_embeds = text_projection_(out.pooler_output);
   return out;
 }
 

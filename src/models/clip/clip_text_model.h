@@ -1,5 +1,6 @@
 // CLIPTextModel (transformers), the text tower FLUX.1 takes its pooled prompt embedding from
-// (spec flux1.md §4.1). Weights use the transformers state-dict names ("text_model.encoder.
+// (spec flux1.md §4.1), and CLIPTextModelWithProjection, the same tower with `text_projection`
+// applied to the pooled output (SD3's CLIP-L and CLIP-G, sd3.md §3.1). Weights use the transformers state-dict names ("text_model.encoder.
 // layers.0.self_attn.q_proj.weight", ...), so a Hub `text_encoder/` folder loads as is.
 #pragma once
 #include <filesystem>
@@ -37,6 +38,9 @@ class ClipTextModel {
     std::string hidden_act = "quick_gelu";
     double layer_norm_eps = 1e-5;
     int64_t eos_token_id = 49407;
+    // CLIPTextModelWithProjection (config.json's architectures): text_projection [P, E], no bias.
+    bool with_projection = false;
+    int64_t projection_dim = 512;
     ClipPooledRule pooled_rule = ClipPooledRule::eos2_argmax;
 
     // Fields absent from the file take CLIPTextConfig's defaults (above). Checks the sizes
@@ -47,6 +51,7 @@ class ClipTextModel {
   struct Output {
     Tensor last_hidden_state;           // [B, L, E], after final_layer_norm
     Tensor pooler_output;               // [B, E]
+    Tensor text_embeds;                 // [B, P]: text_projection(pooler_output) (with projection only)
     std::vector<Tensor> hidden_states;  // N+1 entries: embeddings, then after each layer (no final norm)
   };
 
@@ -80,6 +85,7 @@ class ClipTextModel {
   nn::Embedding token_embedding_, position_embedding_;
   std::vector<Layer> layers_;
   nn::LayerNorm final_layer_norm_;
+  nn::Linear text_projection_;
 };
 
 }  // namespace kiln
