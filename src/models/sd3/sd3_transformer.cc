@@ -1,0 +1,354 @@
+#include "models/sd3/sd3_transformer.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/error.h"
+#include "exec/capture.h"
+#include "exec/memory_plan.h"
+
+namespace kiln {
+namespace {
+
+constexpr const char* kWhere = "SD3Transformer2DModel";
+
+// The whole-model callable's args.
+const std::vector<std::string> kArgNames{"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"};
+
+}  // namespace
+
+// ---- config ----
+
+SD3TransformerConfig SD3TransformerConfig::from_json(const io::JsonConfig& j) {
+  SD3TransformerConfig c;
+  c.sample_size = j.get_int("sample_size", c.sample_size);
+  c.patch_size = j.get_int("patch_size", c.patch_size);
+  c.in_channels = j.get_int("in_channels", c.in_channels);
+  c.num_layers = j.get_int("num_layers", c.num_layers);
+  c.attention_head_dim = j.get_int("attention_head_dim", c.attention_head_dim);
+  c.num_attention_heads = j.get_int("num_attention_heads", c.num_attention_heads);
+  c.joint_attention_dim = j.get_int("joint_attention_dim", c.joint_attention_dim);
+  c.caption_projection_dim = j.get_int("caption_projection_dim", c.caption_projection_dim);
+  c.pooled_projection_dim = j.get_int("pooled_projection_dim", c.pooled_projection_dim);
+  // JsonConfig reads null as absent, but here they differ: an absent out_channels is the class
+  // default 16, a null one means in_channels.
+  const nlohmann::json& raw = j.json();
+  const auto is_null = [&](const char* field) { return raw.contains(field) && raw.at(field).is_null(); };
+  c.out_channels = is_null("out_channels") ? c.in_channels : j.get_int("out_channels", c.out_channels);
+  // A null pos_embed_max_size makes Diffusers compute an (interpolated) table instead of
+  // loading one; no released checkpoint does that.
+  KILN_CHECK(!is_null("pos_embed_max_size"), kWhere, j.source(),
+             ": 'pos_embed_max_size' null (a computed, non-persistent positional table) is not supported");
+  c.pos_embed_max_size = j.get_int("pos_embed_max_size", c.pos_embed_max_size);
+  c.dual_attention_layers = j.get_int_list("dual_attention_layers", c.dual_attention_layers);
+  if (j.has("qk_norm")) c.qk_norm = j.get_string("qk_norm");
+  c.validate(j.source());
+  return c;
+}
+
+void SD3TransformerConfig::validate(const std::string& source) const {
+  const auto positive = [&](int64_t v, const char* field) {
+    KILN_CHECK(v > 0, kWhere, source, ": '", field, "' must be positive, got ", v);
+  };
+  positive(sample_size, "sample_size");
+  positive(patch_size, "patch_size");
+  positive(in_channels, "in_channels");
+  positive(out_channels, "out_channels");
+  KILN_CHECK(num_layers >= 0, kWhere, source, ": 'num_layers' must be >= 0, got ", num_layers);
+  positive(attention_head_dim, "attention_head_dim");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(joint_attention_dim, "joint_attention_dim");
+  positive(caption_projection_dim, "caption_projection_dim");
+  positive(pooled_projection_dim, "pooled_projection_dim");
+  positive(pos_embed_max_size, "pos_embed_max_size");
+  // The blocks run the text stream at the image stream's width (every released config).
+  KILN_CHECK(caption_projection_dim == inner_dim(), kWhere, source, ": 'caption_projection_dim' (",
+             caption_projection_dim, ") must equal num_attention_heads * attention_head_dim = ", num_attention_heads,
+             " * ", attention_head_dim, " = ", inner_dim());
+  for (int64_t i : dual_attention_layers)
+    KILN_CHECK(i >= 0 && i < num_layers, kWhere, source, ": 'dual_attention_layers' entry ", i,
+               " is not a block index (num_layers = ", num_layers, ")");
+  KILN_CHECK(!qk_norm || *qk_norm == "rms_norm", kWhere, source, ": 'qk_norm' must be null or \"rms_norm\", got \"",
+             qk_norm.value_or(""), "\"");
+}
+
+sd3::JointBlockStructure SD3TransformerConfig::block_structure(int64_t i) const {
+  sd3::JointBlockStructure s;
+  s.dual_attention =
+      std::find(dual_attention_layers.begin(), dual_attention_layers.end(), i) != dual_attention_layers.end();
+  s.context_pre_only = i == num_layers - 1;
+  s.qk_norm = qk_norm.has_value();
+  return s;
+}
+
+// ---- class data ----
+
+const std::vector<std::string>& SD3Transformer2DModel::repeated_blocks() {
+  static const std::vector<std::string> names{sd3::JointTransformerBlock::kClassName};
+  return names;
+}
+
+std::vector<TensorParallelEntry> SD3Transformer2DModel::tp_plan(bool shard_modulation) {
+  // Colwise producers feed rowwise consumers (one all-reduce per rowwise Linear). Q/K/V are
+  // split by whole heads (the per-head RMSNorm weights stay replicated); the last block has no
+  // to_add_out / ff_context, so those entries simply match nothing there.
+  std::vector<TensorParallelEntry> plan{
+      {"transformer_blocks.*.attn.to_q", "colwise", {}},
+      {"transformer_blocks.*.attn.to_k", "colwise", {}},
+      {"transformer_blocks.*.attn.to_v", "colwise", {}},
+      {"transformer_blocks.*.attn.add_q_proj", "colwise", {}},
+      {"transformer_blocks.*.attn.add_k_proj", "colwise", {}},
+      {"transformer_blocks.*.attn.add_v_proj", "colwise", {}},
+      {"transformer_blocks.*.attn.to_out.0", "rowwise", {}},
+      {"transformer_blocks.*.attn.to_add_out", "rowwise", {}},
+      {"transformer_blocks.*.attn2.to_q", "colwise", {}},
+      {"transformer_blocks.*.attn2.to_k", "colwise", {}},
+      {"transformer_blocks.*.attn2.to_v", "colwise", {}},
+      {"transformer_blocks.*.attn2.to_out.0", "rowwise", {}},
+      {"transformer_blocks.*.ff.net.0.proj", "colwise", {}},
+      {"transformer_blocks.*.ff.net.2", "rowwise", {}},
+      {"transformer_blocks.*.ff_context.net.0.proj", "colwise", {}},
+      {"transformer_blocks.*.ff_context.net.2", "rowwise", {}},
+  };
+  if (shard_modulation)
+    for (const char* p :
+         {"transformer_blocks.*.norm1.linear", "transformer_blocks.*.norm1_context.linear", "norm_out.linear"})
+      plan.push_back({p, "colwise_gather", {}});
+  return plan;
+}
+
+// ---- construction ----
+
+SD3Transformer2DModel SD3Transformer2DModel::from_pretrained(const std::filesystem::path& dir,
+                                                             std::optional<DType> dtype) {
+  return SD3Transformer2DModel(SD3TransformerConfig::from_json(io::JsonConfig(dir / "config.json")),
+                               nn::Weights(dir).with_dtype(dtype));
+}
+
+SD3Transformer2DModel SD3Transformer2DModel::from_pretrained(const std::filesystem::path& dir,
+                                                             const TensorParallelConfig& tp,
+                                                             std::optional<DType> dtype) {
+  SD3TransformerConfig config = SD3TransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
+  const int n = tp.mesh.size();
+  KILN_CHECK(config.num_attention_heads % n == 0, "tp", "tp_degree (", n,
+             ") must divide the number of attention heads (", config.num_attention_heads, ") of ",
+             (dir / "config.json").string());
+  return SD3Transformer2DModel(std::move(config), nn::Weights(dir).with_dtype(dtype).with_plan(
+                                                      ShardPlan::make(tp_plan(tp.shard_modulation), tp.mesh)));
+}
+
+SD3Transformer2DModel::SD3Transformer2DModel(SD3TransformerConfig config, const nn::Weights& w)
+    : config_(std::move(config)) {
+  const SD3TransformerConfig& c = config_;
+  c.validate();
+  const int64_t D = c.inner_dim();
+  // A checkpoint with more blocks, or tensors of a variant the config does not name, would load
+  // "fine" and compute another model, so those disagreements are errors too. (The opposite
+  // cases fail on a missing tensor or on norm1's shape.)
+  const auto extra = [&](const std::string& key, const std::string& what) {
+    KILN_CHECK(!w.has(key), kWhere, w.describe(), ": the checkpoint has '", w.key(key), "' but ", what);
+  };
+  extra("transformer_blocks." + std::to_string(c.num_layers) + ".norm1.linear.weight",
+        "the config has num_layers=" + std::to_string(c.num_layers));
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string block = "transformer_blocks." + std::to_string(i);
+    if (!c.block_structure(i).dual_attention)
+      extra(block + ".attn2.to_q.weight",
+            "the config's dual_attention_layers does not list block " + std::to_string(i));
+    if (!c.qk_norm) extra(block + ".attn.norm_q.weight", "the config has qk_norm=null");
+  }
+
+  Core& m = core_;
+  m.patch_size = c.patch_size;
+  m.out_channels = c.out_channels;
+  m.pos_embed = sd3::PatchEmbed(w.sub("pos_embed"), c.in_channels, D, c.patch_size, c.pos_embed_max_size);
+  m.time_text_embed = nn::TimeTextEmbed(w.sub("time_text_embed"), D, c.pooled_projection_dim,
+                                          /*guidance_embeds=*/false);
+  m.context_embedder = nn::Linear(w.sub("context_embedder"), c.joint_attention_dim, c.caption_projection_dim);
+  const nn::BlockDims dims{D, c.attention_head_dim, c.mlp_hidden()};
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    m.transformer_blocks.emplace_back(w.sub("transformer_blocks", i), dims, c.block_structure(i));
+  m.norm_out = nn::AdaLayerNormContinuous(w.sub("norm_out"), D);
+  m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features());
+}
+
+DType SD3Transformer2DModel::dtype() const { return core_.context_embedder.weight.dtype(); }
+
+// ---- whole-model compile state ----
+
+struct SD3Transformer2DModel::Compiled {
+  CompileOptions options;
+  std::shared_ptr<const Core> core;  // the modules as they were at compile()
+  mutable std::mutex mu;
+  // skip_layers changes the graph (as it guards a torch.compile'd forward), so each set gets its
+  // own callable; sets are few in practice (none, and the guidance layers).
+  mutable std::map<std::vector<int64_t>, std::shared_ptr<const CompiledFunction>> by_skip;
+
+  std::shared_ptr<const CompiledFunction> callable(const std::vector<int64_t>& skip) const {
+    std::lock_guard<std::mutex> lock(mu);
+    std::shared_ptr<const CompiledFunction>& f = by_skip[skip];
+    if (!f) {
+      const std::string name = skip.empty() ? kWhere : std::string(kWhere) + " skip_layers=" + to_string(skip);
+      f = std::make_shared<const CompiledFunction>(
+          name,
+          [core = core, skip](const std::vector<Tensor>& a) {
+            return std::vector<Tensor>{core->forward(a[0], a[1], a[2], a[3], skip)};
+          },
+          options, kArgNames);
+    }
+    return f;
+  }
+};
+
+// ---- forward ----
+
+Tensor SD3Transformer2DModel::Core::time_embedding(const Tensor& timestep, const Tensor& pooled_projections) const {
+  // CombinedTimestepTextProjEmbeddings: the timestep is used as given (no ×1000, unlike FLUX's
+  // sigma), its f32 sinusoid cast to the pooled projections' dtype.
+  return time_text_embed(timestep, std::nullopt, pooled_projections);
+}
+
+Tensor SD3Transformer2DModel::Core::unpatchify(const Tensor& y, int64_t height, int64_t width) const {
+  const int64_t p = patch_size, h = height / p, w = width / p, B = y.dim(0), C = out_channels;
+  // [B, h, w, p, p, C] -> [B, C, h, p, w, p] (einsum "nhwpqc->nchpwq") -> [B, C, h·p, w·p].
+  const Tensor t = permute(reshape(y, {B, h, w, p, p, C}), {0, 5, 1, 3, 2, 4});
+  return reshape(t, {B, C, height, width});
+}
+
+Tensor SD3Transformer2DModel::Core::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
+                                            const Tensor& pooled_projections, const Tensor& timestep,
+                                            const std::vector<int64_t>& skip) const {
+  Tensor x;
+  {
+    ModuleScope scope("pos_embed");
+    x = pos_embed(hidden_states);
+  }
+  const Tensor temb = time_embedding(timestep, pooled_projections);
+  Tensor ctx = context_embedder(encoder_hidden_states);
+  for (size_t i = 0; i < transformer_blocks.size(); ++i) {
+    // A skipped block passes both streams through unchanged.
+    if (std::binary_search(skip.begin(), skip.end(), int64_t(i))) continue;
+    ModuleScope scope("transformer_blocks", int64_t(i));
+    std::tie(ctx, x) = transformer_blocks[i](x, ctx, temb);
+  }
+  ModuleScope scope("norm_out");
+  return unpatchify(proj_out(norm_out(x, temb)), hidden_states.dim(2), hidden_states.dim(3));
+}
+
+std::vector<Tensor> SD3Transformer2DModel::Core::parameters() const {
+  std::vector<Tensor> p;
+  pos_embed.append_parameters(p);
+  time_text_embed.append_parameters(p);
+  context_embedder.append_parameters(p);
+  for (const auto& b : transformer_blocks)
+    for (const Tensor& t : b.parameters()) p.push_back(t);
+  norm_out.append_parameters(p);
+  proj_out.append_parameters(p);
+  return p;
+}
+
+std::vector<Tensor> SD3Transformer2DModel::parameters() const { return core_.parameters(); }
+
+std::vector<int64_t> SD3Transformer2DModel::checked_skip_layers(const std::vector<int64_t>& skip_layers) const {
+  std::vector<int64_t> skip = skip_layers;
+  std::sort(skip.begin(), skip.end());
+  skip.erase(std::unique(skip.begin(), skip.end()), skip.end());
+  // Diffusers ignores an index past the last block; here it is an error, as it is most likely a
+  // list meant for a deeper model (SD3.5 Medium's [7, 8, 9] on a smaller one).
+  for (int64_t i : skip)
+    KILN_CHECK(i >= 0 && i < config_.num_layers, kWhere, "skip_layers entry ", i,
+               " is not a block index (the model has ", config_.num_layers, " blocks)");
+  return skip;
+}
+
+Tensor SD3Transformer2DModel::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
+                                      const Tensor& pooled_projections, const Tensor& timestep,
+                                      const std::vector<int64_t>& skip_layers) const {
+  const SD3TransformerConfig& c = config_;
+  KILN_CHECK(hidden_states.rank() == 4 && hidden_states.dim(1) == c.in_channels, kWhere, "hidden_states must be [B, ",
+             c.in_channels, ", h, w], got ", to_string(hidden_states.shape()));
+  const int64_t B = hidden_states.dim(0), h = hidden_states.dim(2), w = hidden_states.dim(3), p = c.patch_size;
+  KILN_CHECK(h % p == 0 && w % p == 0, kWhere, "the latent height and width (", h, "x", w,
+             ") must be multiples of patch_size = ", p);
+  KILN_CHECK(h / p <= c.pos_embed_max_size && w / p <= c.pos_embed_max_size, kWhere, "a latent of ", h, "x", w, " is ",
+             h / p, "x", w / p, " patches, more than pos_embed_max_size = ", c.pos_embed_max_size, " in a dimension");
+  KILN_CHECK(encoder_hidden_states.rank() == 3 && encoder_hidden_states.dim(0) == B &&
+                 encoder_hidden_states.dim(2) == c.joint_attention_dim,
+             kWhere, "encoder_hidden_states must be [", B, ", L_txt, ", c.joint_attention_dim, "], got ",
+             to_string(encoder_hidden_states.shape()));
+  KILN_CHECK(pooled_projections.shape() == Shape({B, c.pooled_projection_dim}), kWhere, "pooled_projections must be [",
+             B, ", ", c.pooled_projection_dim, "], got ", to_string(pooled_projections.shape()));
+  KILN_CHECK(timestep.rank() == 1 && (timestep.dim(0) == B || timestep.dim(0) == 1), kWhere, "timestep must be [", B,
+             "], got ", to_string(timestep.shape()));
+  const std::vector<int64_t> skip = checked_skip_layers(skip_layers);
+
+  if (compiled_)
+    return (*compiled_->callable(skip))({hidden_states, encoder_hidden_states, pooled_projections, timestep},
+                                        core_.parameters())[0];
+  return core_.forward(hidden_states, encoder_hidden_states, pooled_projections, timestep, skip);
+}
+
+// ---- compiled mode ----
+
+void SD3Transformer2DModel::compile(const CompileOptions& options) {
+  options.validate(kWhere);
+  auto c = std::make_shared<Compiled>();
+  c->options = options;
+  c->core = std::make_shared<const Core>(core_);
+  c->callable({});
+  compiled_ = std::move(c);
+}
+
+void SD3Transformer2DModel::compile_repeated_blocks(const CompileOptions& options) {
+  options.validate(kWhere);
+  KILN_CHECK(!core_.transformer_blocks.empty(), kWhere,
+             "regional compilation failed because none of the repeated block classes (JointTransformerBlock) was "
+             "found in the model (num_layers = 0)");
+  for (auto& b : core_.transformer_blocks) b.compile(options);
+}
+
+std::vector<Tensor> SD3Transformer2DModel::placeholder_args(int64_t batch, int64_t height, int64_t width,
+                                                            int64_t l_txt) const {
+  const SD3TransformerConfig& c = config_;
+  KILN_CHECK(batch > 0 && height > 0 && width > 0 && l_txt > 0, kWhere, "needs positive sizes, got B=", batch,
+             " h=", height, " w=", width, " L_txt=", l_txt);
+  KILN_CHECK(height % c.patch_size == 0 && width % c.patch_size == 0, kWhere, "the latent height and width (", height,
+             "x", width, ") must be multiples of patch_size = ", c.patch_size);
+  const DType dt = dtype();
+  // Host memory: placeholders are never read, and must not count against the device's budget.
+  auto placeholder = [&](const Shape& shape, DType type) {
+    return Tensor::view_of(host_allocate(size_t(numel(shape)) * dtype_size(type)), shape, type);
+  };
+  return {placeholder({batch, c.in_channels, height, width}, dt),
+          placeholder({batch, l_txt, c.joint_attention_dim}, dt), placeholder({batch, c.pooled_projection_dim}, dt),
+          placeholder({batch}, DType::f32)};
+}
+
+void SD3Transformer2DModel::warmup(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const {
+  const std::vector<Tensor> a = placeholder_args(batch, height, width, l_txt);
+  if (compiled_) {
+    compiled_->callable({})->prepare(a, core_.parameters());
+    return;
+  }
+  // Blocks: their args are (x, c, temb), all in the model's width.
+  const DType dt = dtype();
+  const int64_t D = config_.inner_dim(), l_img = (height / config_.patch_size) * (width / config_.patch_size);
+  auto placeholder = [&](const Shape& shape) {
+    return Tensor::view_of(host_allocate(size_t(numel(shape)) * dtype_size(dt)), shape, dt);
+  };
+  const std::vector<Tensor> args{placeholder({batch, l_img, D}), placeholder({batch, l_txt, D}),
+                                 placeholder({batch, D})};
+  for (const auto& b : core_.transformer_blocks)
+    if (b.compiled()) b.compiled()->prepare(args, b.parameters());
+}
+
+size_t SD3Transformer2DModel::activation_bytes(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const {
+  const std::vector<Tensor> a = placeholder_args(batch, height, width, l_txt);
+  const detail::Captured cap =
+      detail::capture(kWhere, [&] { return std::vector<Tensor>{core_.forward(a[0], a[1], a[2], a[3], {})}; });
+  return unfused_peak_bytes_on(cap.recorded, Device::cpu());
+}
+
+}  // namespace kiln
