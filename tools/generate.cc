@@ -356,6 +356,13 @@ int generate(const std::vector<std::string>& args) {
                           {"prompt", o.call.prompt},
                           {"prompt_2", o.call.prompt_2.value_or(o.call.prompt)},
                           {"pipeline", pipe.class_name()},
+                          {"prompt_3", o.call.prompt_3 ? nlohmann::json(*o.call.prompt_3) : nlohmann::json()},
+                          {"negative_prompt", o.call.negative_prompt ? nlohmann::json(*o.call.negative_prompt)
+                                                                     : nlohmann::json()},
+                          {"skip_guidance_layers", o.call.skip_guidance_layers},
+                          {"skip_layer_guidance_scale", o.call.skip_layer_guidance_scale},
+                          {"skip_layer_guidance_start", o.call.skip_layer_guidance_start},
+                          {"skip_layer_guidance_stop", o.call.skip_layer_guidance_stop},
                           {"height", o.call.height ? nlohmann::json(*o.call.height) : nlohmann::json()},
                           {"width", o.call.width ? nlohmann::json(*o.call.width) : nlohmann::json()},
                           {"output_height", result.height},

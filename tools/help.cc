@@ -7,18 +7,25 @@ namespace kiln::cli {
 const std::vector<CommandDoc>& commands() {
   static const std::vector<CommandDoc> docs = {
       {"generate",
-       "Text to image with a FLUX.1 checkpoint in Diffusers layout (FluxPipeline). Without --model it runs the small "
-       "FLUX.1 checkpoint bundled with kiln (128x128, 4 steps).",
+       "Text to image with a checkpoint in Diffusers layout: the pipeline class its model_index.json names "
+       "(FluxPipeline: FLUX.1; StableDiffusion3Pipeline: SD3 / SD3.5). Without --model it runs the small FLUX.1 "
+       "checkpoint bundled with kiln (128x128, 4 steps).",
        {
            {"--model", "DIR", "the bundled checkpoint",
-            "a Diffusers FLUX.1 folder, a Hugging Face hub cache snapshot, or its models--org--name folder"},
-           {"--prompt", "TEXT", "required with --model", "the CLIP prompt (and the T5 one unless --prompt-2)"},
-           {"--prompt-2", "TEXT", "--prompt", "the T5 prompt"},
+            "a Diffusers FLUX.1 or SD3 folder, a Hugging Face hub cache snapshot, or its models--org--name folder"},
+           {"--prompt", "TEXT", "required with --model", "the prompt of every text encoder without its own"},
+           {"--prompt-2", "TEXT", "--prompt", "FLUX: the T5 prompt; SD3: the CLIP-G prompt"},
+           {"--prompt-3", "TEXT", "--prompt", "SD3: the T5 prompt"},
+           {"--negative-prompt", "TEXT", "\"\"", "SD3: the unconditional prompt of classifier-free guidance "
+                                                "(--negative-prompt-2 / -3 for CLIP-G / T5)"},
            {"--height", "H", "1024 (128 x vae_scale_factor)", "image height; not a multiple of 16: rounded down"},
            {"--width", "W", "1024 (128 x vae_scale_factor)", "image width; not a multiple of 16: rounded down"},
            {"--steps", "N", "28 (4 for the bundled checkpoint)", "num_inference_steps (use 4 for schnell)"},
-           {"--guidance", "G", "3.5", "guidance scale (guidance-distilled dev checkpoints only)"},
-           {"--max-sequence-length", "N", "512 (32 for the bundled checkpoint)",
+           {"--guidance", "G", "FLUX 3.5, SD3 7.0", "FLUX: guidance-distilled (dev) checkpoints only; SD3: "
+                                                  "classifier-free guidance, on above 1 (two transformer passes per step)"},
+           {"--slg-layers", "I,J,...", "off", "SD3 skip-layer guidance: blocks skipped in a third pass (SD3.5 Medium: "
+                                              "7,8,9); --slg-scale 2.8, --slg-start 0.01, --slg-stop 0.2"},
+           {"--max-sequence-length", "N", "FLUX 512, SD3 256 (32 for the bundled checkpoint)",
             "T5 tokens, 1 to 512; a longer prompt is cut with a warning"},
            {"--seed", "S", "0", "noise of torch.Generator(\"cpu\").manual_seed(S) + torch.randn"},
            {"--latents", "FILE[:TENSOR]", "", "initial noise from a safetensors file: the tensor 'latents', the only "
@@ -69,13 +76,18 @@ const std::vector<CommandDoc>& commands() {
            {"--help", "", "", "this text"},
        }},
       {"make-random",
-       "Write a complete Diffusers FLUX.1 folder at DIR with deterministic random weights at the real widths (configs "
-       "as on the Hub, bundled tokenizers), to measure speed and memory without the download. Weights are streamed to "
-       "disk; DIR must be new or empty and is only created once every file is written.",
+       "Write a complete Diffusers FLUX.1 or Stable Diffusion 3 / 3.5 Medium folder at DIR with deterministic "
+       "random weights at the real widths (configs as on the Hub, bundled tokenizers), to measure speed and memory "
+       "without the download. Weights are streamed to disk; DIR must be new or empty and is only created once every "
+       "file is written.",
        {
-           {"--like", "flux1-schnell|flux1-dev", "required", "the checkpoint to imitate (dev adds the guidance embedding "
-                                                            "and the scheduler's dynamic shifting)"},
-           {"--blocks", "D+S", "19+38", "double-stream + single-stream transformer blocks"},
+           {"--like", "flux1-schnell|flux1-dev|sd3-medium|sd3.5-medium", "required",
+            "the checkpoint to imitate (flux1-dev adds the guidance embedding and the scheduler's dynamic shifting; "
+            "sd3.5-medium adds dual attention in blocks 0-12, QK RMSNorm and a 384x384 positional table to "
+            "sd3-medium's transformer)"},
+           {"--blocks", "D+S | N", "19+38 (FLUX.1), 24 (SD3)",
+            "FLUX.1: double-stream + single-stream transformer blocks; SD3: transformer blocks N >= 1 (the last is "
+            "the context-pre-only block; sd3.5-medium's dual-attention blocks are those of 0-12 below N)"},
            {"--t5-layers", "N", "24", "T5 encoder layers"},
            {"--dtype", "bf16|f16|f32", "bf16", "the stored dtype of every weight"},
            {"--seed", "S", "0", "the weights' seed: the same seed writes the same bytes"},

@@ -4,6 +4,7 @@
 #include "io/json_config.h"
 #include "io/model_folder.h"
 #include "pipelines/flux_pipeline.h"
+#include "pipelines/stable_diffusion_3_pipeline.h"
 
 namespace kiln {
 
@@ -22,6 +23,7 @@ std::unique_ptr<DiffusionPipeline> load_as(const std::filesystem::path& dir, con
 const std::vector<PipelineClass>& pipeline_classes() {
   static const std::vector<PipelineClass> table = {
       {FluxPipeline::kClassName, &load_as<FluxPipeline>},
+      {StableDiffusion3Pipeline::kClassName, &load_as<StableDiffusion3Pipeline>},
   };
   return table;
 }
