@@ -1,6 +1,7 @@
-// `kiln make-random DIR --like flux1-schnell|flux1-dev`: a real-size FLUX.1 folder with
-// deterministic random weights, for speed and memory measurements without the download. The
-// work is models/random/flux1_random_folder.h; this file reads the flags and prints the summary.
+// `kiln make-random DIR --like flux1-schnell|flux1-dev|sd3-medium|sd3.5-medium`: a real-size
+// FLUX.1 or Stable Diffusion 3 / 3.5 Medium folder with deterministic random weights, for speed
+// and memory measurements without the download. The work is models/random/flux1_random_folder.h
+// and sd3_random_folder.h; this file reads the flags and prints the summary.
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -11,6 +12,8 @@
 #include "commands.h"
 #include "core/error.h"
 #include "models/random/flux1_random_folder.h"
+#include "models/random/sd3_random_folder.h"
+#include "models/random/sd3_transformer_random.h"
 
 namespace kiln::cli {
 
@@ -48,6 +51,16 @@ std::pair<int64_t, int64_t> parse_blocks(const std::string& v) {
   return {part(v.substr(0, plus)), part(v.substr(plus + 1))};
 }
 
+// "--blocks N" (SD3): the transformer block count.
+int64_t parse_sd3_blocks(const std::string& v, const std::string& like) {
+  KILN_CHECK(!v.empty() && v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos, "cli",
+             "--blocks ", v, ": expected N, the number of transformer blocks of ", like, " (e.g. 24)");
+  const int64_t n = std::stoll(v);
+  KILN_CHECK(n >= 1, "cli", "--blocks ", v, ": ", like,
+             " needs at least 1 transformer block (the last is the context-pre-only one)");
+  return n;
+}
+
 DType parse_weights_dtype(const std::string& v) {
   for (DType t : {DType::bf16, DType::f16, DType::f32})
     if (v == dtype_name(t)) return t;
@@ -64,9 +77,10 @@ void print_component(const rw::WrittenComponent& c, double seconds) {
 }  // namespace
 
 int make_random(const std::vector<std::string>& args) {
-  rw::Flux1RandomOptions o;
-  std::optional<std::string> dir;
-  bool like_given = false;
+  std::optional<std::string> dir, like, blocks;
+  int64_t t5_layers = 24;
+  DType dtype = DType::bf16;
+  uint64_t seed = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (!flag.starts_with("--")) {
@@ -80,45 +94,66 @@ int make_random(const std::vector<std::string>& args) {
     };
     if (flag == "--like") {
       const std::string& v = value();
-      const auto variant = rw::parse_flux1_variant(v);
-      KILN_CHECK(variant, "cli", "--like ", v, ": expected flux1-schnell or flux1-dev");
-      o.variant = *variant;
-      like_given = true;
+      KILN_CHECK(rw::parse_flux1_variant(v) || rw::parse_sd3_variant(v), "cli", "--like ", v,
+                 ": expected flux1-schnell or flux1-dev (FLUX.1), sd3-medium or sd3.5-medium (Stable Diffusion 3)");
+      like = v;
     } else if (flag == "--blocks") {
-      std::tie(o.num_layers, o.num_single_layers) = parse_blocks(value());
+      blocks = value();  // read once --like is known: D+S for FLUX.1, N for SD3
     } else if (flag == "--t5-layers") {
-      o.t5_layers = parse_int(flag, value());
-      KILN_CHECK(o.t5_layers >= 1, "cli", "--t5-layers must be at least 1 (block 0 holds T5's position bias), got ",
-                 o.t5_layers);
+      t5_layers = parse_int(flag, value());
+      KILN_CHECK(t5_layers >= 1, "cli", "--t5-layers must be at least 1 (block 0 holds T5's position bias), got ",
+                 t5_layers);
     } else if (flag == "--dtype") {
-      o.dtype = parse_weights_dtype(value());
+      dtype = parse_weights_dtype(value());
     } else if (flag == "--seed") {
-      const int64_t seed = parse_int(flag, value());
-      KILN_CHECK(seed >= 0, "cli", "--seed must be >= 0, got ", seed);
-      o.seed = uint64_t(seed);
+      const int64_t s = parse_int(flag, value());
+      KILN_CHECK(s >= 0, "cli", "--seed must be >= 0, got ", s);
+      seed = uint64_t(s);
     } else {
       fail("cli", "unknown flag '", flag, "' for make-random (see kiln make-random --help)");
     }
   }
   KILN_CHECK(dir, "cli",
              "make-random needs the folder to write, e.g. kiln make-random /tmp/flux1 --like flux1-schnell");
-  KILN_CHECK(like_given, "cli", "make-random needs --like flux1-schnell or --like flux1-dev");
+  KILN_CHECK(like, "cli",
+             "make-random needs --like flux1-schnell, --like flux1-dev, --like sd3-medium or --like sd3.5-medium");
 
   const auto t0 = std::chrono::steady_clock::now();
-  rw::Flux1RandomProgress progress;
+  rw::RandomFolderProgress progress;
   bool started = false;
+  std::string what;  // "(...)" of the first line
   progress.starting = [&](const rw::WrittenComponent&) {  // the folder passed every check
     if (std::exchange(started, true)) return;
-    std::printf(
-        "kiln: writing a random %s folder (%lld+%lld transformer blocks, %lld T5 layers, %s, seed %llu) to %s\n",
-        rw::flux1_variant_name(o.variant), static_cast<long long>(o.num_layers),
-        static_cast<long long>(o.num_single_layers), static_cast<long long>(o.t5_layers), dtype_name(o.dtype),
-        static_cast<unsigned long long>(o.seed), dir->c_str());
+    std::printf("kiln: writing a random %s folder (%s, %lld T5 layers, %s, seed %llu) to %s\n", like->c_str(),
+                what.c_str(), static_cast<long long>(t5_layers), dtype_name(dtype),
+                static_cast<unsigned long long>(seed), dir->c_str());
     std::fflush(stdout);
   };
   progress.written = print_component;
-  const rw::Flux1RandomFolder folder =
-      rw::write_flux1_random_folder(*dir, o, std::filesystem::path(KILN_BUNDLED_MODEL), progress);
+  rw::RandomFolder folder;
+  const std::filesystem::path bundled(KILN_BUNDLED_MODEL);
+  if (const auto flux = rw::parse_flux1_variant(*like)) {
+    rw::Flux1RandomOptions o;
+    o.variant = *flux;
+    if (blocks) std::tie(o.num_layers, o.num_single_layers) = parse_blocks(*blocks);
+    o.t5_layers = t5_layers;
+    o.dtype = dtype;
+    o.seed = seed;
+    what = std::to_string(o.num_layers) + "+" + std::to_string(o.num_single_layers) + " transformer blocks";
+    folder = rw::write_flux1_random_folder(*dir, o, bundled, progress);
+  } else {
+    rw::Sd3RandomOptions o;
+    o.variant = *rw::parse_sd3_variant(*like);
+    if (blocks) o.num_layers = parse_sd3_blocks(*blocks, *like);
+    o.t5_layers = t5_layers;
+    o.dtype = dtype;
+    o.seed = seed;
+    what = std::to_string(o.num_layers) + " transformer blocks";
+    if (o.variant == rw::Sd3Variant::sd35_medium)
+      what += " (" + std::to_string(rw::sd3_dual_attention_layers(o.variant, o.num_layers).size()) +
+              " with dual attention)";
+    folder = rw::write_sd3_random_folder(*dir, o, bundled, progress);
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t tensors = 0;
   for (const rw::WrittenComponent& c : folder.components) tensors += c.tensors;

@@ -10,13 +10,13 @@ namespace {
 const std::vector<int64_t> kBlockOutChannels{128, 256, 512, 512};
 constexpr int64_t kLayersPerBlock = 2, kLatentChannels = 16, kImageChannels = 3, kGroups = 32;
 
-// vae/config.json of the Hub (the same file in FLUX.1-schnell and FLUX.1-dev).
-nlohmann::json config() {
+// vae/config.json of the Hub (the same file in FLUX.1-schnell and FLUX.1-dev; SD3's differs in the
+// latent scaling, the version and the absent _name_or_path).
+nlohmann::json config(const AutoencoderKlRandomConfig& v) {
   const std::vector<std::string> down(4, "DownEncoderBlock2D"), up(4, "UpDecoderBlock2D");
-  return {
+  nlohmann::json c = {
       {"_class_name", "AutoencoderKL"},
-      {"_diffusers_version", "0.30.0.dev0"},
-      {"_name_or_path", "../checkpoints/flux-dev"},
+      {"_diffusers_version", v.diffusers_version},
       {"act_fn", "silu"},
       {"block_out_channels", kBlockOutChannels},
       {"down_block_types", down},
@@ -30,12 +30,14 @@ nlohmann::json config() {
       {"norm_num_groups", kGroups},
       {"out_channels", kImageChannels},
       {"sample_size", 1024},
-      {"scaling_factor", 0.3611},
-      {"shift_factor", 0.1159},
+      {"scaling_factor", v.scaling_factor},
+      {"shift_factor", v.shift_factor},
       {"up_block_types", up},
       {"use_post_quant_conv", false},
       {"use_quant_conv", false},
   };
+  if (!v.name_or_path.empty()) c["_name_or_path"] = v.name_or_path;
+  return c;
 }
 
 // ResnetBlock2D: GroupNorm, 3x3 conv, GroupNorm, 3x3 conv, and a 1x1 shortcut when the channel
@@ -58,8 +60,17 @@ void mid_block(TensorList& t, const std::string& p, int64_t c) {
 
 }  // namespace
 
-RandomComponent autoencoder_kl_random() {
-  RandomComponent c{"vae", config(), "diffusion_pytorch_model", kDiffusersShardBytes, {}};
+AutoencoderKlRandomConfig AutoencoderKlRandomConfig::flux1() { return {}; }
+
+AutoencoderKlRandomConfig AutoencoderKlRandomConfig::sd3() {
+  // [VERIFY] _diffusers_version: the version SD3 Medium was released with, not read from the file.
+  return {1.5305, 0.0609, "0.29.0.dev0", ""};
+}
+
+RandomComponent autoencoder_kl_random() { return autoencoder_kl_random(AutoencoderKlRandomConfig::flux1()); }
+
+RandomComponent autoencoder_kl_random(const AutoencoderKlRandomConfig& config_fields) {
+  RandomComponent c{"vae", config(config_fields), "diffusion_pytorch_model", kDiffusersShardBytes, {}};
   TensorList t(c.tensors);
   const int64_t n = int64_t(kBlockOutChannels.size()), top = kBlockOutChannels.back();
 

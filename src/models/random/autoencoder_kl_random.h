@@ -1,11 +1,28 @@
-// FLUX.1's VAE (Diffusers AutoencoderKL, 16 latent channels) as a random benchmark component
-// (kiln make-random): the Hub's vae/config.json and every state-dict tensor of spec flux1.md §3,
-// encoder and decoder (244 tensors, 83,819,683 parameters).
+// The VAE of FLUX.1 and SD3 (Diffusers AutoencoderKL, 16 latent channels; the same architecture
+// and tensors, different latent scaling) as a random benchmark component (kiln make-random): a
+// Hub-style vae/config.json and every state-dict tensor of spec flux1.md §3 / sd3.md §8, encoder
+// and decoder (244 tensors, 83,819,683 parameters).
 #pragma once
+#include <string>
+
 #include "models/random/random_component.h"
 
 namespace kiln::random_weights {
 
-RandomComponent autoencoder_kl_random();
+// The config.json fields that differ between the checkpoints.
+struct AutoencoderKlRandomConfig {
+  double scaling_factor = 0.3611;
+  double shift_factor = 0.1159;
+  std::string diffusers_version = "0.30.0.dev0";
+  std::string name_or_path = "../checkpoints/flux-dev";  // "" writes no _name_or_path
+
+  // FLUX.1-schnell / -dev (the Hub's file).
+  static AutoencoderKlRandomConfig flux1();
+  // SD3.0 / 3.5 Medium (sd3.md §2.2: scaling_factor 1.5305, shift_factor 0.0609).
+  static AutoencoderKlRandomConfig sd3();
+};
+
+RandomComponent autoencoder_kl_random(const AutoencoderKlRandomConfig& config);
+RandomComponent autoencoder_kl_random();  // FLUX.1's
 
 }  // namespace kiln::random_weights

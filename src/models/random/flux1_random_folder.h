@@ -7,11 +7,11 @@
 // component unless it passes 10 GB for Diffusers components, 5 GB for transformers ones).
 //
 // The folder is written as a hidden temporary next to DIR and renamed onto it at the end, so a
-// failed run leaves no DIR (a killed run leaves the temporary, which the next run removes).
+// failed run leaves no DIR (a killed run leaves the temporary, which the next run removes): see
+// random_folder.h.
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +19,7 @@
 #include "core/dtype.h"
 #include "models/random/flux1_variant.h"
 #include "models/random/random_component.h"
+#include "models/random/random_folder.h"
 
 namespace kiln::random_weights {
 
@@ -37,17 +38,8 @@ std::vector<RandomComponent> flux1_random_components(const Flux1RandomOptions& o
 nlohmann::json flux1_model_index();
 nlohmann::json flux1_scheduler_config(Flux1Variant variant);
 
-struct Flux1RandomProgress {
-  std::function<void(const WrittenComponent& planned)> starting;               // before a component
-  std::function<void(const WrittenComponent& written, double seconds)> written;  // after it
-};
-
-struct Flux1RandomFolder {
-  std::vector<WrittenComponent> components;  // as flux1_random_components orders them
-  uint64_t other_bytes = 0;                  // model_index.json, scheduler, tokenizers
-  uint64_t total_bytes() const;
-  int64_t total_parameters() const;
-};
+using Flux1RandomProgress = RandomFolderProgress;
+using Flux1RandomFolder = RandomFolder;  // components as flux1_random_components orders them
 
 // Writes the folder (see above). Before any work it checks, with errors naming what is wrong:
 // the options; `tokenizers_from` holding tokenizer/ and tokenizer_2/; DIR not existing or being

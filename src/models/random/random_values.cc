@@ -1,6 +1,7 @@
 #include "models/random/random_values.h"
 
 #include <cmath>
+#include <vector>
 
 namespace kiln::random_weights {
 
@@ -25,6 +26,22 @@ uint64_t tensor_key(uint64_t seed, const std::string& name) {
 }
 
 void fill(const Init& init, uint64_t key, int64_t begin, int64_t count, float* dst) {
+  if (init.kind == Init::Kind::sincos_2d) {
+    const int64_t half = init.dim / 2, quarter = init.dim / 4;
+    // torch: arange(grid, float32) / (grid / base_size), the divisor a Python float used as f32.
+    const float step = float(double(init.grid) / double(init.base_size));
+    // torch: 1.0 / 10000 ** (arange(quarter, float64) / quarter).
+    std::vector<double> omega(static_cast<size_t>(quarter));
+    for (int64_t k = 0; k < quarter; ++k) omega[size_t(k)] = 1.0 / std::pow(10000.0, double(k) / double(quarter));
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t e = begin + i, cell = e / init.dim, ch = e % init.dim;
+      const int64_t index = ch < half ? cell % init.grid : cell / init.grid;  // column first, then row
+      const int64_t j = ch % half;
+      const double a = double(float(index) / step) * omega[size_t(j % quarter)];
+      dst[i] = float(j < quarter ? std::sin(a) : std::cos(a));
+    }
+    return;
+  }
   if (init.kind == Init::Kind::constant) {
     const float v = float(init.value);
     for (int64_t i = 0; i < count; ++i) dst[i] = v;

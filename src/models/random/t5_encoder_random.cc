@@ -11,7 +11,8 @@ namespace {
 constexpr int64_t kVocab = 32128, kModel = 4096, kHeads = 64, kHeadDim = 64, kInner = kHeads * kHeadDim,
                   kFeedForward = 10240, kBuckets = 32;
 
-// text_encoder_2/config.json of the Hub (google/t5-v1_1-xxl saved by transformers 4.43.3).
+// FLUX.1's text_encoder_2/config.json of the Hub (google/t5-v1_1-xxl saved by transformers 4.43.3),
+// also used for SD3's text_encoder_3 (the same model, sd3.md §2.4).
 nlohmann::json config(int64_t num_layers, DType dtype) {
   return {
       {"_name_or_path", "google/t5-v1_1-xxl"},
@@ -47,8 +48,8 @@ nlohmann::json config(int64_t num_layers, DType dtype) {
 
 }  // namespace
 
-RandomComponent t5_encoder_random(int64_t num_layers, DType dtype) {
-  RandomComponent c{"text_encoder_2", config(num_layers, dtype), "model", kTransformersShardBytes, {}};
+RandomComponent t5_encoder_random(int64_t num_layers, DType dtype, const std::string& folder) {
+  RandomComponent c{folder, config(num_layers, dtype), "model", kTransformersShardBytes, {}};
   TensorList t(c.tensors);
   const double residual = 1 / std::sqrt(double(std::max<int64_t>(1, 2 * num_layers)));  // two branches a block
   // transformers saves the tied embedding once, as shared.weight (encoder.embed_tokens is the same tensor).

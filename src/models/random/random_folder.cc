@@ -1,0 +1,217 @@
+#include "models/random/random_folder.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <system_error>
+
+#include "core/error.h"
+#include "io/output_file.h"
+
+namespace kiln::random_weights {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kWhere = "make-random";
+
+std::string gib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(1ull << 30));
+  return buf;
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  io::write_output_atomically(kWhere, path, [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
+}
+
+void create_folder(const fs::path& path) {
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  KILN_CHECK(!ec, kWhere, "cannot create ", path.string(), ": ", ec.message());
+}
+
+uint64_t tree_bytes(const fs::path& dir) {
+  uint64_t bytes = 0;
+  try {
+    for (const auto& e : fs::recursive_directory_iterator(dir))
+      if (e.is_regular_file()) bytes += e.file_size();
+  } catch (const fs::filesystem_error& e) {
+    fail(kWhere, "cannot read ", dir.string(), ": ", e.what());
+  }
+  return bytes;
+}
+
+// Copies the regular files under `from` to `to` (folders created with the default mode, so a
+// read-only source gives a writable copy), except those whose path relative to DIR is in `skip`.
+void copy_folder(const fs::path& from, const fs::path& to, const fs::path& root, const std::set<fs::path>& skip) {
+  create_folder(to);
+  for (const auto& e : fs::recursive_directory_iterator(from)) {
+    const fs::path dest = to / fs::relative(e.path(), from);
+    if (e.is_directory()) {
+      create_folder(dest);
+    } else if (e.is_regular_file() && !skip.count(fs::relative(dest, root))) {
+      std::error_code ec;
+      fs::copy_file(e.path(), dest, ec);
+      KILN_CHECK(!ec, kWhere, "cannot copy ", e.path().string(), " to ", dest.string(), ": ", ec.message());
+    }
+  }
+}
+
+// The folder's temporaries: ".NAME.make-random.PID".
+std::string temp_prefix(const fs::path& target) {
+  std::string s = ".";  // appended piece by piece: GCC 12 misreports "." + string (-Wrestrict)
+  s += target.filename().string();
+  s += ".make-random.";
+  return s;
+}
+
+// Removes the temporaries of `target` that a killed run left (their PID no longer alive).
+void remove_stale_folders(const fs::path& target) {
+  const std::string prefix = temp_prefix(target);
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(target.parent_path(), ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.size() <= prefix.size() || n.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string pid = n.substr(prefix.size());
+    if (pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (!io::temporary_owner_is_gone(std::stol(pid))) continue;
+    std::error_code rm;
+    if (it->symlink_status(rm).type() == fs::file_type::directory) fs::remove_all(it->path(), rm);
+  }
+}
+
+// Creates the missing ancestors of `target` (as mkdir -p); returns them, top first.
+std::vector<fs::path> create_parents(const fs::path& target, const fs::path& shown) {
+  std::vector<fs::path> missing;
+  std::error_code ec;
+  for (fs::path p = target.parent_path(); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    missing.insert(missing.begin(), p);
+    if (p == p.parent_path()) break;
+  }
+  for (const fs::path& p : missing) {
+    fs::create_directory(p, ec);
+    KILN_CHECK(!ec, kWhere, "cannot create ", p.string(), " (the parent of ", shown.string(), "): ", ec.message());
+  }
+  KILN_CHECK(fs::is_directory(target.parent_path(), ec), kWhere, "cannot write ", shown.string(), ": ",
+             target.parent_path().string(), " is not a folder");
+  return missing;
+}
+
+// Refuses a DIR that exists as anything but an empty folder.
+void check_target(const fs::path& target, const fs::path& shown) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(target, ec);
+  if (ec || st.type() == fs::file_type::not_found) return;
+  KILN_CHECK(st.type() != fs::file_type::symlink, kWhere, shown.string(),
+             " is a symlink; give a new folder name (or an empty folder) to write into");
+  KILN_CHECK(st.type() == fs::file_type::directory, kWhere, shown.string(),
+             " exists and is not a folder; give a new folder name (or an empty folder) to write into");
+  KILN_CHECK(fs::is_empty(target, ec) && !ec, kWhere, shown.string(),
+             " is not empty; give a new folder name (or an empty folder): make-random never writes over files");
+}
+
+void fsync_folder(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+uint64_t RandomFolder::total_bytes() const {
+  uint64_t b = other_bytes;
+  for (const WrittenComponent& c : components) b += c.bytes;
+  return b;
+}
+
+int64_t RandomFolder::total_parameters() const {
+  int64_t n = 0;
+  for (const WrittenComponent& c : components) n += c.parameters;
+  return n;
+}
+
+RandomFolder write_random_folder(const fs::path& dir, const RandomFolderContents& contents,
+                                 const RandomFolderProgress& progress) {
+  // ---- every check before any work ----
+  KILN_CHECK(is_floating(contents.dtype), kWhere, "weights are f32, bf16 or f16, not ", dtype_name(contents.dtype));
+  KILN_CHECK(!dir.empty(), kWhere, "the output folder is \"\"; expected a folder name");
+  for (const auto& [from, to] : contents.copied_folders)
+    KILN_CHECK(fs::is_directory(from), kWhere, "tokenizer folder ", from.string(),
+               " is missing (make-random copies the bundled checkpoint's tokenizers)");
+  fs::path target = fs::absolute(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "out/" names "out"
+  KILN_CHECK(!target.filename().empty() && target.filename() != "." && target.filename() != "..", kWhere,
+             "cannot write ", dir.string(), ": expected a folder name");
+  check_target(target, dir);
+
+  // The bytes to write, from the shapes alone (every file's header is well under 1 KiB a tensor),
+  // so that even an absurd block count is refused at once.
+  uint64_t needed = 1 << 20;  // configs, model_index.json, the scheduler config, shard indexes
+  for (const RandomComponent& c : contents.components)
+    needed += uint64_t(c.parameters()) * dtype_size(contents.dtype) + 1024 * c.tensors.size();
+  for (const auto& [from, to] : contents.copied_folders) needed += tree_bytes(from);
+  for (const auto& [path, text] : contents.text_files) needed += text.size();
+
+  const std::vector<fs::path> created = create_parents(target, dir);
+  const fs::path parent = target.parent_path();
+  const fs::path temp = parent / (temp_prefix(target) + std::to_string(::getpid()));
+  auto undo = [&] {
+    std::error_code ec;
+    fs::remove_all(temp, ec);
+    for (auto it = created.rbegin(); it != created.rend(); ++it) fs::remove(*it, ec);  // only if still empty
+  };
+  try {
+    std::error_code ec;
+    const fs::space_info space = fs::space(parent, ec);
+    KILN_CHECK(ec || space.available >= needed, kWhere, "cannot write ", dir.string(), ": it needs ", gib(needed),
+               " but ", parent.string(), " has ", gib(space.available), " free");
+    remove_stale_folders(target);
+    fs::create_directory(temp, ec);
+    KILN_CHECK(!ec, kWhere, "cannot create ", temp.string(), ": ", ec.message());
+
+    // ---- the folder, in the temporary ----
+    RandomFolder done;
+    std::set<fs::path> replaced;
+    for (const auto& [path, text] : contents.text_files) replaced.insert(fs::path(path).lexically_normal());
+    for (const auto& [from, to] : contents.copied_folders) copy_folder(from, temp / to, temp, replaced);
+    for (const auto& [path, text] : contents.text_files) {
+      create_folder((temp / path).parent_path());
+      write_text(temp / path, text);
+    }
+    done.other_bytes = tree_bytes(temp);
+    for (const RandomComponent& c : contents.components) {
+      if (progress.starting) progress.starting(plan_random_component(c, contents.dtype));
+      const auto t0 = std::chrono::steady_clock::now();
+      done.components.push_back(write_random_component(temp, c, contents.dtype, contents.seed));
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (progress.written) progress.written(done.components.back(), seconds);
+    }
+    for (const auto& e : fs::recursive_directory_iterator(temp))
+      if (e.is_directory()) fsync_folder(e.path());
+    fsync_folder(temp);
+
+    // ---- into place: rename(2) replaces an empty folder, never a full one ----
+    if (::rename(temp.c_str(), target.c_str()) != 0)
+      fail(kWhere, "cannot rename ", temp.string(), " to ", dir.string(), ": ", std::strerror(errno));
+    fsync_folder(parent);
+    return done;
+  } catch (const fs::filesystem_error& e) {
+    undo();
+    fail(kWhere, "cannot write ", dir.string(), ": ", e.what());
+  } catch (...) {
+    undo();
+    throw;
+  }
+}
+
+}  // namespace kiln::random_weights
