@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/mapped_pages.h"
 #include "devices/runtime.h"
 #include "exec/host.h"
 
@@ -49,6 +50,10 @@ void ComponentWeights::onload(const Device& device, bool for_one_call) {
   for (const BufferPtr& b : buffers_) {
     BufferPtr copy = rt.allocate(b->bytes());  // throws "[alloc] out of memory ..." past the capacity
     std::memcpy(copy->data(), b->data(), b->bytes());
+    // The copy is what kernels will read: the checkpoint pages it was made from leave the resident
+    // set at once (one weight at a time, so the process never holds a component twice), and on
+    // the CPU a placed component is held once; offload() finds them in the file again.
+    if (b->maps_file()) release_mapped_pages(b->data(), b->bytes());
     copies.push_back(std::move(copy));
   }
   for (size_t i = 0; i < buffers_.size(); ++i) {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/mapped_pages.h"
 #include "devices/runtime.h"
 #include "io/json_config.h"
 #include "io/relative_name.h"
@@ -452,12 +453,7 @@ Tensor SafetensorsFile::load(const std::string& name, DType want) const {
   // The converted copy is what stays in memory: the mapped pages read for it (wholly inside this
   // tensor) leave the process's resident set. The mapping is read-only, so a later read of them
   // (none is expected) would fault them in from the file again.
-  if (t.buffer()->maps_file()) {
-    const auto page = uintptr_t(sysconf(_SC_PAGESIZE));
-    const auto begin = (reinterpret_cast<uintptr_t>(t.data_ptr()) + page - 1) / page * page;
-    const auto end = (reinterpret_cast<uintptr_t>(t.data_ptr()) + t.nbytes()) / page * page;
-    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-  }
+  if (t.buffer()->maps_file()) release_mapped_pages(t.data_ptr(), t.nbytes());
   return converted;
 }
 
