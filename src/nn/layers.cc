@@ -78,8 +78,8 @@ Linear::Linear(const Weights& w, int64_t in_features, int64_t out_features, bool
   weight = join_host(w_parts, by_rows ? 0 : 1);
   if (has_bias) bias = by_rows ? join_host(b_parts, 0) : w.get("bias", {out_features});  // rowwise: added once, whole
   if (blocks.size() > 1) {
-    Weights::collect_weight(weight);
-    if (by_rows && has_bias) Weights::collect_weight(bias);
+    Weights::collect_weight(w.key("weight"), weight);
+    if (by_rows && has_bias) Weights::collect_weight(w.key("bias"), bias);
   }
 }
 

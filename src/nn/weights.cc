@@ -1,5 +1,7 @@
 #include "nn/weights.h"
 
+#include <map>
+
 #include "core/error.h"
 #include "exec/residency.h"
 
@@ -45,21 +47,50 @@ std::string Weights::checked_key(const std::string& name, const Shape& shape) co
   return k;
 }
 
-void Weights::collect_weight(const Tensor& weight) {
+void Weights::collect_weight(const std::string& key, const Tensor& weight) {
   if (ComponentWeights* c = WeightCollector::active()) c->add(weight);  // model offload knows its weights
+  ParameterRecorder::record(key, weight);
 }
 
 Tensor Weights::get(const std::string& name, const Shape& shape, DType dtype) const {
-  Tensor t = source_->load(checked_key(name, shape), dtype);
-  collect_weight(t);
+  const std::string k = checked_key(name, shape);
+  Tensor t = source_->load(k, dtype);
+  collect_weight(k, t);
   return t;
 }
 
 Tensor Weights::get_slice(const std::string& name, const Shape& shape, int dim, int64_t start, int64_t length,
                           bool collect) const {
-  Tensor t = source_->load_slice(checked_key(name, shape), dim, start, length, dtype_);
-  if (collect) collect_weight(t);
+  const std::string k = checked_key(name, shape);
+  Tensor t = source_->load_slice(k, dim, start, length, dtype_);
+  if (collect) collect_weight(k, t);
   return t;
+}
+
+namespace {
+thread_local std::vector<ParameterRecorder*> t_recorders;
+}  // namespace
+
+std::vector<Tensor> parameter_values(const NamedParameters& named) {
+  std::vector<Tensor> out;
+  out.reserve(named.size());
+  for (const auto& [key, t] : named) out.push_back(t);
+  return out;
+}
+
+ParameterRecorder::ParameterRecorder() { t_recorders.push_back(this); }
+ParameterRecorder::~ParameterRecorder() { t_recorders.pop_back(); }
+
+void ParameterRecorder::record(const std::string& key, const Tensor& t) {
+  for (ParameterRecorder* r : t_recorders) r->recorded_.emplace_back(key, t);
+}
+
+NamedParameters ParameterRecorder::named(const std::string& prefix) const {
+  const std::string strip = prefix.empty() ? prefix : prefix + ".";
+  std::map<std::string, Tensor> by_key;
+  for (const auto& [key, t] : recorded_)
+    by_key[key.compare(0, strip.size(), strip) == 0 ? key.substr(strip.size()) : key] = t;  // a key loaded twice: the last
+  return NamedParameters(by_key.begin(), by_key.end());
 }
 
 }  // namespace kiln::nn

@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 #include "distributed/tensor_parallel.h"
@@ -51,8 +53,9 @@ class Weights {
   // for pieces a layer joins into one weight, which it then reports with collect_weight).
   Tensor get_slice(const std::string& name, const Shape& shape, int dim, int64_t start, int64_t length,
                    bool collect = true) const;
-  // Reports a weight a layer built itself (joined shards) to model offload (exec/residency.h).
-  static void collect_weight(const Tensor& weight);
+  // Reports a weight a layer built itself (joined shards), under its state-dict key, to model
+  // offload (exec/residency.h) and to the active ParameterRecorders.
+  static void collect_weight(const std::string& key, const Tensor& weight);
 
  private:
   // key(name), after checking the tensor exists with `shape` (errors name the checkpoint and key).
@@ -62,6 +65,31 @@ class Weights {
   std::string prefix_;
   std::shared_ptr<const ShardPlan> plan_;
   DType dtype_ = DType::f32;
+};
+
+// A module's parameters by their state-dict keys, sorted by key: what its compiled form takes as
+// runtime arguments (runtime.md §2.4), what TP plans and offload name. Blocks of the same
+// structure have the same relative keys, so their lists line up.
+using NamedParameters = std::vector<std::pair<std::string, Tensor>>;
+std::vector<Tensor> parameter_values(const NamedParameters& named);
+
+// While alive, every weight this thread loads through Weights (get, get_slice, collect_weight)
+// is recorded with its key; recorders nest, and each records everything loaded in its lifetime.
+// A module builds itself inside one, so its parameter list is derived from the names it read,
+// never kept by hand.
+class ParameterRecorder {
+ public:
+  ParameterRecorder();
+  ~ParameterRecorder();
+  ParameterRecorder(const ParameterRecorder&) = delete;
+  ParameterRecorder& operator=(const ParameterRecorder&) = delete;
+  static void record(const std::string& key, const Tensor& t);
+  // What was recorded, with `prefix` + "." taken off the keys ("transformer_blocks.3" makes
+  // "transformer_blocks.3.attn.to_q.weight" "attn.to_q.weight"), sorted, each key once.
+  NamedParameters named(const std::string& prefix = "") const;
+
+ private:
+  std::vector<std::pair<std::string, Tensor>> recorded_;
 };
 
 }  // namespace kiln::nn

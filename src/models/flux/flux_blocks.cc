@@ -77,17 +77,6 @@ std::pair<Tensor, Tensor> FluxTransformerBlock::operator()(const Tensor& x, cons
   return call_block(*this, compiled(), x, c, temb, rope);
 }
 
-std::vector<Tensor> FluxTransformerBlock::parameters() const {
-  std::vector<Tensor> p;
-  for (const Stream* s : {&img_, &txt_}) {
-    for (const nn::Linear* l : {&s->norm1, &s->q, &s->k, &s->v, &s->out, &s->ff_in, &s->ff_out})
-      l->append_parameters(p);
-    s->norm_q.append_parameters(p);
-    s->norm_k.append_parameters(p);
-  }
-  return p;
-}
-
 void FluxTransformerBlock::compile(const CompileOptions& options) {
   compiled_.reset();
   compiled_ = compile_block(*this, options);
@@ -136,14 +125,6 @@ std::pair<Tensor, Tensor> FluxSingleTransformerBlock::operator()(const Tensor& x
                                                                  const Tensor& temb,
                                                                  const RotaryTables& rope) const {
   return call_block(*this, compiled(), x, c, temb, rope);
-}
-
-std::vector<Tensor> FluxSingleTransformerBlock::parameters() const {
-  std::vector<Tensor> p;
-  for (const nn::Linear* l : {&norm_, &to_q_, &to_k_, &to_v_, &proj_mlp_, &proj_out_}) l->append_parameters(p);
-  norm_q_.append_parameters(p);
-  norm_k_.append_parameters(p);
-  return p;
 }
 
 void FluxSingleTransformerBlock::compile(const CompileOptions& options) {

@@ -29,8 +29,8 @@ class FluxTransformerBlock : public nn::CompilableBlock {
   // The block's math, never through the compiled executable.
   std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& c, const Tensor& temb,
                                     const RotaryTables& rope) const;
-  std::vector<Tensor> parameters() const;  // every tensor forward reads besides its args, fixed order
-  void compile(const CompileOptions& options);
+  const char* class_name() const override { return kClassName; }
+  void compile(const CompileOptions& options) override;
 
  private:
   struct Stream {  // the weights one stream (image or text) owns
@@ -50,8 +50,8 @@ class FluxSingleTransformerBlock : public nn::CompilableBlock {
                                        const RotaryTables& rope) const;
   std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& c, const Tensor& temb,
                                     const RotaryTables& rope) const;
-  std::vector<Tensor> parameters() const;
-  void compile(const CompileOptions& options);
+  const char* class_name() const override { return kClassName; }
+  void compile(const CompileOptions& options) override;
 
  private:
   nn::Linear norm_, to_q_, to_k_, to_v_, proj_mlp_, proj_out_;

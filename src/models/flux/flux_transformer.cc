@@ -137,15 +137,17 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, con
         "the config has num_single_layers=" + std::to_string(c.num_single_layers));
 
   Core& m = core_;
+  nn::ParameterRecorder recorded;  // the parameter list is the names the modules read
   m.x_embedder = nn::Linear(w.sub("x_embedder"), c.in_channels, D);
   m.context_embedder = nn::Linear(w.sub("context_embedder"), c.joint_attention_dim, D);
   m.time_text_embed = nn::TimeTextEmbed(w.sub("time_text_embed"), D, c.pooled_projection_dim, c.guidance_embeds);
   const nn::BlockDims dims{D, c.attention_head_dim, c.mlp_hidden()};
-  for (int64_t i = 0; i < c.num_layers; ++i) m.transformer_blocks.emplace_back(w.sub("transformer_blocks", i), dims);
+  for (int64_t i = 0; i < c.num_layers; ++i) nn::load_block(m.transformer_blocks, w.sub("transformer_blocks", i), dims);
   for (int64_t i = 0; i < c.num_single_layers; ++i)
-    m.single_transformer_blocks.emplace_back(w.sub("single_transformer_blocks", i), dims);
+    nn::load_block(m.single_transformer_blocks, w.sub("single_transformer_blocks", i), dims);
   m.norm_out = nn::AdaLayerNormContinuous(w.sub("norm_out"), D);
   m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features());
+  m.named_parameters = recorded.named(w.path());
 }
 
 DType FluxTransformer2DModel::dtype() const { return core_.x_embedder.weight.dtype(); }
@@ -185,19 +187,7 @@ Tensor FluxTransformer2DModel::Core::forward(const Tensor& hidden_states, const 
   return proj_out(norm_out(x, temb));
 }
 
-std::vector<Tensor> FluxTransformer2DModel::Core::parameters() const {
-  std::vector<Tensor> p;
-  x_embedder.append_parameters(p);
-  context_embedder.append_parameters(p);
-  time_text_embed.append_parameters(p);
-  for (const auto& b : transformer_blocks)
-    for (const Tensor& t : b.parameters()) p.push_back(t);
-  for (const auto& b : single_transformer_blocks)
-    for (const Tensor& t : b.parameters()) p.push_back(t);
-  norm_out.append_parameters(p);
-  proj_out.append_parameters(p);
-  return p;
-}
+std::vector<Tensor> FluxTransformer2DModel::Core::parameters() const { return nn::parameter_values(named_parameters); }
 
 std::vector<Tensor> FluxTransformer2DModel::parameters() const { return core_.parameters(); }
 
@@ -226,12 +216,10 @@ void FluxTransformer2DModel::compile(const CompileOptions& options) {
 }
 
 void FluxTransformer2DModel::compile_repeated_blocks(const CompileOptions& options) {
-  options.validate(kWhere);
-  KILN_CHECK(!core_.transformer_blocks.empty() || !core_.single_transformer_blocks.empty(), kWhere,
-             "regional compilation failed because none of the repeated block classes (FluxTransformerBlock, "
-             "FluxSingleTransformerBlock) was found in the model (num_layers = num_single_layers = 0)");
-  for (auto& b : core_.transformer_blocks) b.compile(options);
-  for (auto& b : core_.single_transformer_blocks) b.compile(options);
+  std::vector<nn::CompilableBlock*> blocks;
+  for (auto& b : core_.transformer_blocks) blocks.push_back(&b);
+  for (auto& b : core_.single_transformer_blocks) blocks.push_back(&b);
+  nn::compile_repeated_blocks(kWhere, repeated_blocks(), blocks, options);
 }
 
 std::vector<Tensor> FluxTransformer2DModel::placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt) const {

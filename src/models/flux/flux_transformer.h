@@ -85,6 +85,8 @@ class FluxTransformer2DModel {
   // Every tensor forward reads besides its inputs, in a fixed order (the compiled executable's
   // runtime arguments).
   std::vector<Tensor> parameters() const;
+  // The same tensors by their Diffusers state-dict keys (what TP plans and offload name).
+  const nn::NamedParameters& named_parameters() const { return core_.named_parameters; }
   // Traces and compiles the executables a call with these shapes would use, without running
   // anything (kiln warmup): batch B, l_img image and l_txt text tokens.
   void warmup(int64_t batch, int64_t l_img, int64_t l_txt) const;
@@ -118,6 +120,7 @@ class FluxTransformer2DModel {
     std::vector<flux::FluxTransformerBlock> transformer_blocks;
     std::vector<flux::FluxSingleTransformerBlock> single_transformer_blocks;
     nn::AdaLayerNormContinuous norm_out;
+    nn::NamedParameters named_parameters;  // every weight under its state-dict key
 
     Tensor time_embedding(const Tensor& timestep, const Tensor& pooled_projections,
                           const std::optional<Tensor>& guidance) const;

@@ -81,31 +81,6 @@ JointTransformerBlock::JointTransformerBlock(const nn::Weights& w, const nn::Blo
   }
 }
 
-void JointTransformerBlock::Stream::append_parameters(std::vector<Tensor>& p, bool qk_norm) const {
-  for (const nn::Linear* l : {&q, &k, &v, &out})
-    if (l->weight.defined()) l->append_parameters(p);
-  if (qk_norm) {
-    norm_q.append_parameters(p);
-    norm_k.append_parameters(p);
-  }
-}
-
-std::vector<Tensor> JointTransformerBlock::parameters() const {
-  std::vector<Tensor> p;
-  norm1_.append_parameters(p);
-  norm1_context_.append_parameters(p);
-  img_.append_parameters(p, structure_.qk_norm);
-  txt_.append_parameters(p, structure_.qk_norm);
-  if (structure_.dual_attention) attn2_.append_parameters(p, structure_.qk_norm);
-  ff_in_.append_parameters(p);
-  ff_out_.append_parameters(p);
-  if (!structure_.context_pre_only) {
-    ff_ctx_in_.append_parameters(p);
-    ff_ctx_out_.append_parameters(p);
-  }
-  return p;
-}
-
 void JointTransformerBlock::compile(const CompileOptions& options) {
   compiled_.reset();  // the traced copy must run the math, not this executable
   compiled_ = compile_block(*this, options);

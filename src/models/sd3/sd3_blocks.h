@@ -43,8 +43,8 @@ class JointTransformerBlock : public nn::CompilableBlock {
   std::pair<Tensor, Tensor> operator()(const Tensor& x, const Tensor& c, const Tensor& temb) const;
   // The block's math, never through the compiled executable.
   std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& c, const Tensor& temb) const;
-  std::vector<Tensor> parameters() const;  // every tensor forward reads besides its args, fixed order
-  void compile(const CompileOptions& options);
+  const char* class_name() const override { return kClassName; }
+  void compile(const CompileOptions& options) override;
   const JointBlockStructure& structure() const { return structure_; }
 
  private:
@@ -53,7 +53,6 @@ class JointTransformerBlock : public nn::CompilableBlock {
   struct Stream {
     nn::Linear q, k, v, out;
     nn::RMSNorm norm_q, norm_k;
-    void append_parameters(std::vector<Tensor>& p, bool qk_norm) const;
   };
   // [B, L, D] -> normalised Q, K and V heads [B, L, H, hd].
   Tensor query(const Stream& s, const Tensor& x) const;

@@ -161,6 +161,7 @@ SD3Transformer2DModel::SD3Transformer2DModel(SD3TransformerConfig config, const 
   }
 
   Core& m = core_;
+  nn::ParameterRecorder recorded;  // the parameter list is the names the modules read
   m.patch_size = c.patch_size;
   m.out_channels = c.out_channels;
   m.pos_embed = sd3::PatchEmbed(w.sub("pos_embed"), c.in_channels, D, c.patch_size, c.pos_embed_max_size);
@@ -169,9 +170,10 @@ SD3Transformer2DModel::SD3Transformer2DModel(SD3TransformerConfig config, const 
   m.context_embedder = nn::Linear(w.sub("context_embedder"), c.joint_attention_dim, c.caption_projection_dim);
   const nn::BlockDims dims{D, c.attention_head_dim, c.mlp_hidden()};
   for (int64_t i = 0; i < c.num_layers; ++i)
-    m.transformer_blocks.emplace_back(w.sub("transformer_blocks", i), dims, c.block_structure(i));
+    nn::load_block(m.transformer_blocks, w.sub("transformer_blocks", i), dims, c.block_structure(i));
   m.norm_out = nn::AdaLayerNormContinuous(w.sub("norm_out"), D);
   m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features());
+  m.named_parameters = recorded.named(w.path());
 }
 
 DType SD3Transformer2DModel::dtype() const { return core_.context_embedder.weight.dtype(); }
@@ -237,17 +239,7 @@ Tensor SD3Transformer2DModel::Core::forward(const Tensor& hidden_states, const T
   return unpatchify(proj_out(norm_out(x, temb)), hidden_states.dim(2), hidden_states.dim(3));
 }
 
-std::vector<Tensor> SD3Transformer2DModel::Core::parameters() const {
-  std::vector<Tensor> p;
-  pos_embed.append_parameters(p);
-  time_text_embed.append_parameters(p);
-  context_embedder.append_parameters(p);
-  for (const auto& b : transformer_blocks)
-    for (const Tensor& t : b.parameters()) p.push_back(t);
-  norm_out.append_parameters(p);
-  proj_out.append_parameters(p);
-  return p;
-}
+std::vector<Tensor> SD3Transformer2DModel::Core::parameters() const { return nn::parameter_values(named_parameters); }
 
 std::vector<Tensor> SD3Transformer2DModel::parameters() const { return core_.parameters(); }
 
@@ -302,11 +294,9 @@ void SD3Transformer2DModel::compile(const CompileOptions& options) {
 }
 
 void SD3Transformer2DModel::compile_repeated_blocks(const CompileOptions& options) {
-  options.validate(kWhere);
-  KILN_CHECK(!core_.transformer_blocks.empty(), kWhere,
-             "regional compilation failed because none of the repeated block classes (JointTransformerBlock) was "
-             "found in the model (num_layers = 0)");
-  for (auto& b : core_.transformer_blocks) b.compile(options);
+  std::vector<nn::CompilableBlock*> blocks;
+  for (auto& b : core_.transformer_blocks) blocks.push_back(&b);
+  nn::compile_repeated_blocks(kWhere, repeated_blocks(), blocks, options);
 }
 
 std::vector<Tensor> SD3Transformer2DModel::placeholder_args(int64_t batch, int64_t height, int64_t width,

@@ -90,6 +90,8 @@ class SD3Transformer2DModel {
   // Every tensor forward reads besides its inputs, in a fixed order (the compiled executable's
   // runtime arguments).
   std::vector<Tensor> parameters() const;
+  // The same tensors by their Diffusers state-dict keys (what TP plans and offload name).
+  const nn::NamedParameters& named_parameters() const { return core_.named_parameters; }
   // Traces and compiles the executables a call with these shapes would use (no skip_layers),
   // without running anything: batch B, latent height × width, l_txt text tokens.
   void warmup(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const;
@@ -122,6 +124,7 @@ class SD3Transformer2DModel {
     nn::Linear context_embedder, proj_out;
     std::vector<sd3::JointTransformerBlock> transformer_blocks;
     nn::AdaLayerNormContinuous norm_out;
+    nn::NamedParameters named_parameters;  // every weight under its state-dict key
 
     Tensor time_embedding(const Tensor& timestep, const Tensor& pooled_projections) const;
     Tensor unpatchify(const Tensor& y, int64_t height, int64_t width) const;
