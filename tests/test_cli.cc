@@ -172,6 +172,41 @@ TEST_F(Cli, CompiledModeWritesTheSameImageAndAWarmCacheCompilesNothing) {
   EXPECT_EQ(after_warmup["compiled"]["compiles"].get<int64_t>(), 0);
 }
 
+// An SD3.5-architecture folder through the same command: DiffusionPipeline::from_pretrained
+// picks StableDiffusion3Pipeline from model_index.json; Diffusers' image from the seed alone, the
+// same PNG compiled, warmup for that class, and the SD3 arguments in the report.
+TEST_F(Cli, GenerateRunsTheClassTheModelIndexNames) {
+  const std::string model = (fs::path(KILN_FIXTURES_DIR) / "sd35_tiny_arch" / "pipeline").string();
+  const std::string call = "generate --model " + model +
+                           " --prompt 'A painting of a squirrel eating a burger' --height 128 --width 128 --steps 3"
+                           " --guidance 4.5 --max-sequence-length 40 --seed 0";
+  const fs::path png = dir_ / "sd35.png", report = dir_ / "sd35.json", compiled = dir_ / "sd35_compiled.png";
+  const CliRun r = kiln_cli(call + " --out " + png.string() + " --report " + report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto want = io::read_png(fs::path(KILN_FIXTURES_DIR) / "sd35_tiny_arch" / "image.png").rgb;
+  const auto got = io::read_png(png).rgb;
+  ASSERT_EQ(got.size(), want.size());
+  int worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(int(got[i]) - int(want[i])));
+  EXPECT_LE(worst, 1);
+  std::ifstream in(report);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["inputs"]["pipeline"], "StableDiffusion3Pipeline");
+  EXPECT_EQ(j["inputs"]["guidance"], 4.5);
+  EXPECT_EQ(j["inputs"]["max_sequence_length"], 40);
+  EXPECT_TRUE(j["engine"]["dtype"].contains("text_encoder_3"));
+  const CliRun c = kiln_cli_env("KILN_CACHE_DIR=none", call + " --mode compile --compile blocks --out " + compiled.string());
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_EQ(io::read_png(compiled).rgb, got);
+  const CliRun w = kiln_cli_env("KILN_CACHE_DIR=none", "warmup --model " + model + " --sizes 128x128 --compile full");
+  ASSERT_EQ(w.exit_code, 0) << w.output;
+  EXPECT_NE(w.output.find("warmup 128x128 (full): 2 compiled"), std::string::npos) << w.output;  // batch 2 and 1
+  const CliRun bad = kiln_cli(call + " --slg-layers 5 --out " + (dir_ / "bad.png").string());
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("skip_guidance_layers: layer 5"), std::string::npos) << bad.output;
+  EXPECT_FALSE(fs::exists(dir_ / "bad.png"));
+}
+
 // --offload model under a device budget too small for every component at once: the same PNG,
 // one component on the device at a time (the report's event log), the peak within the budget.
 TEST_F(Cli, ModelOffloadFitsABudgetThatAllWeightsOnTheDeviceDoNot) {

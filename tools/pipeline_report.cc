@@ -42,12 +42,13 @@ nlohmann::json estimate_report(const DiffusionPipeline& pipe, const PipelineCall
     largest_activations = std::max(largest_activations, m.activation_bytes);
   }
   // The process's memory at its peak, as the plan sees it: the weights held in host memory
-  // (read in place from the mapped files, or copies converted at load) plus what the call needs
-  // on the device, which for the CPU device is host memory too.
+  // plus what the call needs on the device, which for the CPU device is host memory too. Copies
+  // converted at load stay; mapped checkpoint pages count only while kernels read them in place
+  // (a device copy's source pages leave the resident set as it is made: exec/residency.h).
   size_t host_weights = 0;
   for (const DiffusionPipeline::WeightBytes& w : pipe.weight_bytes())
     for (const auto& [place, bytes] : w.by_place)
-      if (place != "device") host_weights += bytes;
+      if (place == "host_copy" || (place == "mapped_file" && e.placement == "host")) host_weights += bytes;
   return {{"placement", e.placement},
           {"required_bytes", e.required},
           {"host_peak_bytes", host_weights + e.required},
