@@ -13,6 +13,8 @@
 #include "exec/memory_plan.h"
 #include "exec/profile.h"
 #include "models/vae/autoencoder_kl.h"
+#include "pipelines/image_processor.h"
+#include "pipelines/pipeline_checks.h"
 #include "pipelines/pipeline_state.h"
 
 namespace kiln {
@@ -326,6 +328,39 @@ void DiffusionPipeline::warmup(int64_t height, int64_t width, std::optional<int6
 }
 
 // ---- __call__ ----
+
+void DiffusionPipeline::finish_step(int64_t i, const Tensor& latents, std::chrono::steady_clock::time_point t0,
+                                    const PipelineCallArgs& args, PipelineOutput& out) const {
+  const Tensor latents_ok = pipeline_checks::finite_probe(latents);
+  mark_step();
+  wait(latents);
+  const int64_t n = args.num_inference_steps;
+  pipeline_checks::expect_finite(
+      latents_ok, "transformer step " + std::to_string(i + 1) + "/" + std::to_string(n), dir() / "transformer", {},
+      i == 0 ? "the initial latents, the guidance or the transformer's weights"
+             : "the transformer's weights or activations overflowing (values beyond the dtype's range)");
+  out.timings.steps.push_back(seconds_since(t0));
+  if (args.on_step) args.on_step(i, n, out.timings.steps.back());
+  if (args.callback_on_step_end) args.callback_on_step_end(i, latents);
+}
+
+void DiffusionPipeline::decode_image(const std::function<Tensor()>& latents, int64_t vae_tile_size, Stages& stages,
+                                     const PipelineCallArgs& args, PipelineOutput& out) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  stages.next("vae");
+  const auto& vcfg = vae().config();
+  const Tensor z = latents() / vcfg.scaling_factor + vcfg.shift_factor;
+  use("vae");
+  const Tensor image = decode(z, vae_tile_size);
+  pipeline_checks::expect_finite(pipeline_checks::finite_probe(image), "VAE decode", dir() / "vae",
+                                 AutoencoderKL::checkpoint_keys_not_loaded(),
+                                 "the VAE's weights or its config (scaling_factor, shift_factor)");
+  out.image = image_processor::to_uint8_hwc(image);
+  out.height = image.dim(2);
+  out.width = image.dim(3);
+  out.timings.decode = seconds_since(t0);
+  if (args.on_stage) args.on_stage("decode", out.timings.decode);
+}
 
 struct DiffusionPipeline::Stages::Scope {
   std::optional<ProfileScope> profile;

@@ -5,6 +5,7 @@
 // A concrete pipeline (FluxPipeline, StableDiffusion3Pipeline) declares its components and
 // its call; DiffusionPipeline::from_pretrained builds the class model_index.json names.
 #pragma once
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -80,6 +81,9 @@ struct PipelineCallArgs {
   int64_t vae_tile_size = 0;
   // Called after every denoising step with (step index from 0, total steps, seconds of that step).
   std::function<void(int64_t, int64_t, double)> on_step;
+  // Diffusers' callback_on_step_end: called after every denoising step with (step index from 0,
+  // the latents that step produced: FLUX's packed, SD3's [1, C, h, w]).
+  std::function<void(int64_t, const Tensor&)> callback_on_step_end;
   // Called at once with each warning (e.g. a size rounded down, a prompt cut), before the work starts.
   std::function<void(const std::string&)> on_warning;
   // Called when a stage other than the steps ends: ("encode" | "decode", seconds).
@@ -235,9 +239,6 @@ class DiffusionPipeline {
   // The VAE decode of latents z [1, C, h, w], tiled when vae_tile_size > 0.
   Tensor decode(const Tensor& z, int64_t vae_tile_size) const;
   const std::filesystem::path& dir() const;
-  // Peak bytes of a forward, traced (nothing runs): f's recorded ops' liveness.
-  static size_t trace_peak_bytes(const char* what, const std::function<Tensor()>& f);
-
   // The profile and memory bookkeeping of the stages: each model component's launches count for
   // it (exec/profile.h), and the allocator's cached blocks of the finished component are returned.
   class Stages {
@@ -251,6 +252,20 @@ class DiffusionPipeline {
     struct Scope;
     std::unique_ptr<Scope> scope_;
   };
+
+  // The end of denoising step i of n, with `latents` its result and t0 its start: in deferred
+  // mode the step's graph is complete (the same fingerprint every step); waits for the latents
+  // (per-step timing and progress; the next step needs them anyway), fails naming the step when
+  // they hold NaN/Inf, and reports the step's seconds.
+  void finish_step(int64_t i, const Tensor& latents, std::chrono::steady_clock::time_point t0,
+                   const PipelineCallArgs& args, PipelineOutput& out) const;
+  // The decode stage: the VAE's input is latents() / scaling_factor + shift_factor (latents()
+  // runs inside the stage, so its ops count for the VAE), decoded (tiled when vae_tile_size > 0),
+  // checked finite and postprocessed into out.image.
+  void decode_image(const std::function<Tensor()>& latents, int64_t vae_tile_size, Stages& stages,
+                    const PipelineCallArgs& args, PipelineOutput& out) const;
+  // Peak bytes of a forward, traced (nothing runs): f's recorded ops' liveness.
+  static size_t trace_peak_bytes(const char* what, const std::function<Tensor()>& f);
 
   std::unique_ptr<PipelineState> s_;
 

@@ -382,35 +382,13 @@ void StableDiffusion3Pipeline::run(const PipelineCallArgs& args, const Sized& si
       v = m_->transformer.forward(latents, embeds_pos, pooled_pos, from_vector({t}, {1}));
     }
     latents = scheduler.step(v, latents);
-    const Tensor latents_ok = pipeline_checks::finite_probe(latents);
-    mark_step();
-    wait(latents);
-    pipeline_checks::expect_finite(
-        latents_ok, "transformer step " + std::to_string(i + 1) + "/" + std::to_string(n), dir() / "transformer",
-        SD3Transformer2DModel::checkpoint_keys_not_loaded(),
-        i == 0 ? "the initial latents, the guidance or the transformer's weights"
-               : "the transformer's weights or activations overflowing (values beyond the dtype's range)");
-    out.timings.steps.push_back(seconds_since(t0));
-    if (args.on_step) args.on_step(i, n, out.timings.steps.back());
+    finish_step(i, latents, t0, args, out);
   }
   out.latents = latents;
   stages.end();
 
   // 5. Decode: z = latents / scaling_factor + shift_factor, in the latents' dtype.
-  t0 = std::chrono::steady_clock::now();
-  stages.next("vae");
-  const auto& vcfg = m_->vae.config();
-  const Tensor z = latents / vcfg.scaling_factor + vcfg.shift_factor;
-  use("vae");
-  const Tensor image = decode(z, sized.vae_tile_size);
-  pipeline_checks::expect_finite(pipeline_checks::finite_probe(image), "VAE decode", dir() / "vae",
-                                 AutoencoderKL::checkpoint_keys_not_loaded(),
-                                 "the VAE's weights or its config (scaling_factor, shift_factor)");
-  out.image = image_processor::to_uint8_hwc(image);
-  out.height = image.dim(2);
-  out.width = image.dim(3);
-  out.timings.decode = seconds_since(t0);
-  if (args.on_stage) args.on_stage("decode", out.timings.decode);
+  decode_image([&] { return latents; }, sized.vae_tile_size, stages, args, out);
 }
 
 }  // namespace kiln
