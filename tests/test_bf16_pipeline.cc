@@ -10,7 +10,7 @@
 #include "exec/host.h"
 #include "exec/mode.h"
 #include "exec/ops.h"
-#include "flux_call_args.h"
+#include "call_args.h"
 #include "golden.h"
 #include "io/safetensors.h"
 #include "models/flux/flux_transformer.h"
@@ -52,7 +52,7 @@ TEST_P(Bf16PipelineGolden, StaysWithinBf16PrecisionOfDiffusersF32) {
   const std::string set = GetParam();
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set), in(DType::bf16));
   for (const auto& [component, dtype] : pipe.dtypes()) EXPECT_EQ(dtype, DType::bf16) << component;
-  PipelineCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::fixture_call_args(set);
   args.latents = test::golden(set, "latents.initial_packed");
   const PipelineOutput out = pipe(args);
   EXPECT_EQ(out.latents.dtype(), DType::bf16);
@@ -79,7 +79,7 @@ CompileOptions fullgraph() {
 TEST(Bf16Pipeline, EveryModeGivesTheSameImageByteForByte) {
   set_executable_cache_dir({});
   const std::string set = "flux1_tiny_arch";
-  PipelineCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::fixture_call_args(set);
   args.latents = test::golden(set, "latents.initial_packed");
   const FluxPipeline eager = FluxPipeline::from_pretrained(test::pipeline_dir(set), in(DType::bf16));
   const PipelineOutput want = eager(args);
@@ -150,7 +150,7 @@ TEST_F(StoredAs, Bf16CheckpointRunsInBf16WithItsWeightsReadInPlace) {
   }
   // Every tensor but the few a model does not read (none in these fixtures' components).
   EXPECT_EQ(total, file_bytes_);
-  PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny_arch");
   args.latents = test::golden("flux1_tiny_arch", "latents.initial_packed");
   const PipelineOutput out = pipe(args);
   EXPECT_GE(psnr(out.image, test::golden_u8("flux1_tiny_arch", "image.uint8")), 30.0);
@@ -168,7 +168,7 @@ TEST_F(StoredAs, Bf16CheckpointLoadedAsF32IsConvertedOnceAtLoad) {
     total += sum(w.by_dtype);
   }
   EXPECT_EQ(total, 2 * file_bytes_);
-  PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny_arch");
   args.latents = test::golden("flux1_tiny_arch", "latents.initial_packed");
   EXPECT_GE(psnr(pipe(args).image, test::golden_u8("flux1_tiny_arch", "image.uint8")), 30.0);
 }
@@ -182,7 +182,7 @@ TEST_F(StoredAs, PerComponentDtypeOverridesThePipelines) {
   EXPECT_EQ(dtypes[2].second, DType::bf16);
   EXPECT_EQ(dtypes[3].first, "vae");
   EXPECT_EQ(dtypes[3].second, DType::f32);
-  PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny_arch");
   args.latents = test::golden("flux1_tiny_arch", "latents.initial_packed");
   EXPECT_GE(psnr(pipe(args).image, test::golden_u8("flux1_tiny_arch", "image.uint8")), 30.0);
   PipelineOptions bad;

@@ -21,7 +21,7 @@
 #include "exec/host.h"
 #include "exec/mode.h"
 #include "exec/ops.h"
-#include "flux_call_args.h"
+#include "call_args.h"
 #include "golden.h"
 #include "io/safetensors.h"
 #include "models/flux/flux_transformer.h"
@@ -89,7 +89,7 @@ class CompiledFluxPipeline : public testing::TestWithParam<PipelineCase> {
 TEST_P(CompiledFluxPipeline, ImageAndLatentsEqualStrictEagerBitwise) {
   const auto [set, how] = GetParam();
   FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
-  PipelineCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::fixture_call_args(set);
   args.seed = 0;
   const PipelineOutput eager = pipe(args);
   if (how == "full") pipe.transformer().compile(fullgraph());
@@ -130,7 +130,7 @@ std::pair<uint64_t, uint64_t> traces_and_compiles_of(const FluxPipeline& pipe, c
 TEST_F(CompiledMode, TheWholeTransformerCompilesOncePerImageSize) {
   FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
   pipe.transformer().compile(fullgraph());
-  const PipelineCallArgs base = test::flux_call_args("flux1_tiny_arch");
+  const PipelineCallArgs base = test::fixture_call_args("flux1_tiny_arch");
   using Pair = std::pair<uint64_t, uint64_t>;
   EXPECT_EQ(traces_and_compiles_of(pipe, base), Pair(1, 1)) << "first call";
   EXPECT_EQ(traces_and_compiles_of(pipe, base), Pair(0, 0)) << "same shapes again";
@@ -164,7 +164,7 @@ TEST_F(CompiledMode, RepeatedBlocksCompileOneExecutablePerBlockClass) {
   ASSERT_EQ(t.transformer_blocks().size(), 2u);  // so sharing is visible
   ASSERT_EQ(t.single_transformer_blocks().size(), 2u);
   pipe.transformer().compile_repeated_blocks(fullgraph());
-  const PipelineCallArgs base = test::flux_call_args("flux1_tiny_arch");
+  const PipelineCallArgs base = test::fixture_call_args("flux1_tiny_arch");
   pipe(base);
   CompileStats s = compile_stats();
   EXPECT_EQ(s.compiles, 2u) << "one executable per block class";
@@ -224,7 +224,7 @@ TEST_F(CompiledMode, RegionalCompileNeedsRepeatedBlocks) {
 
 TEST_F(CompiledMode, AWarmPersistentCacheIsLoadedInsteadOfCompiled) {
   const fs::path dir = use_persistent_cache();
-  const PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  const PipelineCallArgs args = test::fixture_call_args("flux1_tiny_arch");
   PipelineOutput first;
   {
     FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));

@@ -11,7 +11,7 @@
 #include "exec/host.h"
 #include "exec/mode.h"
 #include "exec/ops.h"
-#include "flux_call_args.h"
+#include "call_args.h"
 #include "deterministic_weights.h"
 #include "golden.h"
 #include "io/json_config.h"
@@ -40,7 +40,7 @@ class DeferredFluxPipeline : public testing::TestWithParam<std::string> {};
 TEST_P(DeferredFluxPipeline, ImageAndLatentsEqualStrictEagerBitwise) {
   const std::string set = GetParam();
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
-  PipelineCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::fixture_call_args(set);
   args.seed = 0;
   const PipelineOutput eager = pipe(args);
   reset_deferred_stats();
@@ -68,7 +68,7 @@ TEST(DeferredMode, StepsAfterTheFirstCompileNothing) {
   EagerModeGuard mode(EagerMode::DeferAndFuse);
   clear_graph_cache();
   for (int64_t steps : {4, 2, 7}) {
-    PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
+    PipelineCallArgs args = test::fixture_call_args("flux1_tiny_arch");
     args.num_inference_steps = steps;
     std::vector<uint64_t> misses, hits;  // cumulative, after each step
     args.on_step = [&](int64_t, int64_t, double) {

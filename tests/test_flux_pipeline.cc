@@ -1,7 +1,7 @@
 // FluxPipeline end to end against Diffusers: final latents and the decoded image, from the
 // golden initial noise and from the seed that produced it; the errors users hit.
 #include "exec/ops.h"
-#include "flux_call_args.h"
+#include "call_args.h"
 #include "golden.h"
 #include "pipelines/flux_pipeline.h"
 #include "test_util.h"
@@ -18,7 +18,7 @@ class FluxPipelineGolden : public testing::TestWithParam<std::string> {};
 TEST_P(FluxPipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
   const std::string set = GetParam();
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
-  PipelineCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::fixture_call_args(set);
   args.latents = test::golden(set, "latents.initial_packed");
   // Every step's latents (Diffusers' callback_on_step_end) against the golden ones.
   int64_t seen = 0;
@@ -38,7 +38,7 @@ TEST_P(FluxPipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
 TEST_P(FluxPipelineGolden, SeedZeroGivesDiffusersImage) {
   const std::string set = GetParam();
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
-  PipelineCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::fixture_call_args(set);
   args.seed = 0;  // the fixtures' noise came from torch.Generator("cpu").manual_seed(0)
   const PipelineOutput out = pipe(args);
   EXPECT_LE(test::byte_diff(out.image, test::golden_u8(set, "image.uint8")).second, 1) << set;
@@ -65,17 +65,17 @@ TEST(FluxPipeline, ErrorsNameWhatIsWrong) {
   test::expect_error([&] { FluxPipeline::from_pretrained(dir); }, {"[pipeline]", "vae", "missing"});
   fs::remove_all(dir);
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny"));
-  PipelineCallArgs args = test::flux_call_args("flux1_tiny");
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny");
   args.num_inference_steps = 0;
   test::expect_error([&] { pipe(args); }, {"num_inference_steps must be at least 1, got 0"});
-  args = test::flux_call_args("flux1_tiny");
+  args = test::fixture_call_args("flux1_tiny");
   args.latents = zeros({1, 5, 4});
   test::expect_error([&] { pipe(args); }, {"initial latents have shape [1,5,4]", "[1,256,4]"});
 }
 
 TEST(FluxPipeline, SizesAreRoundedDownWithAWarning) {
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny"));
-  PipelineCallArgs args = test::flux_call_args("flux1_tiny");
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny");
   args.height = 37;  // vae_scale_factor 1: multiples of 2
   args.width = 33;
   args.num_inference_steps = 1;

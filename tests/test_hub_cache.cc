@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "flux_call_args.h"
+#include "call_args.h"
 #include "golden.h"
 #include "io/model_folder.h"
 #include "io/relative_name.h"
@@ -166,7 +166,7 @@ TEST_P(HubCacheGolden, RepoAndSnapshotFoldersGiveThePlainFolderImage) {
   EXPECT_TRUE(fs::is_symlink(hub.snapshot() / "text_encoder_2" / "model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(hub.snapshot() / "text_encoder_2" / "model.safetensors"));
 
-  PipelineCallArgs args = test::flux_call_args(set);
+  PipelineCallArgs args = test::fixture_call_args(set);
   args.latents = test::golden(set, "latents.initial_packed");
   const PipelineOutput plain = FluxPipeline::from_pretrained(test::pipeline_dir(set))(args);
 

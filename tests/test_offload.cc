@@ -9,7 +9,7 @@
 #include "exec/compile.h"
 #include "exec/host.h"
 #include "exec/mode.h"
-#include "flux_call_args.h"
+#include "call_args.h"
 #include "golden.h"
 #include "models/flux/flux_transformer.h"
 #include "pipelines/flux_pipeline.h"
@@ -46,7 +46,7 @@ std::vector<std::set<std::string>> residency(const std::vector<OffloadEvent>& ev
 }
 
 TEST_F(ModelOffload, OneComponentAtATimeTheSameImageAndALowerPeak) {
-  const PipelineCallArgs args = test::flux_call_args(kSet);
+  const PipelineCallArgs args = test::fixture_call_args(kSet);
   PipelineOutput in_place, on_device, offloaded;
   {
     const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
@@ -96,7 +96,7 @@ TEST_F(ModelOffload, OneComponentAtATimeTheSameImageAndALowerPeak) {
 // A capacity between what offload needs and what all-on-the-device needs: offload runs, the
 // other placement fails before any work with a message naming every component and its sizes.
 TEST_F(ModelOffload, ACapacityBetweenTheLargestComponentAndAllOfThemNeedsOffload) {
-  PipelineCallArgs args = test::flux_call_args(kSet);
+  PipelineCallArgs args = test::fixture_call_args(kSet);
   args.vae_tiling = VaeTilingMode::kOff;  // a tiled decode would fit too (test_vae_decode.cc)
   PipelineOutput reference;
   FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
@@ -143,7 +143,7 @@ TEST_F(ModelOffload, ToDeviceFailsFastWhenTheWeightsAloneDoNotFit) {
 // Offload composes with every execution mode: weights move under the same executables (their
 // buffers are relocated, so compiled callables see the same parameters and never recompile).
 TEST_F(ModelOffload, EveryExecutionModeGivesTheSameImage) {
-  const PipelineCallArgs args = test::flux_call_args(kSet);
+  const PipelineCallArgs args = test::fixture_call_args(kSet);
   PipelineOutput reference;
   {
     const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
@@ -180,7 +180,7 @@ TEST_F(ModelOffload, EveryExecutionModeGivesTheSameImage) {
 // not; the placed pipeline then counts skips instead (test_compiled.cc checks that AVX-512 packs).
 TEST_F(ModelOffload, PlacedWeightsArePrepackedOnceOnloadedOnesNever) {
   const bool packs = cpu::linear_packing_keeps_bits(64, 64);
-  const PipelineCallArgs args = test::flux_call_args(kSet);
+  const PipelineCallArgs args = test::fixture_call_args(kSet);
   CompileOptions o;
   o.fullgraph = true;
   FluxPipeline placed = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));

@@ -9,7 +9,7 @@
 #include "exec/compile.h"
 #include "exec/mode.h"
 #include "exec/ops.h"
-#include "flux_call_args.h"
+#include "call_args.h"
 #include "golden.h"
 #include "io/safetensors.h"
 #include "models/flux/flux_transformer.h"
@@ -46,7 +46,7 @@ TEST(PipelineChecks, TheWeightScanNamesOnlyTensorsTheModelReads) {
 
 TEST(PipelineChecks, NanInitialLatentsFailBeforeAnyWork) {
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny"));
-  PipelineCallArgs args = test::flux_call_args("flux1_tiny");
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny");
   Tensor latents = test::golden("flux1_tiny", "latents.initial_packed");
   std::vector<float> v = to_vector(latents);
   v[3] = std::numeric_limits<float>::quiet_NaN();
@@ -61,7 +61,7 @@ TEST(PipelineChecks, NanInitialLatentsFailBeforeAnyWork) {
 // and compiled mode alike, and the good run's latents are the same in all three.
 TEST(PipelineChecks, AnOverflowingStepIsNamedInEveryMode) {
   FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny"));
-  PipelineCallArgs args = test::flux_call_args("flux1_tiny");
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny");
   const Tensor good = test::golden("flux1_tiny", "latents.initial_packed");
   std::vector<float> huge = to_vector(good);
   for (float& x : huge) x = std::copysign(3e38f, x);  // finite, but the first linear overflows

@@ -12,7 +12,7 @@
 #include "exec/mode.h"
 #include "exec/ops.h"
 #include "exec/profile.h"
-#include "flux_call_args.h"
+#include "call_args.h"
 #include "golden.h"
 #include "pipelines/flux_pipeline.h"
 #include "test_util.h"
@@ -28,7 +28,7 @@ struct Profiled {
 Profiled run_bundled(bool profile_on, EagerMode mode = EagerMode::DeferNever) {
   const EagerModeGuard guard(mode);
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
-  PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny_arch");
   args.seed = 0;
   pipe(args);  // the first call builds kernels and pools memory: time the second
   reset_profile();

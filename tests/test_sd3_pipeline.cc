@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "call_args.h"
 #include "exec/ops.h"
 #include "golden.h"
 #include "models/clip/clip_text_model.h"
@@ -29,19 +30,6 @@ nlohmann::json manifest(const std::string& set) {
 
 std::vector<int64_t> golden_ids(const std::string& set, const std::string& key) {
   return to_int_vector(test::golden(set, key));
-}
-
-// The call the fixture was made with (manifest "inputs").
-PipelineCallArgs sd3_call_args(const std::string& set) {
-  const nlohmann::json m = manifest(set)["inputs"];
-  PipelineCallArgs a;
-  a.prompt = m["prompt"].get<std::string>();
-  a.height = m["height"].get<int64_t>();
-  a.width = m["width"].get<int64_t>();
-  a.num_inference_steps = m["num_inference_steps"].get<int64_t>();
-  a.guidance_scale = m["guidance_scale"].get<double>();
-  a.max_sequence_length = m["max_sequence_length"].get<int64_t>();
-  return a;
 }
 
 class SD3PipelineGolden : public testing::TestWithParam<std::string> {};
@@ -97,7 +85,7 @@ TEST_P(SD3PipelineGolden, TextEncodersMatchTransformers) {
 TEST_P(SD3PipelineGolden, EncodePromptMatchesDiffusers) {
   const std::string set = GetParam();
   const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir(set));
-  const PipelineCallArgs a = sd3_call_args(set);
+  const PipelineCallArgs a = test::fixture_call_args(set);
   const auto pos = pipe.encode_prompt(a.prompt, a.prompt, a.prompt, *a.max_sequence_length);
   test::expect_close(pos.prompt_embeds, test::golden(set, "encode_prompt.prompt_embeds"), 1e-5, 0, set + " prompt_embeds");
   test::expect_close(pos.pooled_prompt_embeds, test::golden(set, "encode_prompt.pooled_prompt_embeds"), 1e-5, 0,
@@ -113,7 +101,7 @@ TEST_P(SD3PipelineGolden, SchedulerMatchesDiffusers) {
   const std::string set = GetParam();
   FlowMatchEulerDiscreteScheduler s(
       FlowMatchEulerConfig::load(test::pipeline_dir(set) / "scheduler" / "scheduler_config.json"));
-  s.set_timesteps(sd3_call_args(set).num_inference_steps);
+  s.set_timesteps(test::fixture_call_args(set).num_inference_steps);
   EXPECT_EQ(s.timesteps(), to_vector(test::golden(set, "scheduler.timesteps")));
   EXPECT_EQ(s.sigmas(), to_vector(test::golden(set, "scheduler.sigmas")));
 }
@@ -122,7 +110,7 @@ TEST_P(SD3PipelineGolden, SchedulerMatchesDiffusers) {
 TEST_P(SD3PipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
   const std::string set = GetParam();
   const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir(set));
-  PipelineCallArgs args = sd3_call_args(set);
+  PipelineCallArgs args = test::fixture_call_args(set);
   args.latents = test::golden(set, "latents.initial");
   // Every step's latents (Diffusers' callback_on_step_end) against the golden ones.
   int64_t seen = 0;
@@ -150,7 +138,7 @@ TEST_P(SD3PipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
 TEST_P(SD3PipelineGolden, SeedZeroGivesDiffusersImage) {
   const std::string set = GetParam();
   const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir(set));
-  PipelineCallArgs args = sd3_call_args(set);
+  PipelineCallArgs args = test::fixture_call_args(set);
   args.seed = 0;  // the fixtures' noise came from torch.Generator("cpu").manual_seed(0)
   EXPECT_LE(test::byte_diff(pipe(args).image, test::golden_u8(set, "image.uint8")).second, 1) << set;
 }
@@ -182,7 +170,7 @@ TEST(DiffusionPipeline, FromPretrainedBuildsTheClassModelIndexNames) {
 TEST(DiffusionPipeline, CallThroughTheBaseIsTheConcreteCall) {
   const auto base = DiffusionPipeline::from_pretrained(test::pipeline_dir("sd3_tiny"));
   const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir("sd3_tiny"));
-  const PipelineCallArgs args = sd3_call_args("sd3_tiny");
+  const PipelineCallArgs args = test::fixture_call_args("sd3_tiny");
   EXPECT_EQ((*base)(args).image, pipe(args).image);
 }
 
@@ -204,7 +192,7 @@ TEST(StableDiffusion3Pipeline, WithoutT5TheTextEmbeddingsAreZeros) {
   const std::vector<float> v = to_vector(slice(e.prompt_embeds, 1, 77, 77 + 40));
   EXPECT_EQ(*std::max_element(v.begin(), v.end()), 0.0f);
   EXPECT_EQ(*std::min_element(v.begin(), v.end()), 0.0f);
-  PipelineCallArgs args = sd3_call_args("sd35_tiny_arch");
+  PipelineCallArgs args = test::fixture_call_args("sd35_tiny_arch");
   args.prompt_3 = "unused";
   const PipelineOutput out = pipe(args);
   ASSERT_FALSE(out.warnings.empty());
@@ -216,7 +204,7 @@ TEST(StableDiffusion3Pipeline, WithoutT5TheTextEmbeddingsAreZeros) {
 // listed blocks pushes the velocity; outside them the image is unchanged.
 TEST(StableDiffusion3Pipeline, SkipLayerGuidanceChangesOnlyTheStepsItCovers) {
   const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir("sd35_tiny_arch"));
-  PipelineCallArgs args = sd3_call_args("sd35_tiny_arch");
+  PipelineCallArgs args = test::fixture_call_args("sd35_tiny_arch");
   args.latents = test::golden("sd35_tiny_arch", "latents.initial");
   const Tensor plain = pipe(args).latents;
   args.skip_guidance_layers = {0};
@@ -233,13 +221,13 @@ TEST(StableDiffusion3Pipeline, SkipLayerGuidanceChangesOnlyTheStepsItCovers) {
 
 TEST(StableDiffusion3Pipeline, ErrorsNameTheArgument) {
   const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir("sd35_tiny_arch"));
-  PipelineCallArgs args = sd3_call_args("sd35_tiny_arch");
+  PipelineCallArgs args = test::fixture_call_args("sd35_tiny_arch");
   args.skip_guidance_layers = {7, 8, 9};
   test::expect_error([&] { pipe(args); }, {"[pipeline]", "skip_guidance_layers", "7", "0..1"});
-  args = sd3_call_args("sd35_tiny_arch");
+  args = test::fixture_call_args("sd35_tiny_arch");
   args.max_sequence_length = 513;
   test::expect_error([&] { pipe(args); }, {"[pipeline]", "max_sequence_length", "513"});
-  args = sd3_call_args("sd35_tiny_arch");
+  args = test::fixture_call_args("sd35_tiny_arch");
   args.num_inference_steps = 1;
   std::string long_prompt;
   for (int i = 0; i < 100; ++i) long_prompt += "squirrel ";

@@ -4,11 +4,9 @@
 // gives the same image one component at a time within the plan's bound, and a capacity only
 // offload fits fails fast for everything-on-the-device.
 #include <cstring>
-#include <fstream>
 #include <set>
 
-#include <nlohmann/json.hpp>
-
+#include "call_args.h"
 #include "devices/runtime.h"
 #include "exec/compile.h"
 #include "exec/executable_store.h"
@@ -21,16 +19,9 @@
 namespace kiln {
 namespace {
 
+// The fixture's call (manifest "inputs"), from the seed alone.
 PipelineCallArgs call_args(const std::string& set) {
-  std::ifstream in(test::fixture(set) / "manifest.json");
-  const nlohmann::json m = nlohmann::json::parse(in)["inputs"];
-  PipelineCallArgs a;
-  a.prompt = m["prompt"].get<std::string>();
-  a.height = m["height"].get<int64_t>();
-  a.width = m["width"].get<int64_t>();
-  a.num_inference_steps = m["num_inference_steps"].get<int64_t>();
-  a.guidance_scale = m["guidance_scale"].get<double>();
-  a.max_sequence_length = m["max_sequence_length"].get<int64_t>();
+  PipelineCallArgs a = test::fixture_call_args(set);
   a.seed = 0;
   return a;
 }

@@ -11,7 +11,7 @@
 #include "exec/host.h"
 #include "exec/mode.h"
 #include "exec/residency.h"
-#include "flux_call_args.h"
+#include "call_args.h"
 #include "golden.h"
 #include "io/safetensors.h"
 #include "models/flux/flux_transformer.h"
@@ -125,7 +125,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 // (runtime.md §6.10: the sum over ranks reorders floating-point additions), the image within
 // one level, in strict eager, deferred and compiled (repeated blocks, whole model) modes.
 TEST_F(TwoRanks, TheShardedPipelineGivesTheSingleProcessImage) {
-  const PipelineCallArgs args = test::flux_call_args(kSet);
+  const PipelineCallArgs args = test::fixture_call_args(kSet);
   const PipelineOutput single = FluxPipeline::from_pretrained(test::pipeline_dir(kSet))(args);
   const std::vector<float> want = to_vector(single.latents);
   double peak = 0;

@@ -10,7 +10,7 @@
 #include "exec/counters.h"
 #include "exec/host.h"
 #include "exec/ops.h"
-#include "flux_call_args.h"
+#include "call_args.h"
 #include "golden.h"
 #include "io/safetensors.h"
 #include "models/vae/autoencoder_kl.h"
@@ -116,7 +116,7 @@ TEST(VaeTiledDecode, OneTileIsTheUntiledDecodeAndMemoryIsBoundedByTheTile) {
 
 TEST(VaeTiledDecode, AutoTilesOnlyWhenTheUntiledDecodeDoesNotFit) {
   FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
-  PipelineCallArgs args = test::flux_call_args("flux1_tiny_arch");
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny_arch");
   args.seed = 0;
   args.height = args.width = 256;
   args.vae_tiling = VaeTilingMode::kOff;

@@ -1,4 +1,4 @@
-// The FluxPipeline call a golden fixture was made with (its manifest's "inputs"), for tests
+// The pipeline call a golden fixture was made with (its manifest's "inputs"), for tests
 // that run the pipeline on a fixture.
 #pragma once
 #include <fstream>
@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "golden.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/diffusion_pipeline.h"
 
 namespace kiln::test {
 
-inline PipelineCallArgs flux_call_args(const std::string& set) {
+inline PipelineCallArgs fixture_call_args(const std::string& set) {
   std::ifstream in(fixture(set) / "manifest.json");
   const nlohmann::json m = nlohmann::json::parse(in)["inputs"];
   PipelineCallArgs a;
