@@ -11,6 +11,7 @@
 #include "exec/compile.h"
 #include "exec/executable_store.h"
 #include "exec/mode.h"
+#include "exec/profile.h"
 #include "golden.h"
 #include "models/sd3/sd3_transformer.h"
 #include "pipelines/stable_diffusion_3_pipeline.h"
@@ -129,6 +130,27 @@ TEST_P(SD3Modes, WarmupCompilesWhatTheCallUses) {
   pipe.warmup(*base.height, *base.width, base.max_sequence_length);
   EXPECT_GT(compile_stats().compiles, 0u);
   EXPECT_EQ(traces_and_compiles_of(pipe, base), (std::pair<uint64_t, uint64_t>(0, 0)));
+}
+
+// The profile names each of the three encoders, the transformer and the VAE, and the encoders'
+// seconds add up to the encode stage (as FLUX's, test_profile.cc).
+TEST(SD3Profile, EachComponentIsItsOwnRow) {
+  const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir("sd35_tiny_arch"));
+  const PipelineCallArgs args = call_args("sd35_tiny_arch");
+  pipe(args);  // the first call builds kernels and pools memory: profile the second
+  reset_profile();
+  set_profiling(true);
+  const PipelineOutput out = pipe(args);
+  set_profiling(false);
+  const Profile p = profile();
+  double encode = 0;
+  for (const char* c : {"text_encoder", "text_encoder_2", "text_encoder_3"}) {
+    EXPECT_GT(p.component_seconds(c), 0.0) << c;
+    encode += p.component_seconds(c);
+  }
+  EXPECT_GT(p.component_seconds("transformer"), 0.0);
+  EXPECT_GT(p.component_seconds("vae"), 0.0);
+  EXPECT_NEAR(encode, out.timings.encode, 0.15 * out.timings.encode);
 }
 
 class SD3Offload : public testing::Test {

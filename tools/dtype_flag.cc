@@ -29,7 +29,7 @@ void parse_dtype(const std::string& value, PipelineOptions& options) {
     const size_t eq = part.find('=');
     if (eq == std::string::npos) {
       KILN_CHECK(first, "cli", "--dtype ", value, ": only the first entry may be a plain dtype; later ones are "
-                                                  "COMPONENT=DTYPE (text_encoder, text_encoder_2, transformer, vae)");
+                                                  "COMPONENT=DTYPE (text_encoder, text_encoder_2, text_encoder_3 for SD3, transformer, vae)");
       options.dtype = dtype_value(value, part);
     } else {
       // The pipeline checks the name before it loads anything (from_pretrained).

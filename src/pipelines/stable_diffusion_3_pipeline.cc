@@ -163,10 +163,14 @@ StableDiffusion3Pipeline::PromptEmbeds StableDiffusion3Pipeline::encode_prompt(c
 // Each encoder reads every prompt before the next one starts, so under model offload each
 // arrives once per call (the prompts run one by one, as Diffusers runs them).
 std::vector<StableDiffusion3Pipeline::PromptEmbeds> StableDiffusion3Pipeline::encode_prompts(
-    const std::vector<std::array<std::string, 3>>& prompts, int64_t max_sequence_length) const {
+    const std::vector<std::array<std::string, 3>>& prompts, int64_t max_sequence_length, Stages* stages) const {
+  const auto start = [&](const char* component) {
+    if (stages) stages->next(component);
+    use(component);
+  };
   // CLIP: the penultimate layer's hidden states (hidden_states[-2]) and the projected pooled output.
   const auto clip = [&](const char* name, const tokenizers::ClipTokenizer& tok, const ClipTextModel& enc, size_t which) {
-    use(name);
+    start(name);
     std::vector<std::pair<Tensor, Tensor>> out;
     for (const auto& p : prompts) {
       const std::vector<int64_t> ids = tok.encode_padded(p[which]);
@@ -181,7 +185,7 @@ std::vector<StableDiffusion3Pipeline::PromptEmbeds> StableDiffusion3Pipeline::en
   const DType clip_dtype = m_->text_encoder.dtype();
   std::vector<Tensor> t5;
   if (m_->text_encoder_3) {
-    use("text_encoder_3");
+    start("text_encoder_3");
     for (const auto& p : prompts) {
       const std::vector<int64_t> ids = m_->tokenizer_3->encode_padded(p[2], max_sequence_length);
       t5.push_back(m_->text_encoder_3->forward(from_ints(ids, {1, int64_t(ids.size())})).last_hidden_state);
@@ -315,14 +319,13 @@ void StableDiffusion3Pipeline::run(const PipelineCallArgs& args, const Sized& si
   // 1. Prompts: the conditional embeddings, and with guidance the negative ones (batch order
   //    negative, then positive).
   auto t0 = std::chrono::steady_clock::now();
-  stages.next("text_encoder");
   std::vector<std::array<std::string, 3>> prompts = {
       {args.prompt, args.prompt_2.value_or(args.prompt), args.prompt_3.value_or(args.prompt)}};
   if (cfg) {
     const std::string n = args.negative_prompt.value_or("");
     prompts.push_back({n, args.negative_prompt_2.value_or(n), args.negative_prompt_3.value_or(n)});
   }
-  const std::vector<PromptEmbeds> encoded = encode_prompts(prompts, sized.max_sequence_length);
+  const std::vector<PromptEmbeds> encoded = encode_prompts(prompts, sized.max_sequence_length, &stages);
   const PromptEmbeds& pos = encoded[0];
   const PromptEmbeds* neg = cfg ? &encoded[1] : nullptr;
   // The transformer computes in its dtype; its inputs arrive in it.

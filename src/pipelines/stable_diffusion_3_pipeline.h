@@ -42,7 +42,9 @@ class StableDiffusion3Pipeline : public DiffusionPipeline {
   bool has_text_encoder_3() const;
   // encode_prompt for several (prompt, prompt_2, prompt_3), in order.
   std::vector<PromptEmbeds> encode_prompts(const std::vector<std::array<std::string, 3>>& prompts,
-                                           int64_t max_sequence_length) const;
+                                           int64_t max_sequence_length) const {
+    return encode_prompts(prompts, max_sequence_length, nullptr);
+  }
 
  private:
   struct Models;
@@ -59,6 +61,10 @@ class StableDiffusion3Pipeline : public DiffusionPipeline {
   bool transformer_compiled() const override;
   void warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const override;
   void run(const PipelineCallArgs& args, const Sized& sized, PipelineOutput& out) const override;
+
+  // `stages`: each encoder's work counts for it in the profile (a call's run()).
+  std::vector<PromptEmbeds> encode_prompts(const std::vector<std::array<std::string, 3>>& prompts,
+                                           int64_t max_sequence_length, Stages* stages) const;
 
   std::unique_ptr<Models> m_;
 };
