@@ -219,6 +219,23 @@ TEST(StableDiffusion3Pipeline, SkipLayerGuidanceChangesOnlyTheStepsItCovers) {
   EXPECT_EQ(to_vector(pipe(args).latents), a);
 }
 
+// Components in different dtypes (--dtype f32,text_encoder=bf16): the pooled outputs are joined
+// in the wider dtype, as torch.cat promotes, and the call runs.
+TEST(StableDiffusion3Pipeline, ComponentsMayHaveTheirOwnDtypes) {
+  PipelineOptions options;
+  options.dtype = DType::f32;
+  options.component_dtype["text_encoder"] = DType::bf16;
+  const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir("sd35_tiny_arch"), options);
+  EXPECT_EQ(pipe.dtypes()[0], (std::pair<std::string, DType>{"text_encoder", DType::bf16}));
+  const PipelineCallArgs args = test::fixture_call_args("sd35_tiny_arch");
+  const auto e = pipe.encode_prompt(args.prompt, args.prompt, args.prompt, *args.max_sequence_length);
+  EXPECT_EQ(e.pooled_prompt_embeds.dtype(), DType::f32);
+  // CLIP-L's half computed in bf16: within bf16 precision of Diffusers' f32 embedding.
+  test::expect_close(e.pooled_prompt_embeds, test::golden("sd35_tiny_arch", "encode_prompt.pooled_prompt_embeds"), 0,
+                     2e-2, "pooled embedding with a bf16 CLIP-L");
+  EXPECT_EQ(pipe(args).image.size(), size_t(128 * 128 * 3));
+}
+
 TEST(StableDiffusion3Pipeline, ErrorsNameTheArgument) {
   const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir("sd35_tiny_arch"));
   PipelineCallArgs args = test::fixture_call_args("sd35_tiny_arch");
@@ -236,6 +253,10 @@ TEST(StableDiffusion3Pipeline, ErrorsNameTheArgument) {
   bool named = false;
   for (const std::string& w : out.warnings) named = named || w.rfind("negative_prompt is", 0) == 0;
   EXPECT_TRUE(named) << "expected a warning naming negative_prompt";
+  // Diffusers' check_inputs: SD3 refuses a size that is not a multiple of 16 (FLUX rounds it).
+  args = test::fixture_call_args("sd35_tiny_arch");
+  args.height = 120;
+  test::expect_error([&] { pipe(args); }, {"[pipeline]", "divisible by 16", "120"});
   // FLUX takes none of SD3's guidance arguments.
   const FluxPipeline flux = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny"));
   PipelineCallArgs f;

@@ -3,6 +3,7 @@
 // transformer executables for each listed size without running the model, and stores them in
 // the persistent cache (KILN_CACHE_DIR).
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <filesystem>
 
@@ -53,7 +54,7 @@ int warmup(const std::vector<std::string>& args) {
   std::filesystem::path model, report;
   bool report_given = false;
   std::string sizes_text, compile = "full", dtype = "auto";
-  int64_t max_sequence_length = 512;
+  int64_t max_sequence_length = 0;  // 0: the pipeline's default (FLUX 512, SD3 256)
   bool length_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
@@ -74,7 +75,7 @@ int warmup(const std::vector<std::string>& args) {
   check_compile_flag(compile);
   PipelineOptions pipe_options;
   parse_dtype(dtype, pipe_options);
-  KILN_CHECK(max_sequence_length >= 1 && max_sequence_length <= 512, "cli",
+  KILN_CHECK(!length_given || (max_sequence_length >= 1 && max_sequence_length <= 512), "cli",
              "--max-sequence-length must be in [1, 512], got ", max_sequence_length);
   if (model.empty()) {
     model = KILN_BUNDLED_MODEL;
@@ -92,7 +93,8 @@ int warmup(const std::vector<std::string>& args) {
   for (const Size& s : sizes) {
     const CompileStats before = compile_stats();
     const auto t0 = std::chrono::steady_clock::now();
-    pipe->warmup(s.height, s.width, max_sequence_length);
+    pipe->warmup(s.height, s.width,
+                 max_sequence_length ? std::optional<int64_t>(max_sequence_length) : std::nullopt);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const CompileStats after = compile_stats();
     std::fprintf(stderr, "kiln: warmup %lldx%lld (%s): %llu compiled, %llu loaded from the cache, %llu shared, %.3f s\n",
@@ -104,7 +106,7 @@ int warmup(const std::vector<std::string>& args) {
   std::fprintf(stderr, "kiln: compile cache: %s\n", dir.empty() ? "(off)" : dir.c_str());
   if (!report.empty()) {
     nlohmann::json inputs{{"command", "warmup"}, {"model", model.string()}, {"sizes", sizes_text},
-                          {"compile", compile}, {"max_sequence_length", max_sequence_length}};
+                          {"compile", compile}, {"max_sequence_length", max_sequence_length ? nlohmann::json(max_sequence_length) : nlohmann::json()}};
     write_report(report, std::move(inputs), nlohmann::json::object(), {{"compiled", compile_report()}});
   }
   return 0;

@@ -380,8 +380,17 @@ void DiffusionPipeline::Stages::next(const char* component) {
 
 void DiffusionPipeline::Stages::end() { scope_->profile.reset(); }
 
+DiffusionPipeline::CallGuard::CallGuard(const DiffusionPipeline& pipe) : pipe_(pipe), lock_(pipe.s_->call_mu) {}
+
+DiffusionPipeline::CallGuard::~CallGuard() {
+  try {
+    pipe_.free_all();
+  } catch (...) {
+  }
+}
+
 PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const {
-  std::lock_guard<std::mutex> lock(s_->call_mu);
+  const CallGuard guard(*this);
   const auto t_start = std::chrono::steady_clock::now();
   PipelineOutput out;
   KILN_CHECK(args.num_inference_steps >= 1, "pipeline", "num_inference_steps must be at least 1, got ",
@@ -396,6 +405,8 @@ PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const
   KILN_CHECK(height <= kMaxSide && width <= kMaxSide, "pipeline", "height and width must be at most ", kMaxSide,
              ", got ", height, "x", width);
   if (height % multiple || width % multiple) {
+    KILN_CHECK(rounds_sizes(), "pipeline", "height and width have to be divisible by ", multiple, " but are ",
+               height, " and ", width, " (", class_name(), " does not round them, as in Diffusers)");
     out.warnings.push_back("height and width must be divisible by " + std::to_string(multiple) + "; " +
                            std::to_string(height) + "x" + std::to_string(width) + " is rounded down to " +
                            std::to_string(height / multiple * multiple) + "x" +
@@ -437,16 +448,6 @@ PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const
     vae_tile_size = requested_vae_tile(args);
   }
   out.vae_tile_size = vae_tile_size;
-  // Model offload: components are released at the end, also when the call fails.
-  struct FreeAtEnd {
-    const DiffusionPipeline& p;
-    ~FreeAtEnd() {
-      try {
-        p.free_all();
-      } catch (...) {
-      }
-    }
-  } free_at_end{*this};
   run(args, Sized{height, width, msl, vae_tile_size}, out);
   out.timings.total = seconds_since(t_start);
   return out;

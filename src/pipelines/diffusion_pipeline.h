@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -146,8 +147,6 @@ class DiffusionPipeline {
                                                             const PipelineOptions& options = {});
   static const std::vector<std::string>& supported_classes();
 
-  DiffusionPipeline(DiffusionPipeline&&) noexcept;
-  DiffusionPipeline& operator=(DiffusionPipeline&&) noexcept;
   virtual ~DiffusionPipeline();
 
   virtual const char* class_name() const = 0;
@@ -208,10 +207,31 @@ class DiffusionPipeline {
  protected:
   // The loaded components and their placement (pipelines/pipeline_state.h), from PipelineLoader.
   explicit DiffusionPipeline(std::unique_ptr<PipelineState> state);
+  // Moved only as the concrete class (a base reference could otherwise take another class's state).
+  DiffusionPipeline(DiffusionPipeline&&) noexcept;
+  DiffusionPipeline& operator=(DiffusionPipeline&&) noexcept;
+
+  // While alive: the pipeline's components are this caller's (one call at a time), and under
+  // model offload every component is released at its end, also when the work fails. operator()
+  // holds one; so does any public method that runs components outside it.
+  class CallGuard {
+   public:
+    explicit CallGuard(const DiffusionPipeline& pipe);
+    ~CallGuard();
+    CallGuard(const CallGuard&) = delete;
+    CallGuard& operator=(const CallGuard&) = delete;
+
+   private:
+    const DiffusionPipeline& pipe_;
+    std::lock_guard<std::mutex> lock_;
+  };
 
   // ---- what a concrete pipeline provides ----
   virtual const AutoencoderKL& vae() const = 0;
   virtual int64_t patch_size() const = 0;
+  // A size that is not a multiple of size_multiple(): rounded down with a warning (FluxPipeline,
+  // as Diffusers), or an error (StableDiffusion3Pipeline's check_inputs).
+  virtual bool rounds_sizes() const { return true; }
   // The T5 length a call uses (its default when not given), checked against the pipeline's limit.
   virtual int64_t max_sequence_length(const PipelineCallArgs& args) const = 0;
   // Argument checks and warnings (prompt cuts) before the memory check; `out.warnings` collects them.

@@ -48,6 +48,8 @@ PipelineLoader::PipelineLoader(const fs::path& model, const PipelineOptions& opt
                  pipeline_class, " needs it");
       continue;
     }
+    KILN_CHECK(!c.classes.empty(), "pipeline", index_file.string(), ": component '", c.component, "' is ", got,
+               ", which kiln's ", pipeline_class, " does not load (text-to-image only); expected [null, null]");
     std::string expected;
     bool known = false;
     for (const std::string& k : c.classes) {

@@ -143,7 +143,8 @@ bool StableDiffusion3Pipeline::transformer_compiled() const {
 // A call runs batch 2 with guidance (the default) and batch 1 for skip-layer guidance or
 // without it: both are compiled.
 void StableDiffusion3Pipeline::warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const {
-  for (int64_t batch : {2, 1}) m_->transformer.warmup(batch, h, w, 77 + max_sequence_length);
+  for (int64_t batch : {2, 1})
+    m_->transformer.warmup(batch, h, w, m_->tokenizer.model_max_length() + max_sequence_length);
 }
 
 int64_t StableDiffusion3Pipeline::max_sequence_length(const PipelineCallArgs& args) const {
@@ -158,6 +159,12 @@ StableDiffusion3Pipeline::PromptEmbeds StableDiffusion3Pipeline::encode_prompt(c
                                                                                const std::string& prompt_3,
                                                                                int64_t max_sequence_length) const {
   return encode_prompts({{prompt, prompt_2, prompt_3}}, max_sequence_length)[0];
+}
+
+std::vector<StableDiffusion3Pipeline::PromptEmbeds> StableDiffusion3Pipeline::encode_prompts(
+    const std::vector<std::array<std::string, 3>>& prompts, int64_t max_sequence_length) const {
+  const CallGuard guard(*this);  // outside a call: the encoders are this caller's, and released after
+  return encode_prompts(prompts, max_sequence_length, nullptr);
 }
 
 // Each encoder reads every prompt before the next one starts, so under model offload each
@@ -203,7 +210,10 @@ std::vector<StableDiffusion3Pipeline::PromptEmbeds> StableDiffusion3Pipeline::en
     if (tw < cw) clip_padded = slice(clip_embeds, 2, 0, tw);
     if (tw > cw) clip_padded = concat({clip_embeds, zeros({1, clip_embeds.dim(1), tw - cw}, clip_embeds.dtype())}, 2);
     const Tensor t5_in = t5[i].dtype() == clip_padded.dtype() ? t5[i] : cast(t5[i], clip_padded.dtype());
-    out.push_back({concat({clip_padded, t5_in}, 1), concat({clip_l[i].second, clip_g[i].second}, 1)});
+    // torch.cat promotes mixed dtypes (a component given its own, e.g. text_encoder=f32): to f32.
+    Tensor pooled_l = clip_l[i].second, pooled_g = clip_g[i].second;
+    if (pooled_l.dtype() != pooled_g.dtype()) pooled_l = cast(pooled_l, DType::f32), pooled_g = cast(pooled_g, DType::f32);
+    out.push_back({concat({clip_padded, t5_in}, 1), concat({pooled_l, pooled_g}, 1)});
   }
   return out;
 }

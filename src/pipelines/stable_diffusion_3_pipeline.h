@@ -42,9 +42,7 @@ class StableDiffusion3Pipeline : public DiffusionPipeline {
   bool has_text_encoder_3() const;
   // encode_prompt for several (prompt, prompt_2, prompt_3), in order.
   std::vector<PromptEmbeds> encode_prompts(const std::vector<std::array<std::string, 3>>& prompts,
-                                           int64_t max_sequence_length) const {
-    return encode_prompts(prompts, max_sequence_length, nullptr);
-  }
+                                           int64_t max_sequence_length) const;
 
  private:
   struct Models;
@@ -52,6 +50,7 @@ class StableDiffusion3Pipeline : public DiffusionPipeline {
 
   const AutoencoderKL& vae() const override;
   int64_t patch_size() const override;
+  bool rounds_sizes() const override { return false; }
   int64_t max_sequence_length(const PipelineCallArgs& args) const override;
   void check_call(const PipelineCallArgs& args, int64_t height, int64_t width, PipelineOutput& out) const override;
   std::vector<size_t> trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
