@@ -42,18 +42,6 @@ const Regex& space_chars() {
   return re;
 }
 
-// GPT-2 bytes_to_unicode: printable bytes keep their code point, the other 68 bytes map to
-// U+0100.. in increasing byte order.
-std::array<std::string, 256> byte_encoder() {
-  std::array<std::string, 256> enc;
-  char32_t next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-    utf8_append(enc[b], keep ? char32_t(b) : next++);
-  }
-  return enc;
-}
-
 std::vector<std::string> split_ascii_ws(std::string_view line) {
   std::vector<std::string> parts;
   size_t i = 0;

@@ -242,4 +242,14 @@ bool is_cjk_ideograph(char32_t cp) {
          (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
 }
 
+std::array<std::string, 256> byte_encoder() {
+  std::array<std::string, 256> enc;
+  char32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    utf8_append(enc[b], keep ? char32_t(b) : next++);
+  }
+  return enc;
+}
+
 }  // namespace kiln::tokenizers

@@ -1,6 +1,7 @@
 // Unicode text operations with Python's semantics, for the tokenizers' text cleanup: UTF-8
 // decoding/encoding, NFC (unicodedata.normalize("NFC")), str.lower() and str.isspace().
 #pragma once
+#include <array>
 #include <string>
 #include <string_view>
 
@@ -10,6 +11,11 @@ namespace kiln::tokenizers {
 std::u32string utf8_decode(std::string_view text, const std::string& what);
 std::string utf8_encode(std::u32string_view text);
 void utf8_append(std::string& out, char32_t cp);
+
+// GPT-2's byte-level alphabet (bytes_to_unicode): each byte as the UTF-8 of a printable code
+// point, the printable ASCII and Latin-1 bytes as themselves. CLIP's BPE and tokenizer.json's
+// ByteLevel pre-tokenizer both spell bytes this way.
+std::array<std::string, 256> byte_encoder();
 
 // unicodedata.normalize("NFC", text).
 std::u32string nfc(std::u32string_view text);
