@@ -20,6 +20,19 @@ Tensor as_dtype(const Tensor& x, DType dtype) { return x.dtype() == dtype ? x : 
 
 VaeConfig VaeConfig::from_json(const io::JsonConfig& json) {
   VaeConfig c;
+  c.class_name = json.get_string("_class_name", c.class_name);
+  KILN_CHECK(c.class_name == "AutoencoderKL" || c.class_name == "AutoencoderKLFlux2", kWhere, json.source(),
+             ": field '_class_name' is '", c.class_name, "', expected AutoencoderKL or AutoencoderKLFlux2");
+  const bool flux2 = c.has_latent_batch_norm();
+  if (flux2) {  // AutoencoderKLFlux2's constructor defaults (flux2.md §1.3)
+    c.latent_channels = 32;
+    c.layers_per_block = 2;
+    c.block_out_channels = {128, 256, 512, 512};
+    c.down_block_types.assign(4, "DownEncoderBlock2D");
+    c.up_block_types.assign(4, "UpDecoderBlock2D");
+    c.sample_size = 1024;
+    c.patch_size = {2, 2};
+  }
   c.in_channels = json.get_int("in_channels", c.in_channels);
   c.out_channels = json.get_int("out_channels", c.out_channels);
   c.latent_channels = json.get_int("latent_channels", c.latent_channels);
@@ -30,8 +43,14 @@ VaeConfig VaeConfig::from_json(const io::JsonConfig& json) {
   c.up_block_types = json.get_string_list("up_block_types", c.up_block_types);
   c.act_fn = json.get_string("act_fn", c.act_fn);
   c.sample_size = json.get_int("sample_size", c.sample_size);
-  c.scaling_factor = json.get_float("scaling_factor", c.scaling_factor);
-  c.shift_factor = json.get_float("shift_factor", c.shift_factor);
+  if (flux2) {
+    // No scaling/shift factor in this class (a stray field is ignored, as Diffusers ignores it).
+    c.scaling_factor = 1;
+    c.shift_factor = 0;
+  } else {
+    c.scaling_factor = json.get_float("scaling_factor", c.scaling_factor);
+    c.shift_factor = json.get_float("shift_factor", c.shift_factor);
+  }
   // The pipeline divides latents by scaling_factor: 0 or a non-number would decode every image black.
   KILN_CHECK(std::isfinite(c.scaling_factor) && c.scaling_factor != 0, kWhere, json.source(),
              ": field 'scaling_factor' is ", c.scaling_factor, ", expected a finite non-zero number (e.g. 0.3611)");
@@ -59,6 +78,24 @@ VaeConfig VaeConfig::from_json(const io::JsonConfig& json) {
   for (int64_t ch : c.block_out_channels)
     KILN_CHECK(c.norm_num_groups > 0 && ch > 0 && ch % c.norm_num_groups == 0, kWhere, src,
                ": block_out_channels entry ", ch, " is not divisible by norm_num_groups ", c.norm_num_groups);
+  if (flux2) {
+    c.batch_norm_eps = json.get_float("batch_norm_eps", c.batch_norm_eps);
+    c.batch_norm_momentum = json.get_float("batch_norm_momentum", c.batch_norm_momentum);
+    KILN_CHECK(std::isfinite(c.batch_norm_eps) && c.batch_norm_eps >= 0, kWhere, src, ": field 'batch_norm_eps' is ",
+               c.batch_norm_eps, ", expected a finite non-negative number (e.g. 0.0001)");
+    const std::vector<int64_t> patch = json.get_int_list("patch_size", {c.patch_size[0], c.patch_size[1]});
+    KILN_CHECK(patch.size() == 2 && patch[0] > 0 && patch[1] > 0, kWhere, src,
+               ": field 'patch_size' must be two positive integers (e.g. [2, 2])");
+    c.patch_size = {patch[0], patch[1]};
+    c.decoder_block_out_channels = json.get_int_list("decoder_block_out_channels", {});
+    if (json.has("decoder_block_out_channels")) {
+      KILN_CHECK(c.decoder_block_out_channels.size() == n, kWhere, src, ": 'decoder_block_out_channels' has ",
+                 c.decoder_block_out_channels.size(), " entries, expected one per 'up_block_types' entry (", n, ")");
+      for (int64_t ch : c.decoder_block_out_channels)
+        KILN_CHECK(ch > 0 && ch % c.norm_num_groups == 0, kWhere, src, ": decoder_block_out_channels entry ", ch,
+                   " is not divisible by norm_num_groups ", c.norm_num_groups);
+    }
+  }
   return c;
 }
 
@@ -72,19 +109,35 @@ AutoencoderKL::AutoencoderKL(VaeConfig config, const nn::Weights& weights) : con
   const auto& boc = c.block_out_channels;
   const int64_t n = int64_t(boc.size()), top = boc.back();
 
-  // Decoder: channels run through reversed(block_out_channels); every block but the last
+  // Decoder: channels run through reversed(decoder_channels()); every block but the last
   // doubles the size, and each has layers_per_block + 1 resnets.
+  const auto& dch = c.decoder_channels();
   const nn::Weights d = weights.sub("decoder");
-  decoder_.conv_in = nn::Conv2d(d.sub("conv_in"), c.latent_channels, top, 3, 1, 1);
-  decoder_.mid_block.emplace(d.sub("mid_block"), top, norm, c.mid_block_add_attention);
-  int64_t prev = top;
+  decoder_.conv_in = nn::Conv2d(d.sub("conv_in"), c.latent_channels, dch.back(), 3, 1, 1);
+  decoder_.mid_block.emplace(d.sub("mid_block"), dch.back(), norm, c.mid_block_add_attention);
+  int64_t prev = dch.back();
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t out = boc[size_t(n - 1 - i)];
+    const int64_t out = dch[size_t(n - 1 - i)];
     decoder_.up_blocks.emplace_back(d.sub("up_blocks", i), prev, out, c.layers_per_block + 1, i != n - 1, norm);
     prev = out;
   }
-  decoder_.conv_norm_out = nn::GroupNorm(d.sub("conv_norm_out"), norm.groups, boc[0], norm.eps);
-  decoder_.conv_out = nn::Conv2d(d.sub("conv_out"), boc[0], c.out_channels, 3, 1, 1);
+  decoder_.conv_norm_out = nn::GroupNorm(d.sub("conv_norm_out"), norm.groups, dch[0], norm.eps);
+  decoder_.conv_out = nn::Conv2d(d.sub("conv_out"), dch[0], c.out_channels, 3, 1, 1);
+
+  // AutoencoderKLFlux2's BatchNorm2d(affine=False): only its running statistics, in the VAE's
+  // dtype (Diffusers casts the buffers with the model). bn.num_batches_tracked is left unread.
+  if (c.has_latent_batch_norm()) {
+    const nn::Weights bn = weights.sub("bn");
+    const int64_t channels = c.batch_norm_channels();
+    LatentBatchNorm stats{bn.get("running_mean", {channels}), bn.get("running_var", {channels}), c.batch_norm_eps};
+    // sqrt(var + eps) must be a positive number for every channel, or every image decodes to NaN.
+    const std::vector<float> mean = to_vector(stats.running_mean), var = to_vector(stats.running_var);
+    for (size_t i = 0; i < var.size(); ++i)
+      KILN_CHECK(std::isfinite(mean[i]) && std::isfinite(var[i]) && double(var[i]) + c.batch_norm_eps > 0, kWhere,
+                 weights.describe(), ": ", bn.key("running_mean"), "/", bn.key("running_var"), " entry ", i,
+                 " is mean ", mean[i], ", var ", var[i], "; expected finite values with var + batch_norm_eps > 0");
+    latent_bn_ = std::move(stats);
+  }
   if (c.use_post_quant_conv)
     post_quant_conv_.emplace(weights.sub("post_quant_conv"), c.latent_channels, c.latent_channels, 1);
 

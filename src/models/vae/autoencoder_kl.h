@@ -1,8 +1,12 @@
 // Diffusers' AutoencoderKL as FLUX.1 uses it (flux1.md §3): the decoder turns latents into an
 // image in [-1, 1]; the encoder (for img2img) gives the mean of the latent distribution.
+// The same class loads FLUX.2's AutoencoderKLFlux2 (flux2.md §4): the same encoder/decoder, plus
+// the batch-norm running statistics `bn.*` the FLUX.2 pipeline normalizes its patchified latents
+// with (latent_batch_norm(); the transforms are in flux2_latents.h), and no scaling/shift factor.
 // Weights use the Diffusers state-dict names (decoder.conv_in, decoder.mid_block.attentions.0.to_q,
 // decoder.up_blocks.N.resnets.M.conv_shortcut, ...). Everything is computed in f32.
 #pragma once
+#include <array>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -10,12 +14,16 @@
 #include <vector>
 
 #include "io/json_config.h"
+#include "models/vae/flux2_latents.h"
 #include "models/vae/vae_blocks.h"
 
 namespace kiln {
 
-// vae/config.json (flux1.md §1.4); absent or null fields take the Diffusers class defaults.
+// vae/config.json (flux1.md §1.4, flux2.md §1.3); absent or null fields take the Diffusers class
+// defaults (those of the class `_class_name` names: AutoencoderKL when absent, or
+// AutoencoderKLFlux2, whose defaults are FLUX.2's VAE).
 struct VaeConfig {
+  std::string class_name = "AutoencoderKL";  // "AutoencoderKL" or "AutoencoderKLFlux2"
   int64_t in_channels = 3;
   int64_t out_channels = 3;
   int64_t latent_channels = 4;
@@ -26,11 +34,28 @@ struct VaeConfig {
   std::vector<std::string> up_block_types{"UpDecoderBlock2D"};
   std::string act_fn = "silu";
   int64_t sample_size = 32;  // image pixels per tile side of tiled decoding (FLUX.1: 1024)
+  // AutoencoderKLFlux2 has neither (its latents are normalized with the batch-norm statistics):
+  // 1 and 0 there, so that latents / scaling_factor + shift_factor leaves latents unchanged.
   double scaling_factor = 0.18215;
   double shift_factor = 0;  // null in the file means "no shift"
   bool use_quant_conv = true;
   bool use_post_quant_conv = true;
   bool mid_block_add_attention = true;
+
+  // AutoencoderKLFlux2 only (flux2.md §1.3, §4).
+  double batch_norm_eps = 1e-4;
+  double batch_norm_momentum = 0.1;  // training only; kept for completeness
+  std::array<int64_t, 2> patch_size{1, 1};  // AutoencoderKLFlux2's default: (2, 2); AutoencoderKL: none
+  // The decoder's channels (FLUX.2-small-decoder); empty (null in the file): block_out_channels.
+  std::vector<int64_t> decoder_block_out_channels;
+
+  // Whether the checkpoint carries the latent batch-norm statistics (AutoencoderKLFlux2).
+  bool has_latent_batch_norm() const { return class_name == "AutoencoderKLFlux2"; }
+  // Length of bn.running_mean / bn.running_var: patch_h · patch_w · latent_channels.
+  int64_t batch_norm_channels() const { return patch_size[0] * patch_size[1] * latent_channels; }
+  const std::vector<int64_t>& decoder_channels() const {
+    return decoder_block_out_channels.empty() ? block_out_channels : decoder_block_out_channels;
+  }
 
   // Reads the fields and rejects what this implementation does not support (other block
   // types, activations), naming the file and the field.
@@ -57,8 +82,10 @@ class AutoencoderKL {
  public:
   // Loads `dir`/config.json and the checkpoint in `dir` (the pipeline's vae/ folder).
   // Checkpoint keys this model leaves unread on purpose: the encoder half (text-to-image only
-  // decodes).
-  static std::vector<std::string> checkpoint_keys_not_loaded() { return {"encoder.", "quant_conv."}; }
+  // decodes) and AutoencoderKLFlux2's batch-norm step counter (training state).
+  static std::vector<std::string> checkpoint_keys_not_loaded() {
+    return {"encoder.", "quant_conv.", "bn.num_batches_tracked"};
+  }
   static AutoencoderKL from_pretrained(const std::filesystem::path& dir, std::optional<DType> dtype = DType::f32);  // torch_dtype (std::nullopt: "auto", the checkpoint's)
   AutoencoderKL(VaeConfig config, const nn::Weights& weights);
 
@@ -78,6 +105,13 @@ class AutoencoderKL {
 
   const VaeConfig& config() const { return config_; }
   DType dtype() const;  // torch_dtype it was loaded in
+
+  // AutoencoderKLFlux2: bn.running_mean / bn.running_var [config().batch_norm_channels()] in the
+  // VAE's dtype, with eps = batch_norm_eps (flux2.md §4). Neither decode() nor encode applies
+  // them; the pipeline does (flux2_latents::bn_normalize / bn_denormalize). Absent for AutoencoderKL.
+  const std::optional<LatentBatchNorm>& latent_batch_norm() const { return latent_bn_; }
+  // The patchify size of AutoencoderKLFlux2's latents (config patch_size).
+  std::array<int64_t, 2> patch_size() const { return config_.patch_size; }
 
  private:
   struct Decoder {
@@ -101,6 +135,7 @@ class AutoencoderKL {
   // fails with a clear error, while decoding works.
   std::optional<Encoder> encoder_;
   std::optional<nn::Conv2d> post_quant_conv_, quant_conv_;
+  std::optional<LatentBatchNorm> latent_bn_;
 };
 
 }  // namespace kiln
