@@ -211,6 +211,17 @@ Tensor DiffusionPipeline::decode(const Tensor& z, int64_t vae_tile_size) const {
   return vae_tile_size ? vae().tiled_decode(z, VaeTiling{vae_tile_size}) : vae().decode(z);
 }
 
+std::pair<int64_t, int64_t> DiffusionPipeline::requested_size(const PipelineCallArgs& args) const {
+  const int64_t side = default_sample_size() * vae_scale_factor();
+  return {args.height.value_or(side), args.width.value_or(side)};
+}
+
+std::pair<int64_t, int64_t> DiffusionPipeline::rounded_size(const PipelineCallArgs& args) const {
+  const int64_t multiple = size_multiple();
+  const auto [height, width] = requested_size(args);
+  return {height / multiple * multiple, width / multiple * multiple};
+}
+
 MemoryEstimate DiffusionPipeline::estimate_memory(const PipelineCallArgs& args) const {
   const int64_t vsf = vae_scale_factor();
   const int64_t tile = requested_vae_tile(args);
@@ -226,9 +237,8 @@ MemoryEstimate DiffusionPipeline::estimate_memory(const PipelineCallArgs& args) 
   const size_t limit = memory_limit();
   if (limit == 0 || e.required <= limit) return e;
   if (args.vae_tile_size) return estimate_memory(args, tile);
-  const int64_t step = 4 * vsf, multiple = size_multiple();
-  const int64_t height = args.height.value_or(default_sample_size() * vsf) / multiple * multiple;
-  const int64_t width = args.width.value_or(default_sample_size() * vsf) / multiple * multiple;
+  const int64_t step = 4 * vsf;
+  const auto [height, width] = rounded_size(args);
   const auto halve = [step](int64_t t) { return t / 2 / step * step; };
   int64_t t = tile;
   while (t >= std::max(height, width) && halve(t) >= step) t = halve(t);
@@ -241,8 +251,7 @@ MemoryEstimate DiffusionPipeline::estimate_memory(const PipelineCallArgs& args) 
 
 MemoryEstimate DiffusionPipeline::estimate_memory(const PipelineCallArgs& args, int64_t vae_tile_size) const {
   const int64_t multiple = size_multiple(), vsf = vae_scale_factor();
-  const int64_t height = args.height.value_or(default_sample_size() * vsf) / multiple * multiple;
-  const int64_t width = args.width.value_or(default_sample_size() * vsf) / multiple * multiple;
+  const auto [height, width] = rounded_size(args);
   KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "height and width must be at least ", multiple);
   const int64_t h = height / vsf, w = width / vsf, msl = max_sequence_length(args);
   MemoryEstimate e;
@@ -319,12 +328,14 @@ void DiffusionPipeline::warmup(int64_t height, int64_t width, std::optional<int6
   KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "warmup: height and width must be at least ",
              multiple, ", got ", height, "x", width);
   PipelineCallArgs args;
+  args.height = height;
+  args.width = width;
   args.max_sequence_length = max_sequence_length;
   const int64_t msl = this->max_sequence_length(args);
   KILN_CHECK(transformer_compiled(), "pipeline",
              "warmup needs a compiled transformer (compile or compile_repeated_blocks first)");
-  const int64_t vsf = vae_scale_factor();
-  warmup_transformer(height / multiple * multiple / vsf, width / multiple * multiple / vsf, msl);
+  const auto [h, w] = rounded_size(args);
+  warmup_transformer(h / vae_scale_factor(), w / vae_scale_factor(), msl);
 }
 
 // ---- __call__ ----
@@ -396,9 +407,8 @@ PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const
   KILN_CHECK(args.num_inference_steps >= 1, "pipeline", "num_inference_steps must be at least 1, got ",
              args.num_inference_steps);
   const int64_t msl = max_sequence_length(args);
-  const int64_t vsf = vae_scale_factor(), multiple = size_multiple();
-  int64_t height = args.height.value_or(default_sample_size() * vsf);
-  int64_t width = args.width.value_or(default_sample_size() * vsf);
+  const int64_t multiple = size_multiple();
+  auto [height, width] = requested_size(args);
   KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "height and width must be at least ", multiple,
              ", got ", height, "x", width);
   constexpr int64_t kMaxSide = int64_t(1) << 20;  // keeps every size computation far from overflow

@@ -294,6 +294,10 @@ class DiffusionPipeline {
   size_t physical_available() const;
   std::vector<size_t> activations(int64_t h, int64_t w, int64_t max_sequence_length, int64_t vae_tile_size) const;
   int64_t requested_vae_tile(const PipelineCallArgs& args) const;
+  // The call's (height, width): as given, else default_sample_size × vae_scale_factor; and that
+  // rounded down to multiples of size_multiple().
+  std::pair<int64_t, int64_t> requested_size(const PipelineCallArgs& args) const;
+  std::pair<int64_t, int64_t> rounded_size(const PipelineCallArgs& args) const;
   void onload(size_t i) const;
   void offload(size_t i) const;
   void free_all() const;
