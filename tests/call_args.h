@@ -1,5 +1,5 @@
-// The pipeline call a golden fixture was made with (its manifest's "inputs"), for tests
-// that run the pipeline on a fixture.
+// The pipeline call a golden fixture was made with (its manifest's "inputs"), and a run of it
+// checked step by step, for tests that run a pipeline on a fixture.
 #pragma once
 #include <fstream>
 #include <string>
@@ -22,6 +22,21 @@ inline PipelineCallArgs fixture_call_args(const std::string& set) {
   a.guidance_scale = m["guidance_scale"].get<double>();
   a.max_sequence_length = m["max_sequence_length"].get<int64_t>();
   return a;
+}
+
+// pipe(args), checking every step's latents (Diffusers' callback_on_step_end) against the
+// fixture's latents.after_step<i> within the manifest's 1e-4, and that every step reported.
+inline PipelineOutput run_checking_each_step(const DiffusionPipeline& pipe, PipelineCallArgs args,
+                                             const std::string& set) {
+  int64_t seen = 0;
+  args.callback_on_step_end = [&](int64_t i, const Tensor& latents) {
+    expect_close(latents, golden(set, "latents.after_step" + std::to_string(i)), 1e-4, 0,
+                 set + " latents after step " + std::to_string(i));
+    ++seen;
+  };
+  PipelineOutput out = pipe(args);
+  EXPECT_EQ(seen, args.num_inference_steps);
+  return out;
 }
 
 }  // namespace kiln::test

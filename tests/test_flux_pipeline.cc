@@ -20,15 +20,7 @@ TEST_P(FluxPipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
   const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
   PipelineCallArgs args = test::fixture_call_args(set);
   args.latents = test::golden(set, "latents.initial_packed");
-  // Every step's latents (Diffusers' callback_on_step_end) against the golden ones.
-  int64_t seen = 0;
-  args.callback_on_step_end = [&](int64_t i, const Tensor& latents) {
-    test::expect_close(latents, test::golden(set, "latents.after_step" + std::to_string(i)), 1e-4, 0,
-                       set + " latents after step " + std::to_string(i));
-    ++seen;
-  };
-  const PipelineOutput out = pipe(args);
-  EXPECT_EQ(seen, args.num_inference_steps);
+  const PipelineOutput out = test::run_checking_each_step(pipe, args, set);
   const std::string last = "latents.after_step" + std::to_string(args.num_inference_steps - 1);
   test::expect_close(out.latents, test::golden(set, last), 1e-4, 0, set + " final latents");
   EXPECT_LE(test::byte_diff(out.image, test::golden_u8(set, "image.uint8")).second, 1) << set;
