@@ -37,6 +37,10 @@ class ModuleScope {
   static std::string current();  // the joined path ("" at top level)
 };
 
+// An input with this shape and dtype whose contents are never read (traces, warmup, memory
+// estimates): host memory, so it never counts against a device's budget.
+Tensor placeholder_tensor(const Shape& shape, DType dtype);
+
 namespace detail {
 
 struct Captured {

@@ -10,8 +10,8 @@ Tensor modulate(const Tensor& normed, const Tensor& scale, const Tensor& shift) 
   return normed * (1.0 + unsqueeze(scale, 1)) + unsqueeze(shift, 1);
 }
 
-AdaLayerNormContinuous::AdaLayerNormContinuous(const Weights& w, int64_t dim)
-    : linear_(w.sub("linear"), dim, 2 * dim) {}
+AdaLayerNormContinuous::AdaLayerNormContinuous(const Weights& w, int64_t dim, bool bias)
+    : linear_(w.sub("linear"), dim, 2 * dim, bias) {}
 
 Tensor AdaLayerNormContinuous::operator()(const Tensor& x, const Tensor& temb) const {
   const std::vector<Tensor> m = chunk(linear_(silu(temb)), 2, 1);  // scale first, then shift

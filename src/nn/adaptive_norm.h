@@ -20,7 +20,7 @@ Tensor modulate(const Tensor& normed, const Tensor& scale, const Tensor& shift);
 class AdaLayerNormContinuous {
  public:
   AdaLayerNormContinuous() = default;
-  AdaLayerNormContinuous(const Weights& w, int64_t dim);
+  AdaLayerNormContinuous(const Weights& w, int64_t dim, bool bias = true);  // bias: FLUX.2's has none
   Tensor operator()(const Tensor& x, const Tensor& temb) const;
   void append_parameters(std::vector<Tensor>& out) const { linear_.append_parameters(out); }
 

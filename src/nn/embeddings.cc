@@ -19,8 +19,8 @@ Tensor timestep_sinusoid(const Tensor& t, int64_t channels) {
   return concat({cos(arg), sin(arg)}, 1);
 }
 
-MlpEmbedder::MlpEmbedder(const Weights& w, int64_t in_features, int64_t dim)
-    : linear_1(w.sub("linear_1"), in_features, dim), linear_2(w.sub("linear_2"), dim, dim) {}
+MlpEmbedder::MlpEmbedder(const Weights& w, int64_t in_features, int64_t dim, bool bias)
+    : linear_1(w.sub("linear_1"), in_features, dim, bias), linear_2(w.sub("linear_2"), dim, dim, bias) {}
 
 TimeTextEmbed::TimeTextEmbed(const Weights& w, int64_t dim, int64_t pooled_dim, bool guidance_embeds)
     : timestep_embedder_(w.sub("timestep_embedder"), 256, dim),

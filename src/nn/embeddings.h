@@ -17,7 +17,7 @@ Tensor timestep_sinusoid(const Tensor& t, int64_t channels = 256);
 // have the same structure and key names.
 struct MlpEmbedder {
   MlpEmbedder() = default;
-  MlpEmbedder(const Weights& w, int64_t in_features, int64_t dim);
+  MlpEmbedder(const Weights& w, int64_t in_features, int64_t dim, bool bias = true);
   Tensor operator()(const Tensor& x) const { return linear_2(silu(linear_1(x))); }
   void append_parameters(std::vector<Tensor>& out) const {
     linear_1.append_parameters(out);

@@ -63,4 +63,26 @@ Tensor apply_rotary_emb(const Tensor& x, const RotaryTables& rope) {
   return cast(reshape(pairs * c + rotated * s, {B, S, H, hd}), x.dtype());
 }
 
+Tensor ids_2d(const Tensor& ids, const char* model, const char* name) {
+  if (ids.rank() == 3) return squeeze(slice(ids, 0, 0, 1), 0);
+  KILN_CHECK(ids.rank() == 2, model, name, " must be [L, n_axes], got ", to_string(ids.shape()));
+  return ids;
+}
+
+namespace {
+bool same_value(const Tensor& a, const Tensor& b) {
+  return a.buffer() == b.buffer() && a.offset() == b.offset() && a.shape() == b.shape() &&
+         a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+}  // namespace
+
+RotaryTables RotaryCache::get(const Tensor& img_ids, const Tensor& txt_ids,
+                              const std::function<RotaryTables()>& make) const {
+  std::lock_guard<std::mutex> lock(slot_->mu);
+  const auto& e = slot_->entry;
+  if (e && same_value(e->img_ids, img_ids) && same_value(e->txt_ids, txt_ids)) return e->tables;
+  slot_->entry = std::make_shared<const Entry>(Entry{img_ids, txt_ids, make()});
+  return slot_->entry->tables;
+}
+
 }  // namespace kiln::flux

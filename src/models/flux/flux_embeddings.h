@@ -1,6 +1,9 @@
 // FLUX.1 transformer embeddings (spec flux1.md §2.5.2): the rotary tables of FluxPosEmbed and
 // their application to Q/K. (The time/guidance/pooled-text embeddings are nn/embeddings.h.)
 #pragma once
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "nn/layers.h"
@@ -22,5 +25,28 @@ RotaryTables flux_pos_embed(const Tensor& ids, const std::vector<int64_t>& axes_
 // Rotates adjacent pairs of x [B, S, H, hd] (Q or K): out[2i] = x[2i] c - x[2i+1] s,
 // out[2i+1] = x[2i+1] c + x[2i] s, computed in f32 and cast back to x's dtype.
 Tensor apply_rotary_emb(const Tensor& x, const RotaryTables& rope);
+
+// Ids may come as [S, n_axes] or (deprecated) [1, S, n_axes]; Diffusers then uses batch element 0.
+// `model` and `name` name them in the error.
+Tensor ids_2d(const Tensor& ids, const char* model, const char* name);
+
+// The RoPE tables are built on the host from the ids (a sync), and a pipeline passes the same id
+// tensors at every step: tensors are immutable values, so the tables of the last (img_ids,
+// txt_ids) pair are kept and reused while the same tensors come back. Thread-safe.
+class RotaryCache {
+ public:
+  RotaryTables get(const Tensor& img_ids, const Tensor& txt_ids, const std::function<RotaryTables()>& make) const;
+
+ private:
+  struct Entry {
+    Tensor img_ids, txt_ids;
+    RotaryTables tables;
+  };
+  struct Slot {
+    std::mutex mu;
+    std::shared_ptr<const Entry> entry;
+  };
+  std::shared_ptr<Slot> slot_ = std::make_shared<Slot>();
+};
 
 }  // namespace kiln::flux

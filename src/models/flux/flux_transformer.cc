@@ -3,7 +3,6 @@
 #include <tuple>
 
 #include "core/error.h"
-#include "devices/runtime.h"
 #include "exec/capture.h"
 #include "exec/memory_plan.h"
 
@@ -12,12 +11,7 @@ namespace {
 
 constexpr const char* kWhere = "FluxTransformer2DModel";
 
-// Ids may come as [L, 3] or (deprecated) [1, L, 3]; Diffusers then uses batch element 0.
-Tensor ids_2d(const Tensor& ids, const char* name) {
-  if (ids.rank() == 3) return squeeze(slice(ids, 0, 0, 1), 0);
-  KILN_CHECK(ids.rank() == 2, kWhere, name, " must be [L, n_axes], got ", to_string(ids.shape()));
-  return ids;
-}
+Tensor ids_2d(const Tensor& ids, const char* name) { return flux::ids_2d(ids, kWhere, name); }
 
 }  // namespace
 
@@ -227,10 +221,7 @@ std::vector<Tensor> FluxTransformer2DModel::placeholder_args(int64_t batch, int6
   KILN_CHECK(batch > 0 && l_img > 0 && l_txt > 0, kWhere, "needs positive sizes, got B=", batch, " L_img=", l_img,
              " L_txt=", l_txt);
   const DType dt = core_.x_embedder.weight.dtype();
-  // Host memory: placeholders are never read, and must not count against the device's budget.
-  auto placeholder = [&](const Shape& shape, DType dtype) {
-    return Tensor::view_of(host_allocate(size_t(numel(shape)) * dtype_size(dtype)), shape, dtype);
-  };
+  const auto placeholder = placeholder_tensor;
   const int64_t hd = c.attention_head_dim;
   const flux::RotaryTables rope =
       flux::RotaryTables::of(placeholder({l_txt + l_img, hd}, DType::f32), placeholder({l_txt + l_img, hd}, DType::f32));
@@ -251,9 +242,7 @@ void FluxTransformer2DModel::warmup(int64_t batch, int64_t l_img, int64_t l_txt)
   // Blocks: their args are (x, c, temb, rope tables), all in the model's width.
   const DType dt = core_.x_embedder.weight.dtype();
   const int64_t D = config_.inner_dim();
-  auto placeholder = [&](const Shape& shape) {
-    return Tensor::view_of(host_allocate(size_t(numel(shape)) * dtype_size(dt)), shape, dt);
-  };
+  auto placeholder = [&](const Shape& shape) { return placeholder_tensor(shape, dt); };
   const std::vector<Tensor> args{placeholder({batch, l_img, D}), placeholder({batch, l_txt, D}),
                                  placeholder({batch, D}), a[4], a[5], a[6]};
   for (const auto& b : core_.transformer_blocks)
@@ -277,19 +266,8 @@ flux::RotaryTables FluxTransformer2DModel::pos_embed(const Tensor& img_ids, cons
                               config_.axes_dims_rope);
 }
 
-namespace {
-bool same_value(const Tensor& a, const Tensor& b) {
-  return a.buffer() == b.buffer() && a.offset() == b.offset() && a.shape() == b.shape() &&
-         a.strides() == b.strides() && a.dtype() == b.dtype();
-}
-}  // namespace
-
 flux::RotaryTables FluxTransformer2DModel::cached_pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
-  std::lock_guard<std::mutex> lock(rope_cache_->mu);
-  const auto& e = rope_cache_->entry;
-  if (e && same_value(e->img_ids, img_ids) && same_value(e->txt_ids, txt_ids)) return e->tables;
-  rope_cache_->entry = std::make_shared<const RopeCache>(RopeCache{img_ids, txt_ids, pos_embed(img_ids, txt_ids)});
-  return rope_cache_->entry->tables;
+  return rope_cache_.get(img_ids, txt_ids, [&] { return pos_embed(img_ids, txt_ids); });
 }
 
 Tensor FluxTransformer2DModel::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,

@@ -4,7 +4,6 @@
 #pragma once
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -141,18 +140,7 @@ class FluxTransformer2DModel {
   Core core_;
   std::shared_ptr<const CompiledFunction> compiled_;
 
-  // The RoPE tables are built on the host from the ids (a sync), and a pipeline passes the
-  // same id tensors at every step: tensors are immutable values, so the tables of the last
-  // (img_ids, txt_ids) pair are kept and reused while the same tensors come back.
-  struct RopeCache {
-    Tensor img_ids, txt_ids;
-    flux::RotaryTables tables;
-  };
-  struct RopeCacheSlot {
-    std::mutex mu;
-    std::shared_ptr<const RopeCache> entry;
-  };
-  std::unique_ptr<RopeCacheSlot> rope_cache_ = std::make_unique<RopeCacheSlot>();
+  flux::RotaryCache rope_cache_;
   flux::RotaryTables cached_pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const;
 };
 

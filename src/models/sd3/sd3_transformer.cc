@@ -307,10 +307,7 @@ std::vector<Tensor> SD3Transformer2DModel::placeholder_args(int64_t batch, int64
   KILN_CHECK(height % c.patch_size == 0 && width % c.patch_size == 0, kWhere, "the latent height and width (", height,
              "x", width, ") must be multiples of patch_size = ", c.patch_size);
   const DType dt = dtype();
-  // Host memory: placeholders are never read, and must not count against the device's budget.
-  auto placeholder = [&](const Shape& shape, DType type) {
-    return Tensor::view_of(host_allocate(size_t(numel(shape)) * dtype_size(type)), shape, type);
-  };
+  const auto placeholder = placeholder_tensor;
   return {placeholder({batch, c.in_channels, height, width}, dt),
           placeholder({batch, l_txt, c.joint_attention_dim}, dt), placeholder({batch, c.pooled_projection_dim}, dt),
           placeholder({batch}, DType::f32)};
@@ -325,9 +322,7 @@ void SD3Transformer2DModel::warmup(int64_t batch, int64_t height, int64_t width,
   // Blocks: their args are (x, c, temb), all in the model's width.
   const DType dt = dtype();
   const int64_t D = config_.inner_dim(), l_img = (height / config_.patch_size) * (width / config_.patch_size);
-  auto placeholder = [&](const Shape& shape) {
-    return Tensor::view_of(host_allocate(size_t(numel(shape)) * dtype_size(dt)), shape, dt);
-  };
+  auto placeholder = [&](const Shape& shape) { return placeholder_tensor(shape, dt); };
   const std::vector<Tensor> args{placeholder({batch, l_img, D}), placeholder({batch, l_txt, D}),
                                  placeholder({batch, D})};
   for (const auto& b : core_.transformer_blocks)

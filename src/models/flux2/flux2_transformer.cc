@@ -1,0 +1,326 @@
+#include "models/flux2/flux2_transformer.h"
+
+#include <tuple>
+
+#include "core/error.h"
+#include "exec/capture.h"
+#include "exec/memory_plan.h"
+
+namespace kiln {
+namespace {
+
+constexpr const char* kWhere = "Flux2Transformer2DModel";
+
+Tensor ids_2d(const Tensor& ids, const char* name) { return flux::ids_2d(ids, kWhere, name); }
+
+}  // namespace
+
+// ---- config ----
+
+Flux2TransformerConfig Flux2TransformerConfig::from_json(const io::JsonConfig& j) {
+  Flux2TransformerConfig c;
+  c.patch_size = j.get_int("patch_size", c.patch_size);
+  c.in_channels = j.get_int("in_channels", c.in_channels);
+  if (j.has("out_channels")) c.out_channels = j.get_int("out_channels");
+  c.num_layers = j.get_int("num_layers", c.num_layers);
+  c.num_single_layers = j.get_int("num_single_layers", c.num_single_layers);
+  c.attention_head_dim = j.get_int("attention_head_dim", c.attention_head_dim);
+  c.num_attention_heads = j.get_int("num_attention_heads", c.num_attention_heads);
+  c.joint_attention_dim = j.get_int("joint_attention_dim", c.joint_attention_dim);
+  c.timestep_guidance_channels = j.get_int("timestep_guidance_channels", c.timestep_guidance_channels);
+  c.mlp_ratio = j.get_float("mlp_ratio", c.mlp_ratio);
+  c.axes_dims_rope = j.get_int_list("axes_dims_rope", c.axes_dims_rope);
+  c.rope_theta = j.get_float("rope_theta", c.rope_theta);
+  c.eps = j.get_float("eps", c.eps);
+  c.guidance_embeds = j.get_bool("guidance_embeds", c.guidance_embeds);
+  c.validate(j.source());
+  return c;
+}
+
+void Flux2TransformerConfig::validate(const std::string& source) const {
+  const auto positive = [&](int64_t v, const char* field) {
+    KILN_CHECK(v > 0, kWhere, source, ": '", field, "' must be positive, got ", v);
+  };
+  positive(patch_size, "patch_size");
+  positive(in_channels, "in_channels");
+  if (out_channels) positive(*out_channels, "out_channels");
+  KILN_CHECK(num_layers >= 0 && num_single_layers >= 0, kWhere, source, ": block counts must be >= 0, got ",
+             num_layers, " and ", num_single_layers);
+  positive(attention_head_dim, "attention_head_dim");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(joint_attention_dim, "joint_attention_dim");
+  positive(mlp_hidden(), "mlp_ratio");
+  KILN_CHECK(timestep_guidance_channels > 0 && timestep_guidance_channels % 2 == 0, kWhere, source,
+             ": 'timestep_guidance_channels' must be even and positive, got ", timestep_guidance_channels);
+  KILN_CHECK(eps == 1e-6, kWhere, source, ": eps ", eps, " is not supported (FLUX.2's norms use 1e-6)");
+  int64_t rope_dim = 0;
+  for (int64_t d : axes_dims_rope) {
+    KILN_CHECK(d > 0 && d % 2 == 0, kWhere, source, ": every axes_dims_rope entry must be even and positive, got ",
+               d);
+    rope_dim += d;
+  }
+  KILN_CHECK(rope_dim == attention_head_dim, kWhere, source, ": sum(axes_dims_rope) = ", rope_dim,
+             " must equal attention_head_dim = ", attention_head_dim);
+}
+
+// ---- class data ----
+
+const std::vector<std::string>& Flux2Transformer2DModel::repeated_blocks() {
+  static const std::vector<std::string> names{flux2::Flux2TransformerBlock::kClassName,
+                                              flux2::Flux2SingleTransformerBlock::kClassName};
+  return names;
+}
+
+std::vector<TensorParallelEntry> Flux2Transformer2DModel::tp_plan(const Flux2TransformerConfig& c,
+                                                                  bool shard_modulation) {
+  // The packed entries' blocks are the widths themselves (sizes are proportional to them): the
+  // single block's fused projection is [Q D | K D | V D | gate F | up F], its to_out reads
+  // [attention D | MLP F], and the double blocks' linear_in is [gate F | up F].
+  const int64_t D = c.inner_dim(), F = c.mlp_hidden();
+  std::vector<TensorParallelEntry> plan{
+      {"transformer_blocks.*.attn.to_q", "colwise", {}},
+      {"transformer_blocks.*.attn.to_k", "colwise", {}},
+      {"transformer_blocks.*.attn.to_v", "colwise", {}},
+      {"transformer_blocks.*.attn.to_out.0", "rowwise", {}},
+      {"transformer_blocks.*.attn.add_q_proj", "colwise", {}},
+      {"transformer_blocks.*.attn.add_k_proj", "colwise", {}},
+      {"transformer_blocks.*.attn.add_v_proj", "colwise", {}},
+      {"transformer_blocks.*.attn.to_add_out", "rowwise", {}},
+      {"transformer_blocks.*.ff.linear_in", "packed_colwise", {1, 1}},
+      {"transformer_blocks.*.ff.linear_out", "rowwise", {}},
+      {"transformer_blocks.*.ff_context.linear_in", "packed_colwise", {1, 1}},
+      {"transformer_blocks.*.ff_context.linear_out", "rowwise", {}},
+      {"single_transformer_blocks.*.attn.to_qkv_mlp_proj", "packed_colwise", {D, D, D, F, F}},
+      {"single_transformer_blocks.*.attn.to_out", "packed_rowwise", {D, F}},
+  };
+  if (shard_modulation)
+    for (const char* p : {"double_stream_modulation_img.linear", "double_stream_modulation_txt.linear",
+                          "single_stream_modulation.linear", "norm_out.linear"})
+      plan.push_back({p, "colwise_gather", {}});
+  return plan;
+}
+
+// ---- construction ----
+
+Flux2Transformer2DModel Flux2Transformer2DModel::from_pretrained(const std::filesystem::path& dir,
+                                                                 std::optional<DType> dtype) {
+  return Flux2Transformer2DModel(Flux2TransformerConfig::from_json(io::JsonConfig(dir / "config.json")),
+                                 nn::Weights(dir).with_dtype(dtype));
+}
+
+Flux2Transformer2DModel Flux2Transformer2DModel::from_pretrained(const std::filesystem::path& dir,
+                                                                 const TensorParallelConfig& tp,
+                                                                 std::optional<DType> dtype) {
+  Flux2TransformerConfig config = Flux2TransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
+  const int n = tp.mesh.size();
+  KILN_CHECK(config.num_attention_heads % n == 0, "tp", "tp_degree (", n,
+             ") must divide the number of attention heads (", config.num_attention_heads, ") of ",
+             (dir / "config.json").string());
+  auto plan = ShardPlan::make(tp_plan(config, tp.shard_modulation), tp.mesh);
+  return Flux2Transformer2DModel(std::move(config), nn::Weights(dir).with_dtype(dtype).with_plan(std::move(plan)));
+}
+
+Flux2Transformer2DModel::Flux2Transformer2DModel(Flux2TransformerConfig config, const nn::Weights& w)
+    : config_(std::move(config)) {
+  const Flux2TransformerConfig& c = config_;
+  c.validate();
+  const int64_t D = c.inner_dim();
+  // A checkpoint with more blocks or a guidance embedder than the config says would load "fine"
+  // and compute the wrong model, so those disagreements are errors too.
+  const auto extra = [&](const std::string& key, const std::string& what) {
+    KILN_CHECK(!w.has(key), kWhere, w.describe(), ": the checkpoint has '", w.key(key), "' but ", what);
+  };
+  if (!c.guidance_embeds)
+    extra("time_guidance_embed.guidance_embedder.linear_1.weight", "the config has guidance_embeds=false");
+  extra("transformer_blocks." + std::to_string(c.num_layers) + ".attn.to_q.weight",
+        "the config has num_layers=" + std::to_string(c.num_layers));
+  extra("single_transformer_blocks." + std::to_string(c.num_single_layers) + ".attn.to_qkv_mlp_proj.weight",
+        "the config has num_single_layers=" + std::to_string(c.num_single_layers));
+
+  Core& m = core_;
+  nn::ParameterRecorder recorded;
+  m.x_embedder = nn::Linear(w.sub("x_embedder"), c.in_channels, D, false);
+  m.context_embedder = nn::Linear(w.sub("context_embedder"), c.joint_attention_dim, D, false);
+  const nn::Weights tge = w.sub("time_guidance_embed");
+  const int64_t ch = c.timestep_guidance_channels;
+  m.timestep_embedder = nn::MlpEmbedder(tge.sub("timestep_embedder"), ch, D, false);
+  if (c.guidance_embeds) m.guidance_embedder = nn::MlpEmbedder(tge.sub("guidance_embedder"), ch, D, false);
+  m.guidance_embeds = c.guidance_embeds;
+  m.double_stream_modulation_img = nn::Linear(w.sub("double_stream_modulation_img").sub("linear"), D, 6 * D, false);
+  m.double_stream_modulation_txt = nn::Linear(w.sub("double_stream_modulation_txt").sub("linear"), D, 6 * D, false);
+  m.single_stream_modulation = nn::Linear(w.sub("single_stream_modulation").sub("linear"), D, 3 * D, false);
+  const nn::BlockDims dims{D, c.attention_head_dim, c.mlp_hidden()};
+  for (int64_t i = 0; i < c.num_layers; ++i) nn::load_block(m.transformer_blocks, w.sub("transformer_blocks", i), dims);
+  for (int64_t i = 0; i < c.num_single_layers; ++i)
+    nn::load_block(m.single_transformer_blocks, w.sub("single_transformer_blocks", i), dims);
+  m.norm_out = nn::AdaLayerNormContinuous(w.sub("norm_out"), D, /*bias=*/false);
+  m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features(), false);
+  m.named_parameters = recorded.named(w.path());
+}
+
+DType Flux2Transformer2DModel::dtype() const { return core_.x_embedder.weight.dtype(); }
+
+// ---- forward ----
+
+Tensor Flux2Transformer2DModel::time_guidance_embed(const Tensor& timestep,
+                                                    const std::optional<Tensor>& guidance) const {
+  return core_.time_embedding(timestep, guidance);
+}
+
+Tensor Flux2Transformer2DModel::Core::time_embedding(const Tensor& timestep,
+                                                     const std::optional<Tensor>& guidance) const {
+  // Cast chain (spec §5.2): to the model dtype first, then ×1000 in that dtype; the f32 sinusoid
+  // is cast back to the model dtype before the MLPs.
+  const DType dt = x_embedder.weight.dtype();
+  const int64_t channels = timestep_embedder.linear_1.weight.dim(1);
+  Tensor temb = timestep_embedder(cast(nn::timestep_sinusoid(cast(timestep, dt) * 1000.0, channels), dt));
+  if (guidance && guidance_embeds)
+    temb = temb + guidance_embedder(cast(nn::timestep_sinusoid(cast(*guidance, dt) * 1000.0, channels), dt));
+  return temb;
+}
+
+Flux2Transformer2DModel::Modulations Flux2Transformer2DModel::Core::modulations(const Tensor& temb) const {
+  const Tensor act = silu(temb);
+  return {double_stream_modulation_img(act), double_stream_modulation_txt(act), single_stream_modulation(act)};
+}
+
+Tensor Flux2Transformer2DModel::Core::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
+                                              const Tensor& timestep, const flux::RotaryTables& rope,
+                                              const std::optional<Tensor>& guidance) const {
+  const Tensor temb = time_embedding(timestep, guidance);
+  const Modulations mod = modulations(temb);  // once per forward, shared by every block
+  Tensor x = x_embedder(hidden_states);
+  Tensor ctx = context_embedder(encoder_hidden_states);
+  for (size_t i = 0; i < transformer_blocks.size(); ++i) {
+    ModuleScope scope("transformer_blocks", int64_t(i));
+    std::tie(ctx, x) = transformer_blocks[i](x, ctx, mod.img, mod.txt, rope);
+  }
+  const int64_t L_txt = ctx.dim(1);
+  Tensor s = concat({ctx, x}, 1);
+  for (size_t i = 0; i < single_transformer_blocks.size(); ++i) {
+    ModuleScope scope("single_transformer_blocks", int64_t(i));
+    s = single_transformer_blocks[i](s, mod.single, rope);
+  }
+  ModuleScope scope("norm_out");
+  return proj_out(norm_out(slice(s, 1, L_txt, s.dim(1)), temb));
+}
+
+std::vector<Tensor> Flux2Transformer2DModel::parameters() const {
+  return nn::parameter_values(core_.named_parameters);
+}
+
+std::vector<Tensor> Flux2Transformer2DModel::compiled_args(const Tensor& hidden_states,
+                                                           const Tensor& encoder_hidden_states,
+                                                           const Tensor& timestep, const flux::RotaryTables& rope,
+                                                           const std::optional<Tensor>& guidance) {
+  std::vector<Tensor> a{hidden_states, encoder_hidden_states, timestep, rope.cos, rope.sin, rope.pair_sign};
+  if (guidance) a.push_back(*guidance);
+  return a;
+}
+
+void Flux2Transformer2DModel::compile(const CompileOptions& options) {
+  compiled_ = std::make_shared<const CompiledFunction>(
+      kWhere,
+      [core = core_](const std::vector<Tensor>& a) {
+        std::optional<Tensor> guidance;
+        if (a.size() > 6) guidance = a[6];
+        return std::vector<Tensor>{core.forward(a[0], a[1], a[2], flux::RotaryTables{a[3], a[4], a[5]}, guidance)};
+      },
+      options,
+      std::vector<std::string>{"hidden_states", "encoder_hidden_states", "timestep", "rope.cos", "rope.sin",
+                               "rope.pair_sign", "guidance"});
+}
+
+void Flux2Transformer2DModel::compile_repeated_blocks(const CompileOptions& options) {
+  std::vector<nn::CompilableBlock*> blocks;
+  for (auto& b : core_.transformer_blocks) blocks.push_back(&b);
+  for (auto& b : core_.single_transformer_blocks) blocks.push_back(&b);
+  nn::compile_repeated_blocks(kWhere, repeated_blocks(), blocks, options);
+}
+
+std::vector<Tensor> Flux2Transformer2DModel::placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt,
+                                                              bool with_guidance) const {
+  const Flux2TransformerConfig& c = config_;
+  KILN_CHECK(batch > 0 && l_img > 0 && l_txt > 0, kWhere, "needs positive sizes, got B=", batch, " L_img=", l_img,
+             " L_txt=", l_txt);
+  const DType dt = dtype();
+  const int64_t hd = c.attention_head_dim;
+  const flux::RotaryTables rope = flux::RotaryTables::of(placeholder_tensor({l_txt + l_img, hd}, DType::f32),
+                                                         placeholder_tensor({l_txt + l_img, hd}, DType::f32));
+  std::optional<Tensor> guidance;
+  if (with_guidance && c.guidance_embeds) guidance = placeholder_tensor({batch}, DType::f32);
+  return compiled_args(placeholder_tensor({batch, l_img, c.in_channels}, dt),
+                       placeholder_tensor({batch, l_txt, c.joint_attention_dim}, dt),
+                       placeholder_tensor({batch}, DType::f32), rope, guidance);
+}
+
+void Flux2Transformer2DModel::warmup(int64_t batch, int64_t l_img, int64_t l_txt, bool with_guidance) const {
+  const std::vector<Tensor> a = placeholder_args(batch, l_img, l_txt, with_guidance);
+  if (compiled_) {
+    compiled_->prepare(a, parameters());
+    return;
+  }
+  const DType dt = dtype();
+  const int64_t D = config_.inner_dim();
+  const auto p = [&](const Shape& shape) { return placeholder_tensor(shape, dt); };
+  for (const auto& b : core_.transformer_blocks)
+    if (b.compiled())
+      b.compiled()->prepare({p({batch, l_img, D}), p({batch, l_txt, D}), p({batch, 6 * D}), p({batch, 6 * D}), a[3],
+                             a[4], a[5]},
+                            b.parameters());
+  for (const auto& b : core_.single_transformer_blocks)
+    if (b.compiled()) b.compiled()->prepare({p({batch, l_txt + l_img, D}), p({batch, 3 * D}), a[3], a[4], a[5]},
+                                            b.parameters());
+}
+
+size_t Flux2Transformer2DModel::activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const {
+  const std::vector<Tensor> a = placeholder_args(batch, l_img, l_txt, true);
+  std::optional<Tensor> guidance;
+  if (a.size() > 6) guidance = a[6];
+  const detail::Captured cap = detail::capture(kWhere, [&] {
+    return std::vector<Tensor>{core_.forward(a[0], a[1], a[2], flux::RotaryTables{a[3], a[4], a[5]}, guidance)};
+  });
+  return unfused_peak_bytes_on(cap.recorded, Device::cpu());
+}
+
+flux::RotaryTables Flux2Transformer2DModel::pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
+  return flux::flux_pos_embed(concat({ids_2d(txt_ids, "txt_ids"), ids_2d(img_ids, "img_ids")}, 0),
+                              config_.axes_dims_rope, config_.rope_theta);
+}
+
+flux::RotaryTables Flux2Transformer2DModel::cached_pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
+  return rope_cache_.get(img_ids, txt_ids, [&] { return pos_embed(img_ids, txt_ids); });
+}
+
+Tensor Flux2Transformer2DModel::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
+                                        const Tensor& timestep, const Tensor& img_ids, const Tensor& txt_ids,
+                                        std::optional<Tensor> guidance) const {
+  const Flux2TransformerConfig& c = config_;
+  KILN_CHECK(hidden_states.rank() == 3 && hidden_states.dim(2) == c.in_channels, kWhere,
+             "hidden_states must be [B, L_img, ", c.in_channels, "], got ", to_string(hidden_states.shape()));
+  const int64_t B = hidden_states.dim(0);
+  KILN_CHECK(encoder_hidden_states.rank() == 3 && encoder_hidden_states.dim(0) == B &&
+                 encoder_hidden_states.dim(2) == c.joint_attention_dim,
+             kWhere, "encoder_hidden_states must be [", B, ", L_txt, ", c.joint_attention_dim, "], got ",
+             to_string(encoder_hidden_states.shape()));
+  KILN_CHECK(timestep.rank() == 1 && (timestep.dim(0) == B || timestep.dim(0) == 1), kWhere, "timestep must be [",
+             B, "], got ", to_string(timestep.shape()));
+  if (!c.guidance_embeds) guidance.reset();  // Diffusers has no guidance embedder to give it to
+  if (guidance)
+    KILN_CHECK(guidance->rank() == 1 && (guidance->dim(0) == B || guidance->dim(0) == 1), kWhere,
+               "guidance must be [", B, "], got ", to_string(guidance->shape()));
+  const Tensor img = ids_2d(img_ids, "img_ids"), txt = ids_2d(txt_ids, "txt_ids");
+  const int64_t n_axes = int64_t(c.axes_dims_rope.size());
+  KILN_CHECK(img.dim(0) == hidden_states.dim(1) && txt.dim(0) == encoder_hidden_states.dim(1) &&
+                 img.dim(1) == n_axes && txt.dim(1) == n_axes,
+             kWhere, "img_ids ", to_string(img.shape()), " / txt_ids ", to_string(txt.shape()), " must be [",
+             hidden_states.dim(1), ", ", n_axes, "] / [", encoder_hidden_states.dim(1), ", ", n_axes, "]");
+
+  const flux::RotaryTables rope = cached_pos_embed(img_ids, txt_ids);  // text rows first
+  if (compiled_)
+    return (*compiled_)(compiled_args(hidden_states, encoder_hidden_states, timestep, rope, guidance),
+                        parameters())[0];
+  return core_.forward(hidden_states, encoder_hidden_states, timestep, rope, guidance);
+}
+
+}  // namespace kiln
