@@ -88,7 +88,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool t
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0});
-// softmax(q k^T * scale + mask) v over [B, H, L, D]; scale defaults to 1/sqrt(D).
+// softmax(q k^T * scale + mask) v over [B, H, L, D]; scale defaults to 1/sqrt(D). k and v may have
+// fewer heads Hkv (H a multiple of Hkv): grouped-query attention, query head h reads K/V head
+// h / (H / Hkv), as torch's enable_gqa=True, without a copy of K/V.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& mask = Tensor(), std::optional<double> scale = std::nullopt);
 

@@ -155,8 +155,9 @@ void register_conv2d() {
   register_op(std::move(def));
 }
 
-// sdpa: q [B,H,Lq,D], k [B,H,Lk,D], v [B,H,Lk,Dv], optional additive mask broadcastable to
-// [B,H,Lq,Lk]; attr scale (default 1/sqrt(D)).
+// sdpa: q [B,H,Lq,D], k [B,Hkv,Lk,D], v [B,Hkv,Lk,Dv], optional additive mask broadcastable to
+// [B,H,Lq,Lk]; attr scale (default 1/sqrt(D)). Hkv < H is grouped-query attention (torch's
+// enable_gqa=True): H must be a multiple of Hkv, and query head h reads K/V head h / (H / Hkv).
 void register_sdpa() {
   OpDef def;
   def.name = "sdpa";
@@ -172,10 +173,10 @@ void register_sdpa() {
       check_float(*t, "sdpa", "q, k and v");
       KILN_CHECK(t->rank() == 4, "sdpa", "expects q, k, v as [B, H, L, D], got ", to_string(t->shape()));
     }
-    KILN_CHECK(q.dim(0) == k.dim(0) && q.dim(1) == k.dim(1) && q.dim(3) == k.dim(3) && k.dim(0) == v.dim(0) &&
-                   k.dim(1) == v.dim(1) && k.dim(2) == v.dim(2),
+    KILN_CHECK(q.dim(0) == k.dim(0) && q.dim(3) == k.dim(3) && k.dim(0) == v.dim(0) && k.dim(1) == v.dim(1) &&
+                   k.dim(2) == v.dim(2) && (q.dim(1) == k.dim(1) || (k.dim(1) > 0 && q.dim(1) % k.dim(1) == 0)),
                "sdpa", "q ", to_string(q.shape()), ", k ", to_string(k.shape()), ", v ", to_string(v.shape()),
-               " do not agree (need q [B,H,Lq,D], k [B,H,Lk,D], v [B,H,Lk,Dv])");
+               " do not agree (need q [B,H,Lq,D], k [B,Hkv,Lk,D], v [B,Hkv,Lk,Dv] with H a multiple of Hkv)");
     if (in.size() > 3) {
       check_float(in[3], "sdpa", "mask");
       broadcast_shapes(in[3].shape(), {q.dim(0), q.dim(1), q.dim(2), k.dim(2)}, "sdpa mask");
@@ -186,7 +187,7 @@ void register_sdpa() {
   def.reference = [](const std::vector<HostTensor>& in, const Attrs& attrs, const OutputMeta& out) {
     const HostTensor &q = in[0], &k = in[1], &v = in[2];
     const int64_t B = q.shape[0], H = q.shape[1], Lq = q.shape[2], D = q.shape[3], Lk = k.shape[2],
-                  Dv = v.shape[3];
+                  Dv = v.shape[3], Hkv = k.shape[1], group = Hkv > 0 ? H / Hkv : 1;
     const double scale = attrs.get_float("scale", 1.0 / std::sqrt(double(D)));
     std::vector<double> r(static_cast<size_t>(numel(out.shape))), s(static_cast<size_t>(Lk));
     for (int64_t b = 0; b < B; ++b)
@@ -195,7 +196,7 @@ void register_sdpa() {
           const double* qi = q.data.data() + ((b * H + h) * Lq + i) * D;
           double m = -std::numeric_limits<double>::infinity(), sum = 0;
           for (int64_t j = 0; j < Lk; ++j) {
-            const double* kj = k.data.data() + ((b * H + h) * Lk + j) * D;
+            const double* kj = k.data.data() + ((b * Hkv + h / group) * Lk + j) * D;
             double dot = 0;
             for (int64_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
             s[size_t(j)] = dot * scale + (in.size() > 3 ? ref::at_broadcast(in[3], {b, h, i, j}) : 0.0);
@@ -204,7 +205,8 @@ void register_sdpa() {
           for (int64_t j = 0; j < Lk; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - m));
           for (int64_t d = 0; d < Dv; ++d) {
             double acc = 0;
-            for (int64_t j = 0; j < Lk; ++j) acc += s[size_t(j)] * v.data[size_t(((b * H + h) * Lk + j) * Dv + d)];
+            for (int64_t j = 0; j < Lk; ++j)
+              acc += s[size_t(j)] * v.data[size_t(((b * Hkv + h / group) * Lk + j) * Dv + d)];
             r[size_t(((b * H + h) * Lq + i) * Dv + d)] = acc / sum;
           }
         }

@@ -359,15 +359,19 @@ void check_args(const AttentionOperand& q, const AttentionOperand& k, const Atte
              kWhere, "q, k, v and out must be f32 or bf16, got ", dtype_name(q.dtype), ", ", dtype_name(k.dtype),
              ", ", dtype_name(v.dtype), ", ", dtype_name(out.dtype));
   KILN_CHECK(mask == nullptr || ms != nullptr, kWhere, "mask given without mask strides");
+  KILN_CHECK(q.layout.group == 1 && out.layout.group == 1 && k.layout.group >= 1 && v.layout.group >= 1 &&
+                 H % k.layout.group == 0 && H % v.layout.group == 0,
+             kWhere, "head groups q ", q.layout.group, ", k ", k.layout.group, ", v ", v.layout.group, ", out ",
+             out.layout.group, " for ", H, " query heads (K/V groups must divide H; q and out are not grouped)");
   const bool any_q = B * H * Lq > 0, any_k = B * H * Lk > 0;
   KILN_CHECK((q.data != nullptr || !any_q || D == 0) && (out.data != nullptr || !any_q || Dv == 0) &&
                  (k.data != nullptr || !any_k || D == 0) && (v.data != nullptr || !any_k || Dv == 0),
              kWhere, "null q, k, v or out");
 }
 
-// Rows of head (b, hh) of an operand.
+// Rows of (query) head (b, hh) of an operand: stored head hh / group.
 Rows head_rows(const AttentionOperand& x, int64_t b, int64_t hh) {
-  const int64_t off = (b * x.layout.batch + hh * x.layout.head) * int64_t(dtype_size(x.dtype));
+  const int64_t off = (b * x.layout.batch + hh / x.layout.group * x.layout.head) * int64_t(dtype_size(x.dtype));
   return {static_cast<const char*>(x.data) + off, x.dtype, x.layout.row};
 }
 

@@ -10,6 +10,7 @@ namespace kiln::cpu {
 
 // out = softmax(q k^T * scale + mask) v, independently for every (b,h).
 // q [B,H,Lq,D], k [B,H,Lk,D], v [B,H,Lk,Dv], out [B,H,Lq,Dv]: contiguous f32.
+// (The RowLayout overloads below also take K/V with fewer heads: RowLayout::group.)
 // mask: optional (nullptr) additive f32 mask read as
 //   mask[b*ms[0] + h*ms[1] + i*ms[2] + j*ms[3]]   (i: query, j: key)
 // with strides in elements, 0 for broadcast dims; mask_strides may be null when mask is.
@@ -22,11 +23,15 @@ void attention_f32(const float* q, const float* k, const float* v, const float* 
                    const int64_t mask_strides[4], float* out, int64_t B, int64_t H, int64_t Lq,
                    int64_t Lk, int64_t D, int64_t Dv, float scale);
 
-// Where the rows of a [B,H,L,D] operand lie: row (b,h,i) starts at b*batch + h*head + i*row
-// elements from the base pointer, and its D values are contiguous. Attention reads q/k/v this
-// way, so a [B,L,H,D] projection viewed as [B,H,L,D] (a transpose) needs no copy.
+// Where the rows of a [B,H,L,D] operand lie: row (b,h,i) starts at b*batch + (h/group)*head +
+// i*row elements from the base pointer, and its D values are contiguous. Attention reads q/k/v
+// this way, so a [B,L,H,D] projection viewed as [B,H,L,D] (a transpose) needs no copy.
+// `group` > 1 is grouped-query attention (torch's enable_gqa): K and V store H/group heads, and
+// query head h reads stored head h/group, so `group` consecutive query heads share one K/V head
+// without a copy of it.
 struct RowLayout {
   int64_t batch = 0, head = 0, row = 0;
+  int64_t group = 1;
   static RowLayout dense(int64_t H, int64_t L, int64_t D) { return {H * L * D, L * D, D}; }
 };
 // `ol` places the output rows the same way, so a [B,H,L,Dv] result can be written straight into

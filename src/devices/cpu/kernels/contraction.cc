@@ -191,15 +191,17 @@ RowLayout attention_layout(const TensorView& t) {
 
 // An attention operand: read in place when attention() can (bf16 rows are widened a tile at a
 // time inside it), else first made a dense f32 copy (other dtypes, rows with strided values).
+// `group`: query heads per stored head (grouped-query K and V; 1 otherwise).
 class AttentionRows {
  public:
-  explicit AttentionRows(const TensorView& t) {
+  explicit AttentionRows(const TensorView& t, int64_t group = 1) {
     if (attention_reads_in_place(t)) {
       op_ = {t.data, t.dtype, attention_layout(t)};
-      return;
+    } else {
+      copy_ = dense_f32(t);
+      op_ = {copy_.data(), DType::f32, RowLayout::dense(t.shape[1], t.shape[2], t.shape[3])};
     }
-    copy_ = dense_f32(t);
-    op_ = {copy_.data(), DType::f32, RowLayout::dense(t.shape[1], t.shape[2], t.shape[3])};
+    op_.layout.group = group;
   }
   const AttentionOperand& get() const { return op_; }
 
@@ -212,7 +214,9 @@ void sdpa_kernel(const KernelArgs& args) {
   const TensorView &q = args.in[0], &k = args.in[1], &v = args.in[2];
   const int64_t B = q.shape[0], H = q.shape[1], Lq = q.shape[2], D = q.shape[3], Lk = k.shape[2], Dv = v.shape[3];
   const float scale = float(args.attrs->get_float("scale", 1.0 / std::sqrt(double(D))));
-  const AttentionRows fq(q), fk(k), fv(v);
+  // Grouped-query attention: K and V hold H / group heads, each read by `group` query heads.
+  const int64_t group = k.shape[1] > 0 ? H / k.shape[1] : 1;
+  const AttentionRows fq(q), fk(k, group), fv(v, group);
   // The mask is read through its own (broadcast) strides when it is f32, else from a dense copy.
   std::vector<float> mask_copy;
   const float* mask = nullptr;
