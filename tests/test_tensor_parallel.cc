@@ -111,7 +111,7 @@ class TwoRanks : public testing::Test {
     // Only CTest's tensor_parallel_two_ranks runs these (under mpirun -np 2); the single-process
     // discovery leaves them out. Anywhere else they fail rather than skip: a skip would pass.
     ASSERT_EQ(ProcessGroup::world()->size(), 2)
-        << "runs under mpirun -np 2 (CTest tensor_parallel_two_ranks); in one process add --gtest_filter=-TwoRanks.*";
+        << "runs under mpirun -np 2 (CTest tensor_parallel_two_ranks); in one process add --gtest_filter=-TwoRanks*";
   }
 };
 
