@@ -96,6 +96,7 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--negative-prompt") o.call.negative_prompt = value();
     else if (flag == "--negative-prompt-2") o.call.negative_prompt_2 = value();
     else if (flag == "--negative-prompt-3") o.call.negative_prompt_3 = value();
+    else if (flag == "--text-encoder-out-layers") o.call.text_encoder_out_layers = parse_int_list(flag, value());
     else if (flag == "--slg-layers") o.call.skip_guidance_layers = parse_int_list(flag, value());
     else if (flag == "--slg-scale") o.call.skip_layer_guidance_scale = parse_float(flag, value());
     else if (flag == "--slg-start") o.call.skip_layer_guidance_start = parse_float(flag, value());
@@ -298,6 +299,7 @@ int generate(const std::vector<std::string>& args) {
   PipelineOptions pipe_options;
   if (o.tp > 1) pipe_options.tensor_parallel = TensorParallelConfig{DeviceMesh(world)};
   pipe_options.strict = o.strict;
+  pipe_options.text_encoder_out_layers = o.call.text_encoder_out_layers;  // only the layers they need are loaded
   pipe_options.dtype = o.dtypes.dtype;
   pipe_options.component_dtype = o.dtypes.component_dtype;
   const auto warn = [writer](const std::string& w) {
@@ -360,6 +362,7 @@ int generate(const std::vector<std::string>& args) {
                           {"negative_prompt", o.call.negative_prompt ? nlohmann::json(*o.call.negative_prompt)
                                                                      : nlohmann::json()},
                           {"skip_guidance_layers", o.call.skip_guidance_layers},
+                          {"text_encoder_out_layers", o.call.text_encoder_out_layers},
                           {"skip_layer_guidance_scale", o.call.skip_layer_guidance_scale},
                           {"skip_layer_guidance_start", o.call.skip_layer_guidance_start},
                           {"skip_layer_guidance_stop", o.call.skip_layer_guidance_stop},

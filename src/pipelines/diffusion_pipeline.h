@@ -43,6 +43,9 @@ struct PipelineOptions {
   // Per-component choice (a model component of the pipeline, e.g. "text_encoder_2",
   // "transformer"; std::nullopt: auto), over `dtype`.
   std::map<std::string, std::optional<DType>> component_dtype;
+  // FLUX.2: the text encoder's hidden layers calls will read (Diffusers' text_encoder_out_layers;
+  // empty: the pipeline's default). Only the decoder layers these need are loaded and run.
+  std::vector<int64_t> text_encoder_out_layers;
 };
 
 // Tiled VAE decoding (Diffusers' pipe.vae.enable_tiling(), AutoencoderKL.tiled_decode).
@@ -73,6 +76,9 @@ struct PipelineCallArgs {
   double skip_layer_guidance_scale = 2.8;
   double skip_layer_guidance_start = 0.01;
   double skip_layer_guidance_stop = 0.2;
+  // FLUX.2: the text encoder's hidden_states indices concatenated per token (empty: the
+  // pipeline's default, dev (10, 20, 30), klein (9, 18, 27)).
+  std::vector<int64_t> text_encoder_out_layers;
   uint64_t seed = 0;  // torch.Generator("cpu").manual_seed(seed) noise, unless latents are given
   // Explicit initial noise (parity tests): [1, C, h, w], or FLUX's packed [1, L_img, 4C].
   Tensor latents;

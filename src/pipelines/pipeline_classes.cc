@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "io/json_config.h"
 #include "io/model_folder.h"
+#include "pipelines/flux2_pipeline.h"
 #include "pipelines/flux_pipeline.h"
 #include "pipelines/stable_diffusion_3_pipeline.h"
 
@@ -24,6 +25,8 @@ const std::vector<PipelineClass>& pipeline_classes() {
   static const std::vector<PipelineClass> table = {
       {FluxPipeline::kClassName, &load_as<FluxPipeline>},
       {StableDiffusion3Pipeline::kClassName, &load_as<StableDiffusion3Pipeline>},
+      {Flux2Pipeline::kClassName, &load_as<Flux2Pipeline>},
+      {Flux2KleinPipeline::kClassName, &load_as<Flux2KleinPipeline>},
   };
   return table;
 }
