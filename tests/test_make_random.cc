@@ -410,7 +410,7 @@ TEST_F(MakeRandomCli, WritesAFolderKilnLoadsAndRuns) {
 TEST_F(MakeRandomCli, BadInputFailsBeforeWriting) {
   const std::string out = (dir_ / "out").string();
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
-           {out + " --like flux2-dev", "--like flux2-dev: expected flux1-schnell or flux1-dev"},
+           {out + " --like flux3-dev", "--like flux3-dev: expected flux1-schnell or flux1-dev"},
            {out, "needs --like"},
            {"--like flux1-dev", "needs the folder to write"},
            {out + " --like flux1-dev --blocks 19", "--blocks 19: expected D+S"},

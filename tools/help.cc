@@ -21,12 +21,15 @@ const std::vector<CommandDoc>& commands() {
            {"--height", "H", "1024 (128 x vae_scale_factor)", "image height; not a multiple of 16: rounded down"},
            {"--width", "W", "1024 (128 x vae_scale_factor)", "image width; not a multiple of 16: rounded down"},
            {"--steps", "N", "28 (4 for the bundled checkpoint)", "num_inference_steps (use 4 for schnell)"},
-           {"--guidance", "G", "FLUX 3.5, SD3 7.0", "FLUX: guidance-distilled (dev) checkpoints only; SD3: "
-                                                  "classifier-free guidance, on above 1 (two transformer passes per step)"},
+           {"--guidance", "G", "FLUX 3.5, SD3 7.0, FLUX.2 4.0",
+            "FLUX.1/FLUX.2-dev: guidance-distilled checkpoints only; SD3 and FLUX.2 klein base: classifier-free "
+            "guidance, on above 1 (two transformer passes per step); distilled klein ignores it"},
+           {"--text-encoder-out-layers", "I,J,K", "FLUX.2-dev 10,20,30; klein 9,18,27",
+            "FLUX.2: the text encoder's hidden_states concatenated per token; only the layers they need are loaded"},
            {"--slg-layers", "I,J,...", "off", "SD3 skip-layer guidance: blocks skipped in a third pass (SD3.5 Medium: "
                                               "7,8,9); --slg-scale 2.8, --slg-start 0.01, --slg-stop 0.2"},
-           {"--max-sequence-length", "N", "FLUX 512, SD3 256 (32 for the bundled checkpoint)",
-            "T5 tokens, 1 to 512; a longer prompt is cut with a warning"},
+           {"--max-sequence-length", "N", "FLUX 512, SD3 256, FLUX.2 512 (32 for the bundled checkpoint)",
+            "T5 (FLUX.2: chat-template) tokens, 1 to 512; a longer prompt is cut with a warning"},
            {"--seed", "S", "0", "noise of torch.Generator(\"cpu\").manual_seed(S) + torch.randn"},
            {"--latents", "FILE[:TENSOR]", "", "initial noise from a safetensors file: the tensor 'latents', the only "
                                               "one, or TENSOR"},
@@ -77,19 +80,24 @@ const std::vector<CommandDoc>& commands() {
            {"--help", "", "", "this text"},
        }},
       {"make-random",
-       "Write a complete Diffusers FLUX.1 or Stable Diffusion 3 / 3.5 Medium folder at DIR with deterministic "
-       "random weights at the real widths (configs as on the Hub, bundled tokenizers), to measure speed and memory "
-       "without the download. Weights are streamed to disk; DIR must be new or empty and is only created once every "
-       "file is written.",
+       "Write a complete Diffusers FLUX.1, Stable Diffusion 3 / 3.5 Medium or FLUX.2 folder at DIR with "
+       "deterministic random weights at the real widths (configs as on the Hub, bundled tokenizers), to measure "
+       "speed and memory without the download. Weights are streamed to disk; DIR must be new or empty and is only "
+       "created once every file is written.",
        {
-           {"--like", "flux1-schnell|flux1-dev|sd3-medium|sd3.5-medium", "required",
+           {"--like", "flux1-schnell|flux1-dev|sd3-medium|sd3.5-medium|flux2-dev|flux2-klein-4b|flux2-klein-9b",
+            "required",
             "the checkpoint to imitate (flux1-dev adds the guidance embedding and the scheduler's dynamic shifting; "
             "sd3.5-medium adds dual attention in blocks 0-12, QK RMSNorm and a 384x384 positional table to "
-            "sd3-medium's transformer)"},
-           {"--blocks", "D+S | N", "19+38 (FLUX.1), 24 (SD3)",
-            "FLUX.1: double-stream + single-stream transformer blocks; SD3: transformer blocks N >= 1 (the last is "
-            "the context-pre-only block; sd3.5-medium's dual-attention blocks are those of 0-12 below N)"},
-           {"--t5-layers", "N", "24", "T5 encoder layers"},
+            "sd3-medium's transformer; flux2-dev: Mistral Small 3.2 text encoder, 6144-wide transformer; "
+            "flux2-klein-4b / -9b: Qwen3-4B / Qwen3-8B text encoder, 3072 / 4096-wide transformer, step-distilled)"},
+           {"--blocks", "D+S | N", "19+38 (FLUX.1), 24 (SD3), 8+48 (flux2-dev), 5+20 / 8+24 (klein 4b / 9b)",
+            "FLUX.1, FLUX.2: double-stream + single-stream transformer blocks; SD3: transformer blocks N >= 1 (the "
+            "last is the context-pre-only block; sd3.5-medium's dual-attention blocks are those of 0-12 below N)"},
+           {"--t5-layers", "N", "24", "FLUX.1, SD3: T5 encoder layers"},
+           {"--text-encoder-layers", "N", "40 (flux2-dev), 36 (klein)",
+            "FLUX.2: the language model's decoder layers; generate's default --text-encoder-out-layers need 30 "
+            "(dev) / 27 (klein): with fewer, pass three indices of at most N (e.g. 1,2,3 for N = 3)"},
            {"--dtype", "bf16|f16|f32", "bf16", "the stored dtype of every weight"},
            {"--seed", "S", "0", "the weights' seed: the same seed writes the same bytes"},
            {"--help", "", "", "this text"},

@@ -1,17 +1,23 @@
-// `kiln make-random DIR --like flux1-schnell|flux1-dev|sd3-medium|sd3.5-medium`: a real-size
-// FLUX.1 or Stable Diffusion 3 / 3.5 Medium folder with deterministic random weights, for speed
-// and memory measurements without the download. The work is models/random/flux1_random_folder.h
-// and sd3_random_folder.h; this file reads the flags and prints the summary.
+// `kiln make-random DIR --like flux1-schnell|flux1-dev|sd3-medium|sd3.5-medium|flux2-dev|
+// flux2-klein-4b|flux2-klein-9b`: a real-size FLUX.1, Stable Diffusion 3 / 3.5 Medium or FLUX.2
+// folder with deterministic random weights, for speed and memory measurements without the
+// download. The work is models/random/flux1_random_folder.h, sd3_random_folder.h and
+// flux2_random_folder.h; this file reads the flags, finds the bundled tokenizers and prints the
+// summary.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "commands.h"
 #include "core/error.h"
 #include "models/random/flux1_random_folder.h"
+#include "models/random/flux2_random_folder.h"
 #include "models/random/sd3_random_folder.h"
 #include "models/random/sd3_transformer_random.h"
 
@@ -61,6 +67,21 @@ int64_t parse_sd3_blocks(const std::string& v, const std::string& like) {
   return n;
 }
 
+// The tokenizers a FLUX.2 folder copies: those of kiln's tiny FLUX.2 fixtures, which sit next to
+// the bundled FLUX.1 checkpoint (KILN_BUNDLED_MODEL = FIXTURES/flux1_tiny_arch/pipeline).
+std::filesystem::path flux2_tokenizers(const std::filesystem::path& bundled, rw::Flux2Variant v) {
+  return bundled.parent_path().parent_path() / (rw::is_klein(v) ? "flux2_klein_tiny" : "flux2_tiny") / "pipeline";
+}
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (int64_t x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
+  return s;
+}
+
 DType parse_weights_dtype(const std::string& v) {
   for (DType t : {DType::bf16, DType::f16, DType::f32})
     if (v == dtype_name(t)) return t;
@@ -78,7 +99,7 @@ void print_component(const rw::WrittenComponent& c, double seconds) {
 
 int make_random(const std::vector<std::string>& args) {
   std::optional<std::string> dir, like, blocks;
-  int64_t t5_layers = 24;
+  std::optional<int64_t> t5_layers, text_encoder_layers;
   DType dtype = DType::bf16;
   uint64_t seed = 0;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -94,15 +115,21 @@ int make_random(const std::vector<std::string>& args) {
     };
     if (flag == "--like") {
       const std::string& v = value();
-      KILN_CHECK(rw::parse_flux1_variant(v) || rw::parse_sd3_variant(v), "cli", "--like ", v,
-                 ": expected flux1-schnell or flux1-dev (FLUX.1), sd3-medium or sd3.5-medium (Stable Diffusion 3)");
+      KILN_CHECK(rw::parse_flux1_variant(v) || rw::parse_sd3_variant(v) || rw::parse_flux2_variant(v), "cli",
+                 "--like ", v,
+                 ": expected flux1-schnell or flux1-dev (FLUX.1), sd3-medium or sd3.5-medium (Stable Diffusion 3), "
+                 "flux2-dev, flux2-klein-4b or flux2-klein-9b (FLUX.2)");
       like = v;
     } else if (flag == "--blocks") {
-      blocks = value();  // read once --like is known: D+S for FLUX.1, N for SD3
+      blocks = value();  // read once --like is known: D+S for FLUX.1 and FLUX.2, N for SD3
     } else if (flag == "--t5-layers") {
       t5_layers = parse_int(flag, value());
-      KILN_CHECK(t5_layers >= 1, "cli", "--t5-layers must be at least 1 (block 0 holds T5's position bias), got ",
-                 t5_layers);
+      KILN_CHECK(*t5_layers >= 1, "cli", "--t5-layers must be at least 1 (block 0 holds T5's position bias), got ",
+                 *t5_layers);
+    } else if (flag == "--text-encoder-layers") {
+      text_encoder_layers = parse_int(flag, value());
+      KILN_CHECK(*text_encoder_layers >= 1, "cli", "--text-encoder-layers must be at least 1, got ",
+                 *text_encoder_layers);
     } else if (flag == "--dtype") {
       dtype = parse_weights_dtype(value());
     } else if (flag == "--seed") {
@@ -116,42 +143,70 @@ int make_random(const std::vector<std::string>& args) {
   KILN_CHECK(dir, "cli",
              "make-random needs the folder to write, e.g. kiln make-random /tmp/flux1 --like flux1-schnell");
   KILN_CHECK(like, "cli",
-             "make-random needs --like flux1-schnell, --like flux1-dev, --like sd3-medium or --like sd3.5-medium");
+             "make-random needs --like flux1-schnell, --like flux1-dev, --like sd3-medium, --like sd3.5-medium, "
+             "--like flux2-dev, --like flux2-klein-4b or --like flux2-klein-9b");
+  const std::optional<rw::Flux2Variant> flux2 = rw::parse_flux2_variant(*like);
+  KILN_CHECK(!flux2 || !t5_layers, "cli", "--t5-layers: ", *like,
+             " has no T5 encoder (its text encoder's depth is --text-encoder-layers)");
+  KILN_CHECK(flux2 || !text_encoder_layers, "cli", "--text-encoder-layers is for FLUX.2 (", *like,
+             "'s T5 depth is --t5-layers)");
 
   const auto t0 = std::chrono::steady_clock::now();
   rw::RandomFolderProgress progress;
   bool started = false;
-  std::string what;  // "(...)" of the first line
+  std::string what, note;  // "(...)" of the first line; a line after it
   progress.starting = [&](const rw::WrittenComponent&) {  // the folder passed every check
     if (std::exchange(started, true)) return;
-    std::printf("kiln: writing a random %s folder (%s, %lld T5 layers, %s, seed %llu) to %s\n", like->c_str(),
-                what.c_str(), static_cast<long long>(t5_layers), dtype_name(dtype),
-                static_cast<unsigned long long>(seed), dir->c_str());
+    std::printf("kiln: writing a random %s folder (%s, %s, seed %llu) to %s\n%s", like->c_str(), what.c_str(),
+                dtype_name(dtype), static_cast<unsigned long long>(seed), dir->c_str(), note.c_str());
     std::fflush(stdout);
   };
   progress.written = print_component;
   rw::RandomFolder folder;
   const std::filesystem::path bundled(KILN_BUNDLED_MODEL);
-  if (const auto flux = rw::parse_flux1_variant(*like)) {
+  if (flux2) {
+    rw::Flux2RandomOptions o;
+    o.variant = *flux2;
+    if (blocks) std::tie(o.num_layers, o.num_single_layers) = parse_blocks(*blocks);
+    o.text_encoder_layers = text_encoder_layers;
+    o.dtype = dtype;
+    o.seed = seed;
+    const rw::Flux2TransformerRandomConfig tc = rw::flux2_transformer_random_config(o);
+    const int64_t layers = rw::flux2_text_encoder_random_config(o).num_hidden_layers,
+                  needed = rw::flux2_text_encoder_layers_needed(o.variant);
+    what = std::to_string(tc.num_layers) + "+" + std::to_string(tc.num_single_layers) + " transformer blocks, " +
+           std::to_string(layers) + " text encoder layers";
+    // Allowed (a shallow folder is what a quick benchmark wants), but the default call needs more.
+    if (layers < needed) {
+      const std::vector<int64_t> example{std::max<int64_t>(0, layers - 2), std::max<int64_t>(0, layers - 1), layers};
+      note = "kiln: note: the pipeline's default text_encoder_out_layers (" +
+             join(rw::flux2_default_out_layers(o.variant)) + ") need " + std::to_string(needed) +
+             " text encoder layers; generate with three hidden-state indices of at most " + std::to_string(layers) +
+             ", e.g. --text-encoder-out-layers " + join(example) + "\n";
+    }
+    folder = rw::write_flux2_random_folder(*dir, o, flux2_tokenizers(bundled, o.variant), progress);
+  } else if (const auto flux = rw::parse_flux1_variant(*like)) {
     rw::Flux1RandomOptions o;
     o.variant = *flux;
     if (blocks) std::tie(o.num_layers, o.num_single_layers) = parse_blocks(*blocks);
-    o.t5_layers = t5_layers;
+    o.t5_layers = t5_layers.value_or(o.t5_layers);
     o.dtype = dtype;
     o.seed = seed;
-    what = std::to_string(o.num_layers) + "+" + std::to_string(o.num_single_layers) + " transformer blocks";
+    what = std::to_string(o.num_layers) + "+" + std::to_string(o.num_single_layers) + " transformer blocks, " +
+           std::to_string(o.t5_layers) + " T5 layers";
     folder = rw::write_flux1_random_folder(*dir, o, bundled, progress);
   } else {
     rw::Sd3RandomOptions o;
     o.variant = *rw::parse_sd3_variant(*like);
     if (blocks) o.num_layers = parse_sd3_blocks(*blocks, *like);
-    o.t5_layers = t5_layers;
+    o.t5_layers = t5_layers.value_or(o.t5_layers);
     o.dtype = dtype;
     o.seed = seed;
     what = std::to_string(o.num_layers) + " transformer blocks";
     if (o.variant == rw::Sd3Variant::sd35_medium)
       what += " (" + std::to_string(rw::sd3_dual_attention_layers(o.variant, o.num_layers).size()) +
               " with dual attention)";
+    what += ", " + std::to_string(o.t5_layers) + " T5 layers";
     folder = rw::write_sd3_random_folder(*dir, o, bundled, progress);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

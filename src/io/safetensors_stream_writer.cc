@@ -42,9 +42,9 @@ std::string build_header(const fs::path& path, const std::vector<StreamedTensor>
                          const std::map<std::string, std::string>& metadata) {
   SafetensorsHeader header(path, metadata);
   for (const StreamedTensor& t : tensors) {
-    if (!is_floating(t.dtype))
+    if (t.dtype == DType::boolean)
       file_fail(path, "tensor '", t.name, "' has dtype ", dtype_name(t.dtype),
-                "; streamed tensors are f32, bf16 or f16");
+                "; streamed tensors are f32, bf16, f16, i32 or i64");
     for (int64_t d : t.shape)
       if (d < 0) file_fail(path, "tensor '", t.name, "' has a negative dimension in ", to_string(t.shape));
     if (!t.fill && t.nbytes() > 0) file_fail(path, "tensor '", t.name, "' has no fill function");
@@ -69,7 +69,8 @@ void produce(const StreamedTensor& t, int64_t begin, int64_t count, void* out) {
           t.fill(begin + first, n, static_cast<float*>(out) + first);
         } else {
           t.fill(begin + first, n, scratch.data());
-          convert_from_f32(scratch.data(), static_cast<uint16_t*>(out) + first, t.dtype, n);
+          char* dst = static_cast<char*>(out) + first * int64_t(dtype_size(t.dtype));
+          convert_from_f32(scratch.data(), dst, t.dtype, n);
         }
       } catch (...) {  // an exception must not leave an OpenMP region
         std::lock_guard<std::mutex> lock(error_mu);

@@ -22,7 +22,9 @@ namespace kiln::io {
 
 struct StreamedTensor {
   std::string name;
-  DType dtype = DType::f32;  // f32, bf16 or f16: the writer rounds fill's f32 values to it
+  // f32, bf16 or f16: the writer rounds fill's f32 values to it; i32 or i64: truncates them
+  // (integers up to 2^24 are exact), e.g. a BatchNorm's num_batches_tracked.
+  DType dtype = DType::f32;
   Shape shape;
   // Writes elements [begin, begin + count) of the row-major tensor to `dst` as f32. Called from
   // several threads at once, on disjoint ranges, in no particular order: it must depend on

@@ -26,8 +26,8 @@ int64_t RandomComponent::parameters() const {
   return n;
 }
 
-void TensorList::add(const std::string& name, Shape shape, Init init) {
-  out_.push_back({name, std::move(shape), init});
+void TensorList::add(const std::string& name, Shape shape, Init init, std::optional<DType> dtype) {
+  out_.push_back({name, std::move(shape), init, dtype});
 }
 
 void TensorList::linear(const std::string& prefix, int64_t in, int64_t out, bool bias, double gain) {
@@ -63,7 +63,7 @@ std::vector<io::StreamedTensor> streamed_tensors(const RandomComponent& c, DType
   for (const RandomTensor& t : c.tensors) {
     const uint64_t key = tensor_key(seed, c.folder + "/" + t.name);
     const Init init = t.init;
-    out.push_back({t.name, dtype, t.shape,
+    out.push_back({t.name, t.dtype.value_or(dtype), t.shape,
                    [key, init](int64_t begin, int64_t count, float* dst) { fill(init, key, begin, count, dst); }});
   }
   return out;

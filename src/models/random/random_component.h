@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@ struct RandomTensor {
   std::string name;  // the Diffusers / transformers state-dict key
   Shape shape;
   Init init;
+  // Stored in this dtype whatever the component's (a BatchNorm's int64 num_batches_tracked).
+  std::optional<DType> dtype;
 };
 
 struct RandomComponent {
@@ -46,7 +49,7 @@ constexpr double kBiasStd = 0.01;
 class TensorList {
  public:
   explicit TensorList(std::vector<RandomTensor>& out) : out_(out) {}
-  void add(const std::string& name, Shape shape, Init init);
+  void add(const std::string& name, Shape shape, Init init, std::optional<DType> dtype = std::nullopt);
   // Linear: PREFIX.weight [out, in], PREFIX.bias [out] when `bias`.
   void linear(const std::string& prefix, int64_t in, int64_t out, bool bias = true, double gain = 1);
   // Conv2d: PREFIX.weight [out, in, k, k], PREFIX.bias [out].
@@ -63,7 +66,7 @@ class TensorList {
 // torch_dtype as transformers writes it into config.json ("bfloat16", "float16", "float32").
 const char* torch_dtype_name(DType dtype);
 
-// The tensors of `c` in `dtype`, each drawing its values from tensor_key(seed, folder/name).
+// The tensors of `c` in `dtype` (or their own), each drawing its values from tensor_key(seed, folder/name).
 std::vector<io::StreamedTensor> streamed_tensors(const RandomComponent& c, DType dtype, uint64_t seed);
 
 struct WrittenComponent {
