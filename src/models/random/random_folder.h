@@ -1,7 +1,8 @@
 // Writing a whole Diffusers folder of random components (kiln make-random), whatever the model:
 // text files (model_index.json, the scheduler config, edited tokenizer files), folders copied as
 // they are (the bundled checkpoint's tokenizers) and the random weight components, each streamed
-// to disk (random_component.h). flux1_random_folder.h and sd3_random_folder.h say what goes in.
+// to disk (random_component.h). flux1_random_folder.h, sd3_random_folder.h and
+// flux2_random_folder.h say what goes in.
 //
 // The folder is written as a hidden temporary `.NAME.make-random.PID` next to DIR and renamed
 // onto it at the end, so a failed run leaves no DIR (a killed run leaves the temporary, which the
