@@ -167,11 +167,11 @@ void expect_json_error(const std::function<void(json&)>& edit, const std::vector
 }
 
 TEST(HfTokenizer, UnsupportedTypesNameTheJsonPath) {
-  expect_json_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][1] = {{"type", "Metaspace"}}; },
-                    {"pre_tokenizer.pretokenizers[1].type 'Metaspace' is not supported"});
+  expect_json_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][1] = {{"type", "Punctuation"}}; },
+                    {"pre_tokenizer.pretokenizers[1].type 'Punctuation' is not supported"});
   expect_json_error([](json& j) { j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}}; },
                     {"normalizer.normalizers[1].type 'Lowercase' is not supported"});
-  expect_json_error([](json& j) { j["model"]["type"] = "Unigram"; }, {"model.type 'Unigram' is not supported"});
+  expect_json_error([](json& j) { j["model"]["type"] = "WordPiece"; }, {"model.type 'WordPiece' is not supported"});
   expect_json_error([](json& j) { j["model"]["byte_fallback"] = true; }, {"model.byte_fallback 'true' is not supported"});
   expect_json_error([](json& j) { j["post_processor"] = {{"type", "BertProcessing"}}; },
                     {"post_processor.type 'BertProcessing' is not supported"});

@@ -13,9 +13,12 @@
 
 #include "core/error.h"
 #include "io/json_config.h"
+#include "tokenizers/hf_normalizer.h"
+#include "tokenizers/precompiled_charsmap.h"
 #include "tokenizers/regex.h"
 #include "tokenizers/tokenizer_files.h"
 #include "tokenizers/unicode_text.h"
+#include "tokenizers/unigram_model.h"
 
 namespace kiln::tokenizers {
 namespace fs = std::filesystem;
@@ -29,12 +32,6 @@ constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}
 constexpr size_t kCacheMaxLength = 256;
 constexpr size_t kCacheCapacity = 10000;
 
-
-// Rust's char::is_whitespace / regex \s: the Unicode White_Space property.
-bool is_white_space(char32_t c) {
-  return (c >= 0x9 && c <= 0xD) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
 
 // Decodes the UTF-8 character at text[i] (valid UTF-8 assumed); returns its length in bytes.
 size_t utf8_char(std::string_view text, size_t i, char32_t& cp) {
@@ -142,8 +139,10 @@ std::string oniguruma_spaces(const std::string& p) {
 
 enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
+enum class Prepend { kAlways, kFirst, kNever };
+
 struct PreStep {
-  enum class Kind { kSplit, kByteLevel } kind = Kind::kSplit;
+  enum class Kind { kSplit, kByteLevel, kWhitespaceSplit, kMetaspace } kind = Kind::kSplit;
   // Split
   std::shared_ptr<const Regex> regex;  // null: `literal` is the pattern
   std::string literal;
@@ -151,6 +150,17 @@ struct PreStep {
   bool invert = false;
   // ByteLevel
   bool add_prefix_space = false, use_regex = false;
+  // Metaspace: spaces become `replacement` (one character), which is put in front per `prepend` and split on
+  bool split = true;
+  std::string replacement;
+  Prepend prepend = Prepend::kAlways;
+};
+
+// A piece of text on its way through the pre-tokenizers; at_origin: it starts at the input's offset 0
+// (tokenizers' offsets_original().0 == 0, which Metaspace's prepend_scheme "first" asks).
+struct Word {
+  std::string text;
+  bool at_origin = false;
 };
 
 struct AddedTok {
@@ -254,9 +264,11 @@ struct Reader {
 
 struct HfTokenizer::State {
   std::string source;
-  bool nfc = false;
+  std::vector<NormalizerStep> normalizers;
   std::vector<PreStep> pre_steps;
-  // model
+  // model: BPE (vocab, merges) or Unigram (`unigram`, with `vocab` its token -> id map)
+  std::shared_ptr<const UnigramModel> unigram;
+  int64_t model_size = 0;  // the model's get_vocab_size()
   std::unordered_map<std::string, int64_t> vocab;
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> merges;  // (left, right) -> (rank, merged id)
   bool ignore_merges = false, fuse_unk = false;
@@ -275,11 +287,15 @@ struct HfTokenizer::State {
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache;
 
-  std::string normalize(const std::string& text) const {
-    return nfc ? utf8_encode(kiln::tokenizers::nfc(utf8_decode(text, "text"))) : text;
+  std::string normalize(const std::string& text, bool* keeps_start = nullptr) const {
+    return kiln::tokenizers::normalize(normalizers, text, keeps_start);
   }
-  std::vector<std::string> pre_tokenize(const std::string& text) const;
+  std::vector<std::string> pre_tokenize(const std::string& text, bool at_origin) const;
   void bpe(const std::string& word, std::vector<int64_t>& out) const;
+  void run_model(const std::string& word, std::vector<int64_t>& out) const {
+    if (unigram) unigram->encode(word, out);
+    else bpe(word, out);
+  }
   std::vector<Piece> pieces(const std::string& text) const;  // model ids in Piece::id per token
   // The post-processor's templates around `ids`.
   std::vector<int64_t> apply_templates(std::vector<int64_t> ids) const {
@@ -368,11 +384,57 @@ std::vector<std::pair<size_t, size_t>> apply_behavior(const std::vector<std::pai
 
 }  // namespace
 
-std::vector<std::string> HfTokenizer::State::pre_tokenize(const std::string& text) const {
-  std::vector<std::string> pieces{text};
+std::vector<std::string> HfTokenizer::State::pre_tokenize(const std::string& text, bool at_origin) const {
+  std::vector<Word> pieces{{text, at_origin}};
   for (const auto& step : pre_steps) {
-    std::vector<std::string> next;
-    for (auto& p : pieces) {
+    std::vector<Word> next;
+    for (auto& word : pieces) {
+      std::string& p = word.text;
+      // A sub-piece that starts where its piece starts keeps its at_origin.
+      auto emit = [&](std::string t, size_t begin) {
+        if (!t.empty()) next.push_back({std::move(t), word.at_origin && begin == 0});
+      };
+      if (step.kind == PreStep::Kind::kWhitespaceSplit) {
+        // split(char::is_whitespace, Removed): the runs between whitespace.
+        size_t begin = 0;
+        for (size_t i = 0; i <= p.size();) {
+          char32_t cp = ' ';
+          const size_t n = i < p.size() ? utf8_char(p, i, cp) : 1;
+          if (is_white_space(cp)) {
+            if (i > begin) emit(p.substr(begin, i - begin), begin);
+            begin = i + n;
+          }
+          i += n;
+        }
+        continue;
+      }
+      if (step.kind == PreStep::Kind::kMetaspace) {
+        std::string s;
+        for (char c : p) {
+          if (c == ' ') s += step.replacement;
+          else s += c;
+        }
+        const bool starts_with_replacement = s.compare(0, step.replacement.size(), step.replacement) == 0;
+        if (!s.empty() && !starts_with_replacement &&
+            (step.prepend == Prepend::kAlways || (step.prepend == Prepend::kFirst && word.at_origin)))
+          s = step.replacement + s;
+        if (!step.split) {
+          emit(std::move(s), 0);
+          continue;
+        }
+        // split(replacement, MergedWithNext): each replacement character starts a new piece.
+        std::vector<std::pair<std::pair<size_t, size_t>, bool>> m;
+        size_t prev = 0;
+        for (size_t at = s.find(step.replacement); at != std::string::npos;
+             at = s.find(step.replacement, at + step.replacement.size())) {
+          if (at > prev) m.push_back({{prev, at}, false});
+          m.push_back({{at, at + step.replacement.size()}, true});
+          prev = at + step.replacement.size();
+        }
+        if (prev < s.size()) m.push_back({{prev, s.size()}, false});
+        for (const auto& [b, e] : apply_behavior(m, Behavior::kMergedWithNext)) emit(s.substr(b, e - b), b);
+        continue;
+      }
       if (step.kind == PreStep::Kind::kByteLevel) {
         std::string s = step.add_prefix_space && (p.empty() || p[0] != ' ') ? " " + p : p;
         std::vector<std::string> parts;
@@ -382,10 +444,10 @@ std::vector<std::string> HfTokenizer::State::pre_tokenize(const std::string& tex
         } else {
           parts.push_back(std::move(s));
         }
-        for (const auto& part : parts) {
+        for (size_t k = 0; k < parts.size(); ++k) {
           std::string mapped;
-          for (char c : part) mapped += bytes[static_cast<unsigned char>(c)];
-          if (!mapped.empty()) next.push_back(std::move(mapped));
+          for (char c : parts[k]) mapped += bytes[static_cast<unsigned char>(c)];
+          emit(std::move(mapped), k);
         }
         continue;
       }
@@ -406,11 +468,13 @@ std::vector<std::string> HfTokenizer::State::pre_tokenize(const std::string& tex
       }
       if (prev < p.size()) m.push_back({{prev, p.size()}, step.invert});
       for (const auto& [b, e] : apply_behavior(m, step.behavior))
-        if (e > b) next.push_back(p.substr(b, e - b));
+        if (e > b) emit(p.substr(b, e - b), b);
     }
     pieces = std::move(next);
   }
-  return pieces;
+  std::vector<std::string> out;
+  for (auto& w : pieces) out.push_back(std::move(w.text));
+  return out;
 }
 
 void HfTokenizer::State::bpe(const std::string& word, std::vector<int64_t>& out) const {
@@ -499,23 +563,24 @@ std::vector<Piece> HfTokenizer::State::pieces(const std::string& text) const {
   std::vector<Piece> raw;
   find_matches(text, raw_tokens, raw);
   std::vector<Piece> tokens;
-  for (auto& p : raw) {
+  for (size_t i = 0; i < raw.size(); ++i) {
+    Piece& p = raw[i];
     if (p.id >= 0) {
       tokens.push_back(std::move(p));
       continue;
     }
+    bool at_origin = i == 0;  // find_matches leaves no empty pieces, so only the first starts at offset 0
     std::vector<Piece> normalized;
-    find_matches(normalize(p.text), normalized_tokens, normalized);
-    for (auto& q : normalized) {
+    find_matches(normalize(p.text, &at_origin), normalized_tokens, normalized);
+    for (size_t k = 0; k < normalized.size(); ++k) {
+      Piece& q = normalized[k];
       if (q.id >= 0) {
         tokens.push_back(std::move(q));
         continue;
       }
-      for (const auto& word : pre_tokenize(q.text)) {
-        std::vector<int64_t> ids;
-        bpe(word, ids);
-        for (int64_t id : ids) tokens.push_back({"", id});
-      }
+      std::vector<int64_t> ids;
+      for (const auto& word : pre_tokenize(q.text, at_origin && k == 0)) run_model(word, ids);
+      for (int64_t id : ids) tokens.push_back({"", id});
     }
   }
   return tokens;
@@ -523,31 +588,20 @@ std::vector<Piece> HfTokenizer::State::pieces(const std::string& text) const {
 
 namespace {
 
-std::shared_ptr<HfTokenizer::State> parse(const json& j, const std::string& source) {
-  auto s = std::make_shared<HfTokenizer::State>();
-  s->source = source;
-  const Reader r{source};
-  if (!j.is_object()) r.error("top level", " is ", io::json_kind(j), ", expected an object");
-
-  // ---- model ----
-  const json& model = r.field(j, "model", "");
-  if (!model.is_object()) r.error("model", " is ", io::json_kind(model), ", expected an object");
-  if (model.contains("type")) {
-    const std::string type = r.type_of(model, "model");
-    if (type != "BPE") r.unsupported("model.type", type);
-  }
+void read_bpe(const Reader& r, const json& model, HfTokenizer::State& s) {
   const json& vocab = r.field(model, "vocab", "model");
   if (!vocab.is_object()) r.error("model.vocab", " is ", io::json_kind(vocab), ", expected an object");
   int64_t max_id = -1;
   for (const auto& [token, id] : vocab.items()) {
     const int64_t v = r.id_value(id, "model.vocab['" + token + "']");
-    s->vocab.emplace(token, v);
+    s.vocab.emplace(token, v);
     max_id = std::max(max_id, v);
   }
-  s->vocab_r.assign(size_t(max_id + 1), std::string());
-  for (const auto& [token, id] : s->vocab) s->vocab_r[size_t(id)] = token;
-  s->ignore_merges = r.bool_field(model, "ignore_merges", "model", false);
-  s->fuse_unk = r.bool_field(model, "fuse_unk", "model", false);
+  s.model_size = int64_t(s.vocab.size());
+  s.vocab_r.assign(size_t(max_id + 1), std::string());
+  for (const auto& [token, id] : s.vocab) s.vocab_r[size_t(id)] = token;
+  s.ignore_merges = r.bool_field(model, "ignore_merges", "model", false);
+  s.fuse_unk = r.bool_field(model, "fuse_unk", "model", false);
   if (r.bool_field(model, "byte_fallback", "model", false)) r.unsupported("model.byte_fallback", "true");
   if (const auto it = model.find("dropout"); it != model.end() && !it->is_null() &&
                                               !(it->is_number() && it->get<double>() == 0.0))
@@ -557,9 +611,9 @@ std::shared_ptr<HfTokenizer::State> parse(const json& j, const std::string& sour
       r.unsupported(std::string("model.") + key, it->dump());
   if (const auto it = model.find("unk_token"); it != model.end() && !it->is_null()) {
     if (!it->is_string()) r.error("model.unk_token", " is ", io::json_kind(*it), ", expected a string or null");
-    const auto v = s->vocab.find(it->get<std::string>());
-    if (v == s->vocab.end()) r.error("model.unk_token", " '", it->get<std::string>(), "' is not in model.vocab");
-    s->unk = v->second;
+    const auto v = s.vocab.find(it->get<std::string>());
+    if (v == s.vocab.end()) r.error("model.unk_token", " '", it->get<std::string>(), "' is not in model.vocab");
+    s.unk = v->second;
   }
   const json& merges = r.array_field(model, "merges", "model");
   for (size_t i = 0; i < merges.size(); ++i) {
@@ -578,30 +632,95 @@ std::shared_ptr<HfTokenizer::State> parse(const json& j, const std::string& sour
       r.error(path, " is ", m.dump(), ", expected \"left right\" or [\"left\", \"right\"]");
     }
     auto id_of = [&](const std::string& t) {
-      const auto it = s->vocab.find(t);
-      if (it == s->vocab.end()) r.error(path, ": '", t, "' is not in model.vocab");
+      const auto it = s.vocab.find(t);
+      if (it == s.vocab.end()) r.error(path, ": '", t, "' is not in model.vocab");
       return it->second;
     };
     const int64_t ia = id_of(a), ib = id_of(b), merged = id_of(a + b);
-    s->merges.insert_or_assign(pair_key(ia, ib), std::pair{int64_t(i), merged});  // a repeated pair keeps its last rank
+    s.merges.insert_or_assign(pair_key(ia, ib), std::pair{int64_t(i), merged});  // a repeated pair keeps its last rank
   }
+}
+
+// model.vocab is [[piece, score], ...]; ids are the positions.
+void read_unigram(const Reader& r, const json& model, HfTokenizer::State& s) {
+  const json& vocab = r.array_field(model, "vocab", "model");
+  std::vector<UnigramModel::Piece> pieces;
+  pieces.reserve(vocab.size());
+  for (size_t i = 0; i < vocab.size(); ++i) {
+    const json& e = vocab[i];
+    if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_number())
+      r.error("model.vocab[" + std::to_string(i) + "]", " is ", e.dump(), ", expected [\"piece\", score]");
+    pieces.push_back({e[0].get<std::string>(), e[1].get<double>()});
+  }
+  std::optional<int64_t> unk;
+  if (const auto it = model.find("unk_id"); it != model.end() && !it->is_null()) unk = r.id_value(*it, "model.unk_id");
+  const bool byte_fallback = r.bool_field(model, "byte_fallback", "model", false);
+  s.vocab_r.clear();
+  for (const auto& p : pieces) s.vocab_r.push_back(p.text);
+  auto m = std::make_shared<const UnigramModel>(std::move(pieces), unk, byte_fallback, r.source);
+  s.vocab.clear();
+  for (size_t i = 0; i < m->pieces().size(); ++i) s.vocab.insert_or_assign(m->pieces()[i].text, int64_t(i));
+  s.model_size = int64_t(m->pieces().size());
+  s.unk = unk.value_or(-1);
+  s.unigram = std::move(m);
+}
+
+std::shared_ptr<HfTokenizer::State> parse(const json& j, const std::string& source) {
+  auto s = std::make_shared<HfTokenizer::State>();
+  s->source = source;
+  const Reader r{source};
+  if (!j.is_object()) r.error("top level", " is ", io::json_kind(j), ", expected an object");
+
+  // ---- model ----
+  const json& model = r.field(j, "model", "");
+  if (!model.is_object()) r.error("model", " is ", io::json_kind(model), ", expected an object");
+  // Without a "type" tokenizers tries each model in turn; a list vocabulary can only be Unigram's.
+  std::string type = "BPE";
+  if (model.contains("type")) type = r.type_of(model, "model");
+  else if (const auto it = model.find("vocab"); it != model.end() && it->is_array()) type = "Unigram";
+  if (type == "BPE") read_bpe(r, model, *s);
+  else if (type == "Unigram") read_unigram(r, model, *s);
+  else r.unsupported("model.type", type);
 
   // ---- normalizer ----
   std::function<void(const json&, const std::string&)> read_normalizer = [&](const json& n, const std::string& path) {
     if (n.is_null()) return;
     const std::string type = r.type_of(n, path);
+    NormalizerStep step;
     if (type == "NFC") {
-      s->nfc = true;
+      step.kind = NormalizerStep::Kind::kNFC;
     } else if (type == "Sequence") {
       const json& list = r.array_field(n, "normalizers", path);
-      for (size_t i = 0; i < list.size(); ++i) {
-        // NFC is idempotent, so a Sequence of supported normalizers is NFC or nothing; anything after NFC
-        // would be unsupported anyway.
-        read_normalizer(list[i], path + ".normalizers[" + std::to_string(i) + "]");
+      for (size_t i = 0; i < list.size(); ++i) read_normalizer(list[i], path + ".normalizers[" + std::to_string(i) + "]");
+      return;
+    } else if (type == "Precompiled") {
+      step.kind = NormalizerStep::Kind::kPrecompiled;
+      const std::string what = source + ": " + path + ".precompiled_charsmap";
+      step.charsmap = std::make_shared<const PrecompiledCharsmap>(
+          PrecompiledCharsmap::base64_decode(r.string_field(n, "precompiled_charsmap", path), what), what);
+    } else if (type == "Replace") {
+      step.kind = NormalizerStep::Kind::kReplace;
+      const json& pattern = r.field(n, "pattern", path);
+      if (pattern.is_object() && pattern.size() == 1 && pattern.contains("Regex") && pattern["Regex"].is_string()) {
+        try {
+          step.regex = std::make_shared<const Regex>(oniguruma_spaces(pattern["Regex"].get<std::string>()));
+        } catch (const Error& e) {
+          r.error(path + ".pattern.Regex", " cannot be compiled: ", e.what());
+        }
+      } else if (pattern.is_object() && pattern.size() == 1 && pattern.contains("String") && pattern["String"].is_string()) {
+        step.literal = pattern["String"].get<std::string>();
+      } else {
+        r.error(path + ".pattern", " is ", pattern.dump(), ", expected {\"Regex\": \"...\"} or {\"String\": \"...\"}");
       }
+      step.content = r.string_field(n, "content", path);
+    } else if (type == "Strip") {
+      step.kind = NormalizerStep::Kind::kStrip;
+      step.strip_left = r.bool_field(n, "strip_left", path, true);
+      step.strip_right = r.bool_field(n, "strip_right", path, true);
     } else {
       r.unsupported(path + ".type", type);
     }
+    s->normalizers.push_back(std::move(step));
   };
   if (const auto it = j.find("normalizer"); it != j.end()) read_normalizer(*it, "normalizer");
 
@@ -618,6 +737,28 @@ std::shared_ptr<HfTokenizer::State> parse(const json& j, const std::string& sour
       st.add_prefix_space = r.bool_field(p, "add_prefix_space", path, true);
       st.use_regex = r.bool_field(p, "use_regex", path, true);
       r.bool_field(p, "trim_offsets", path, true);  // offsets only
+      s->pre_steps.push_back(std::move(st));
+    } else if (type == "WhitespaceSplit") {
+      PreStep st;
+      st.kind = PreStep::Kind::kWhitespaceSplit;
+      s->pre_steps.push_back(std::move(st));
+    } else if (type == "Metaspace") {
+      PreStep st;
+      st.kind = PreStep::Kind::kMetaspace;
+      st.replacement = r.string_field(p, "replacement", path);
+      if (utf8_decode(st.replacement, path + ".replacement").size() != 1)
+        r.error(path + ".replacement", " '", st.replacement, "' is not one character");
+      const std::string scheme =
+          p.contains("prepend_scheme") ? r.string_field(p, "prepend_scheme", path) : std::string("always");
+      if (scheme == "always") st.prepend = Prepend::kAlways;
+      else if (scheme == "first") st.prepend = Prepend::kFirst;
+      else if (scheme == "never") st.prepend = Prepend::kNever;
+      else r.error(path + ".prepend_scheme", " is '", scheme, "', expected 'always', 'first' or 'never'");
+      // Files from before prepend_scheme say add_prefix_space; false must come with "never" (tokenizers refuses
+      // the file otherwise).
+      if (!r.bool_field(p, "add_prefix_space", path, true) && st.prepend != Prepend::kNever)
+        r.error(path + ".add_prefix_space", " is false but prepend_scheme is '", scheme, "'");
+      st.split = r.bool_field(p, "split", path, true);
       s->pre_steps.push_back(std::move(st));
     } else if (type == "Split") {
       PreStep st;
@@ -657,7 +798,7 @@ std::shared_ptr<HfTokenizer::State> parse(const json& j, const std::string& sour
   if (const auto it = j.find("added_tokens"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) r.error("added_tokens", " is ", io::json_kind(*it), ", expected an array");
     int64_t next_id = -1;  // AddedVocabulary::add_tokens
-    const int64_t model_size = int64_t(s->vocab.size());
+    const int64_t model_size = s->model_size;
     for (size_t i = 0; i < it->size(); ++i) {
       const json& t = (*it)[i];
       const std::string path = "added_tokens[" + std::to_string(i) + "]";
@@ -789,7 +930,7 @@ std::optional<int64_t> HfTokenizer::id_of(const std::string& token) const {
 }
 
 int64_t HfTokenizer::vocab_size() const {
-  int64_t n = int64_t(s_->vocab.size());
+  int64_t n = s_->model_size;
   for (const auto& [content, id] : s_->added_ids)
     if (!s_->vocab.count(content)) ++n;
   return n;

@@ -1,5 +1,6 @@
 // A Hugging Face `tokenizer.json` reader for byte-level BPE tokenizers (Qwen2/Qwen3, Mistral "Tekken",
-// GPT-2 style), giving the ids the `tokenizers` library gives:
+// GPT-2 style) and SentencePiece Unigram ones (T5, as FLUX.1 / SD3 folders carry it), giving the ids the
+// `tokenizers` library gives:
 //
 //   auto tok = HfTokenizer::from_pretrained(root / "tokenizer");     // tokenizer/tokenizer.json
 //   std::vector<int64_t> ids = tok.encode("<|im_start|>user\nA cat<|im_end|>\n", /*add_special_tokens=*/false);
@@ -7,20 +8,26 @@
 //
 // The steps are those of tokenizers' Tokenizer::encode: the text is split on added tokens (leftmost-longest,
 // with their lstrip/rstrip/single_word flags; "normalized" tokens are matched in the normalized text), each
-// other piece is normalized, pre-tokenized and run through the BPE model, and the post-processor adds the
+// other piece is normalized, pre-tokenized and run through the model, and the post-processor adds the
 // template's special tokens when add_special_tokens is true.
 //
 // Supported: model BPE (vocab, merges as "a b" strings or [a, b] pairs, ignore_merges, unk_token/fuse_unk,
-// no byte_fallback, no dropout, no continuing_subword_prefix/end_of_word_suffix); normalizer null, NFC,
+// no byte_fallback, no dropout, no continuing_subword_prefix/end_of_word_suffix) and Unigram (vocab
+// [[piece, score], ...], unk_id or null, byte_fallback; see unigram_model.h); normalizer null, NFC,
+// Precompiled (SentencePiece's charsmap, precompiled_charsmap.h), Replace (String or Regex pattern), Strip,
 // Sequence; pre_tokenizer null, ByteLevel, Split (Regex or String pattern, all five behaviors, invert),
-// Sequence; post_processor null, ByteLevel, TemplateProcessing (the single template), Sequence. The
+// WhitespaceSplit, Metaspace (replacement, prepend_scheme always/first/never or the older add_prefix_space,
+// split), Sequence; post_processor null, ByteLevel, TemplateProcessing (the single template), Sequence. The
 // top-level "truncation" and "padding" settings are ignored (transformers replaces them on every call; use
 // encode_padded), as is "decoder". Anything else is a kiln::Error naming the file and the JSON path, e.g.
-// "[tokenizer] tokenizer.json: pre_tokenizer.pretokenizers[1].type 'Metaspace' is not supported".
+// "[tokenizer] tokenizer.json: normalizer.normalizers[1].type 'NFKC' is not supported".
+// Metaspace's "first" puts its replacement in front of the text that starts the input only; kiln follows that
+// offset through added tokens, pre-tokenizer splits and normalizers that delete the text's first characters
+// (Strip, Replace by nothing).
 // Added-token ids are checked against the ids tokenizers itself assigns (the vocabulary's id, else the next
 // free one), so a file the library would renumber is an error rather than a silently different encoding.
 //
-// Regexes: tokenizers runs Split patterns with Oniguruma, kiln with PCRE2 (UTF + UCP). \s / \S are rewritten
+// Regexes: tokenizers runs Split and Replace patterns with Oniguruma, kiln with PCRE2 (UTF + UCP). \s / \S are rewritten
 // to Oniguruma's White_Space (PCRE2 also counts U+180E); \w, \d and \p{...} are PCRE2's, with its Unicode
 // version (code points assigned after it are not letters/numbers to kiln).
 #pragma once

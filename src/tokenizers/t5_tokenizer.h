@@ -3,6 +3,12 @@
 // slow T5Tokenizer's rules (spec §5.2): the text is split on added tokens, each piece goes
 // through SentencePiece, and </s> is appended.
 //
+// A folder with tokenizer.json but no spiece.model (some FLUX.1 / SD3 re-uploads) is read with kiln's
+// tokenizer.json reader (HfTokenizer: Unigram, Precompiled charsmap, Metaspace) and gives what transformers'
+// T5TokenizerFast gives for it. The two differ on a few inputs: the fast one always appends </s> (also after
+// a </s> written in the text) and it splits words at every Unicode whitespace character (U+0085, say), which
+// SentencePiece keeps as an unknown character. When both files are there, spiece.model is used.
+//
 //   auto tok = T5Tokenizer::from_pretrained(root / "tokenizer_2");
 //   std::vector<int64_t> ids = tok.encode_padded(prompt, 512);  // ids[:511] + [</s>], then <pad>s
 #pragma once
@@ -20,7 +26,7 @@ class T5Tokenizer {
 
   // SentencePiece pieces and added tokens of `text`, without </s>.
   std::vector<std::string> tokenize(const std::string& text) const;
-  // ids + [</s>] (no eos is added when the text already ends with one), untruncated.
+  // ids + [</s>] (spiece.model: no eos is added when the text already ends with one), untruncated.
   std::vector<int64_t> encode(const std::string& text) const;
   // padding="max_length", truncation=True: the first max_length-1 ids + [</s>], then pad ids.
   std::vector<int64_t> encode_padded(const std::string& text, int64_t max_length) const;
@@ -29,7 +35,7 @@ class T5Tokenizer {
   int64_t eos_id() const;
   int64_t pad_id() const;
   int64_t unk_id() const;
-  int64_t vocab_size() const;  // SentencePiece pieces plus added tokens beyond them
+  int64_t vocab_size() const;  // SentencePiece pieces (or tokenizer.json's vocabulary) plus added tokens beyond them
 
   struct State;
 
