@@ -34,7 +34,8 @@ size_t layer_bytes(const CausalLMTextEncoder& m) {
 }
 
 // Loads `dir` whole and as rank `rank` of `group`; checks the rank reads and holds at most 0.55 of
-// the decoder layers' weight bytes (the embedding and norms are replicated).
+// the decoder layers' weight bytes, and of all its weights (the token table is vocab_parallel; only
+// the norms are replicated).
 CausalLMTextEncoder check_rank_reads_its_slices(const fs::path& dir, const std::shared_ptr<ProcessGroup>& group) {
   io::reset_bytes_read();
   const CausalLMTextEncoder whole = CausalLMTextEncoder::from_pretrained(dir);
@@ -47,6 +48,11 @@ CausalLMTextEncoder check_rank_reads_its_slices(const fs::path& dir, const std::
   const double held = double(layer_bytes(part)) / double(whole_layers);
   EXPECT_LE(read, 0.55) << dir << " rank " << group->rank();
   EXPECT_LE(held, 0.55) << dir << " rank " << group->rank();
+  // With the token table split by rows too, the whole model (only norms replicated) is about half.
+  size_t all_whole = 0, all_part = 0;
+  for (const auto& [key, t] : whole.named_parameters()) all_whole += t.nbytes();
+  for (const auto& [key, t] : part.named_parameters()) all_part += t.nbytes();
+  EXPECT_LE(double(all_part), 0.55 * double(all_whole)) << dir << " rank " << group->rank();
   std::printf("%s rank %d of %d: reads %.3f and holds %.3f of the layers' weight bytes\n",
               part.config().model_type.c_str(), group->rank(), group->size(), read, held);
   return part;
@@ -93,17 +99,18 @@ TEST(LlmTensorParallelPlan, EachRankReadsOnlyItsSlices) {
         CausalLMTextEncoder::from_pretrained(test::pipeline_dir("flux2_tiny") / "text_encoder", DType::f32, -1,
                                              tp_for(ProcessGroup::detached(0, 2)));
       },
-      {"[tp]", "and intermediate_size (37)", "flux2_tiny/pipeline/text_encoder/config.json"});
+      {"[tp]", "intermediate_size (37)", "flux2_tiny/pipeline/text_encoder/config.json"});
   fs::remove_all(dir);
 }
 
+// transformers' plan, plus kiln's vocab_parallel token table.
 TEST(LlmTensorParallelPlan, ThePlanIsTransformersPlanUnderTheCheckpointsPrefix) {
   std::vector<std::string> got;
   for (const TensorParallelEntry& e : CausalLMTextEncoder::tp_plan()) got.push_back(e.pattern + " " + e.style);
   EXPECT_EQ(got, (std::vector<std::string>{"layers.*.self_attn.q_proj colwise", "layers.*.self_attn.k_proj colwise",
                                            "layers.*.self_attn.v_proj colwise", "layers.*.self_attn.o_proj rowwise",
                                            "layers.*.mlp.gate_proj colwise", "layers.*.mlp.up_proj colwise",
-                                           "layers.*.mlp.down_proj rowwise"}));
+                                           "layers.*.mlp.down_proj rowwise", "embed_tokens vocab_parallel"}));
 }
 
 // ---- two ranks (CTest tensor_parallel_two_ranks runs TwoRanks*, under mpirun -np 2) ----

@@ -41,7 +41,9 @@ const TensorParallelEntry* ShardPlan::find(const std::string& path) const {
 std::shared_ptr<const ShardPlan> ShardPlan::make(std::vector<TensorParallelEntry> entries, const DeviceMesh& mesh) {
   for (const TensorParallelEntry& e : entries) {
     const bool packed = e.style == "packed_colwise" || e.style == "packed_rowwise";
-    KILN_CHECK(e.style == "colwise" || e.style == "rowwise" || e.style == "colwise_gather" || packed, "tp",
+    KILN_CHECK(e.style == "colwise" || e.style == "rowwise" || e.style == "colwise_gather" || e.style == "vocab_parallel" ||
+                   packed,
+               "tp",
                "plan entry '", e.pattern, "': unknown style '", e.style,
                "' (colwise, rowwise, packed_colwise, packed_rowwise, colwise_gather)");
     KILN_CHECK(packed == !e.blocks.empty(), "tp", "plan entry '", e.pattern, "': ",

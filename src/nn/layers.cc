@@ -117,7 +117,32 @@ Conv2d::Conv2d(const Weights& w, int64_t in_channels, int64_t out_channels, int6
       stride(stride_),
       padding(padding_) {}
 
-Embedding::Embedding(const Weights& w, int64_t num, int64_t dim) : weight(w.get("weight", {num, dim})) {}
+Embedding::Embedding(const Weights& w, int64_t num, int64_t dim) {
+  const TensorParallelEntry* e = w.plan() ? w.plan()->find(w.path()) : nullptr;
+  const int ws = e ? w.plan()->group->size() : 1, rank = e ? w.plan()->group->rank() : 0;
+  if (e == nullptr || ws == 1) {
+    weight = w.get("weight", {num, dim});
+    return;
+  }
+  KILN_CHECK(e->style == "vocab_parallel", "tp", w.path(), ": an Embedding is sharded only as vocab_parallel, not ",
+             e->style);
+  KILN_CHECK(num % ws == 0, "tp", w.path(), ": vocab_parallel splits ", num, " rows across ", ws,
+             " ranks, which does not divide them");
+  const int64_t rows = num / ws;
+  vocab_start = rank * rows;
+  vocab_parallel = true;
+  weight = w.get_slice("weight", {num, dim}, 0, vocab_start, rows);
+}
+
+Tensor Embedding::operator()(const Tensor& ids) const {
+  if (!vocab_parallel) return gather(weight, ids);
+  // Row arithmetic in f32 is exact for any vocabulary below 2^24 ids.
+  const Tensor local = cast(ids, DType::f32) - double(vocab_start);
+  const Tensor row = clamp(local, 0.0, double(weight.dim(0) - 1));
+  const Tensor mine = unsqueeze(eq(local, row), -1);  // the id is one of this rank's rows
+  const Tensor looked_up = gather(weight, cast(row, DType::i64));
+  return all_reduce(where(mine, looked_up, zeros({1}, weight.dtype())));
+}
 
 namespace {
 void append_defined(std::vector<Tensor>& out, std::initializer_list<Tensor> ts) {

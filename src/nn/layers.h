@@ -66,12 +66,17 @@ struct Conv2d {
   int64_t stride = 1, padding = 0;
 };
 
-// Lookup table [num, dim]; ids of any integer shape -> ids.shape + [dim].
+// Lookup table [num, dim]; ids of any integer shape -> ids.shape + [dim]. Under a plan entry
+// "vocab_parallel" (kiln's own; transformers replicates the table) rank r holds rows
+// [r·num/ws, (r+1)·num/ws): each rank looks up the ids in its rows, gives zeros for the others,
+// and one all_reduce adds the ranks' results — exact, as only one term of each sum is nonzero.
 struct Embedding {
   Embedding() = default;
   Embedding(const Weights& w, int64_t num, int64_t dim);
-  Tensor operator()(const Tensor& ids) const { return gather(weight, ids); }
+  Tensor operator()(const Tensor& ids) const;
   Tensor weight;
+  int64_t vocab_start = 0;  // the first row this rank holds (vocab_parallel)
+  bool vocab_parallel = false;
 };
 
 }  // namespace kiln::nn

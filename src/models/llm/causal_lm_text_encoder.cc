@@ -58,6 +58,8 @@ std::vector<TensorParallelEntry> CausalLMTextEncoder::tp_plan() {
       {"layers.*.self_attn.v_proj", "colwise", {}}, {"layers.*.self_attn.o_proj", "rowwise", {}},
       {"layers.*.mlp.gate_proj", "colwise", {}},    {"layers.*.mlp.up_proj", "colwise", {}},
       {"layers.*.mlp.down_proj", "rowwise", {}},
+      // kiln's addition: the token table is split by rows too (exact; transformers replicates it).
+      {"embed_tokens", "vocab_parallel", {}},
   };
 }
 
@@ -103,10 +105,10 @@ CausalLMTextEncoder CausalLMTextEncoder::from_pretrained(const std::filesystem::
   if (tp) {
     const int n = tp->mesh.size();
     KILN_CHECK(config.num_attention_heads % n == 0 && config.num_key_value_heads % n == 0 &&
-                   config.intermediate_size % n == 0,
+                   config.intermediate_size % n == 0 && config.vocab_size % n == 0,
                "tp", "tp_degree (", n, ") must divide num_attention_heads (", config.num_attention_heads,
-               "), num_key_value_heads (", config.num_key_value_heads, ") and intermediate_size (",
-               config.intermediate_size, ") of ", file.string());
+               "), num_key_value_heads (", config.num_key_value_heads, "), intermediate_size (",
+               config.intermediate_size, ") and vocab_size (", config.vocab_size, ") of ", file.string());
     // The plan names full paths: the language model's key prefix goes in front of each pattern.
     const std::string prefix = language_model_prefix(config, w);
     std::vector<TensorParallelEntry> plan = tp_plan();

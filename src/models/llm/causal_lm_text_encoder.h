@@ -24,9 +24,10 @@ class CausalLMTextEncoder {
  public:
   // transformers' tensor-parallel plan for these LLMs, relative to the language model
   // ("layers.*.self_attn.q_proj"): q/k/v and gate/up colwise (whole heads, and the SwiGLU
-  // halves), o_proj and down_proj rowwise (one all-reduce each); the embedding and the norms
-  // (q_norm/k_norm act per head, so they stay whole) are replicated. from_pretrained puts the
-  // checkpoint's key prefix in front.
+  // halves), o_proj and down_proj rowwise (one all-reduce each); the norms (q_norm/k_norm act
+  // per head, so they stay whole) are replicated. Beyond transformers' plan the token table is
+  // vocab_parallel (rows split, lookups summed exactly), so a rank holds ~half of what it reads.
+  // from_pretrained puts the checkpoint's key prefix in front.
   static std::vector<TensorParallelEntry> tp_plan();
 
   // The decoder layers hidden_states(..., layers) runs: the largest index (index k is the output
