@@ -257,5 +257,28 @@ TEST(Flux2PipelineErrors, LatentsOfTheWrongShapeAreNamed) {
   test::expect_error([&] { klein_pipe()(a); }, {"initial latents", "[1,8,8,8]", "[1,64,8]"});
 }
 
+// Weights read in place must fit the machine: a component larger than its memory would be
+// re-read from disk page by page (FLUX.2-dev's 64 GB transformer on a 23 GB machine, say). The
+// check names the component, the checkpoint's bytes and what would run it, before any work.
+TEST(Flux2PipelineErrors, AComponentLargerThanTheMachineFailsBeforeAnyWork) {
+  const Flux2KleinPipeline& pipe = klein_pipe();
+  const MemoryEstimate e = pipe.estimate_memory(call_args(kKlein, "cfg"));
+  ASSERT_EQ(e.placement, "host");
+  const ComponentMemory* worst = &e.components[0];
+  for (const ComponentMemory& m : e.components)
+    if (m.weight_bytes + m.activation_bytes > worst->weight_bytes + worst->activation_bytes) worst = &m;
+  const size_t need = worst->weight_bytes + worst->activation_bytes + e.carried_bytes;
+  EXPECT_EQ(pipe.host_working_set_misfit(e, need), std::nullopt) << "exactly enough memory";
+  const auto msg = pipe.host_working_set_misfit(e, need - 1);
+  ASSERT_TRUE(msg.has_value());
+  for (const std::string& part :
+       std::vector<std::string>{"Flux2KleinPipeline reads its " + worst->name, format_bytes(worst->weight_bytes),
+                                "text_encoder", "transformer", "vae", "--tp N", "KILN_HOST_MEMORY_CHECK=0"})
+    EXPECT_NE(msg->find(part), std::string::npos) << part << " in: " << *msg;
+  MemoryEstimate offloaded = e;
+  offloaded.placement = "model offload";  // the device-memory check covers the other placements
+  EXPECT_EQ(pipe.host_working_set_misfit(offloaded, 1), std::nullopt);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -53,6 +53,9 @@ class DeviceRuntime {
   // (for the CPU: the host's available memory, within the process's cgroup limit), or 0 when
   // unknown. Without a capacity this is what a call's fail-fast memory check compares against.
   virtual size_t physical_available_bytes() const { return 0; }
+  // The physical memory the device has in all (for the CPU: the host's RAM, within the process's
+  // cgroup limit), or 0 when unknown.
+  virtual size_t physical_total_bytes() const { return 0; }
 
   // Queue: enqueue returns at once with a sequence number; wait_for blocks the host.
   // `output_bytes`: what the work writes into memory the host allocated for it (max_in_flight_bytes).

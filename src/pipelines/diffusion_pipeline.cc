@@ -321,6 +321,36 @@ std::string DiffusionPipeline::memory_misfit(const MemoryEstimate& e, const Pipe
   return msg;
 }
 
+std::optional<std::string> DiffusionPipeline::host_working_set_misfit(const MemoryEstimate& e,
+                                                                      size_t physical_total) const {
+  if (e.placement != "host" || physical_total == 0) return std::nullopt;
+  const ComponentMemory* worst = nullptr;
+  size_t all_weights = 0;
+  std::string parts;
+  for (const ComponentMemory& m : e.components) {
+    all_weights += m.weight_bytes;
+    parts += (parts.empty() ? "" : ", ") + m.name + " " + format_bytes(m.weight_bytes);
+    if (!worst || m.weight_bytes + m.activation_bytes > worst->weight_bytes + worst->activation_bytes) worst = &m;
+  }
+  const size_t need = worst ? worst->weight_bytes + worst->activation_bytes + e.carried_bytes : 0;
+  if (need <= physical_total) return std::nullopt;
+  // Tensor parallelism is the way out: each rank reads about 1/N of the sharded components.
+  int64_t ranks = 2;
+  while (worst && double(worst->weight_bytes) / double(ranks) + double(worst->activation_bytes + e.carried_bytes) >
+                      0.9 * double(physical_total) &&
+         ranks < 64)
+    ranks *= 2;
+  return std::string(class_name()) + " reads its " + worst->name + "'s " + format_bytes(worst->weight_bytes) +
+         " of weights while it runs" + (worst->name == "transformer" ? " (at every step)" : "") + ", with " +
+         format_bytes(worst->activation_bytes) + " of activations, but this machine has " +
+         format_bytes(physical_total) + " of memory in all: its weights would be re-read from disk page by page. " +
+         "This checkpoint holds " + format_bytes(all_weights) + " of weights (" + parts +
+         "); model offload needs the same " + format_bytes(need) + " for that component. Run it on a machine with " +
+         "more than " + format_bytes(need) + " of memory, or over machines with --tp N (each rank reads ~1/N of " +
+         "the transformer and text encoder; N = " + std::to_string(ranks) + " or more here), or set " +
+         "KILN_HOST_MEMORY_CHECK=0 to run it anyway, paging";
+}
+
 // ---- compiled mode ----
 
 void DiffusionPipeline::warmup(int64_t height, int64_t width, std::optional<int64_t> max_sequence_length) const {
@@ -453,6 +483,9 @@ PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const
     e.capacity = limit;
     e.physical_limit = mem.capacity_bytes == 0;
     if (!e.fits()) fail("memory", memory_misfit(e, sized));
+    if (physical != 0)
+      if (const auto misfit = host_working_set_misfit(e, runtime(s_->device).physical_total_bytes()))
+        fail("memory", *misfit);
     vae_tile_size = e.vae_tile_size;
   } else if (args.vae_tiling == VaeTilingMode::kOn) {
     vae_tile_size = requested_vae_tile(args);

@@ -181,6 +181,13 @@ class DiffusionPipeline {
   MemoryEstimate estimate_memory(const PipelineCallArgs& args) const;
   // The plan with the VAE decoding untiled (0) or in tiles of vae_tile_size image pixels.
   MemoryEstimate estimate_memory(const PipelineCallArgs& args, int64_t vae_tile_size) const;
+  // With the weights read in place from the host (no offload, no to(device)), each component's
+  // mapped weights are read while it runs, the transformer's at every step: a component whose
+  // weights plus activations exceed the machine's memory (`physical_total`) would be re-read from
+  // disk page by page. The fail-fast message for that — what each component needs and what would
+  // run it — or std::nullopt when every component fits. operator() checks it before any work
+  // (KILN_HOST_MEMORY_CHECK=0 skips it).
+  std::optional<std::string> host_working_set_misfit(const MemoryEstimate& e, size_t physical_total) const;
   const std::vector<OffloadEvent>& offload_events() const;
   void clear_offload_events();
 

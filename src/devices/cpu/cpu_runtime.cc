@@ -61,6 +61,24 @@ size_t host_available_bytes() {
   return available;
 }
 
+// MemTotal from /proc/meminfo, lowered to the process's cgroup (v2) limit.
+size_t host_total_bytes() {
+  size_t total = 0;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "MemTotal: %llu kB", &kib) == 1) total = size_t(kib) * 1024;
+    std::fclose(f);
+  }
+  if (std::FILE* f = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
+    unsigned long long limit = 0;
+    if (std::fscanf(f, "%llu", &limit) == 1 && (total == 0 || size_t(limit) < total)) total = size_t(limit);
+    std::fclose(f);
+  }
+  return total;
+}
+
 class CpuRuntime final : public DeviceRuntime {
  public:
   CpuRuntime() : allocator_(Device::cpu()), queue_(max_pending_from_env(), max_pending_bytes_from_env()) {
@@ -83,6 +101,7 @@ class CpuRuntime final : public DeviceRuntime {
   void reset_peak_memory() override { allocator_.reset_peak(); }
   void release_cached_memory() override { allocator_.release_pool(); }
   size_t physical_available_bytes() const override { return host_available_bytes() + allocator_.stats().pooled_bytes; }
+  size_t physical_total_bytes() const override { return host_total_bytes(); }
 
   uint64_t enqueue(std::string what, std::function<void()> work, size_t output_bytes) override {
     return queue_.enqueue(std::move(what), std::move(work), output_bytes);
