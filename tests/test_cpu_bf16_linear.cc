@@ -149,8 +149,13 @@ TEST(Bf16Linear, PackedWeightsGiveThePlainBits) {
           const LinearGemmCounts after = linear_gemm_counts();
           ASSERT_EQ(std::memcmp(plain.data(), prepacked.data(), bytes), 0) << bf16_linear_path_name(path);
           if (path == Bf16LinearPath::dot) {
-            EXPECT_EQ(after.prepacked - before.prepacked, packs ? 1 : 0);
-            EXPECT_EQ(after.packed_in_call - before.packed_in_call, packs ? 1 : 2);
+            // Packing is judged at the reference row count (64). Below it oneDNN may pick another
+            // kernel (on AMX it does for 33 rows); the call then reads the plain weight, which
+            // keeps the bits (checked above) — so only rows >= 64 must read the packed one.
+            const int64_t used = after.prepacked - before.prepacked;
+            if (c.M >= 64 || !packs) EXPECT_EQ(used, packs ? 1 : 0);
+            else EXPECT_LE(used, 1);
+            EXPECT_EQ(after.packed_in_call - before.packed_in_call, 2 - used);
             EXPECT_EQ(after.widened, before.widened);
           } else {
             EXPECT_EQ(after.prepacked, before.prepacked);
