@@ -11,7 +11,9 @@
 
 namespace kiln::test {
 
-inline PipelineCallArgs fixture_call_args(const std::string& set) {
+// `run`: a fixture with several runs (flux2_klein_tiny's "cfg" and "distilled") takes that run's
+// guidance_scale from inputs.runs.
+inline PipelineCallArgs fixture_call_args(const std::string& set, const std::string& run = "") {
   std::ifstream in(fixture(set) / "manifest.json");
   const nlohmann::json m = nlohmann::json::parse(in)["inputs"];
   PipelineCallArgs a;
@@ -19,8 +21,10 @@ inline PipelineCallArgs fixture_call_args(const std::string& set) {
   a.height = m["height"].get<int64_t>();
   a.width = m["width"].get<int64_t>();
   a.num_inference_steps = m["num_inference_steps"].get<int64_t>();
-  a.guidance_scale = m["guidance_scale"].get<double>();
+  a.guidance_scale = (run.empty() ? m : m["runs"][run])["guidance_scale"].get<double>();
   a.max_sequence_length = m["max_sequence_length"].get<int64_t>();
+  if (m.contains("text_encoder_out_layers"))
+    a.text_encoder_out_layers = m["text_encoder_out_layers"].get<std::vector<int64_t>>();
   return a;
 }
 

@@ -64,16 +64,9 @@ const Flux2KleinPipeline& klein_pipe() {
   return p;
 }
 
+// The fixture's call, from Diffusers' initial noise.
 PipelineCallArgs call_args(const std::string& set, const std::string& run = "") {
-  const nlohmann::json in = manifest(set)["inputs"];
-  PipelineCallArgs a;
-  a.prompt = in["prompt"].get<std::string>();
-  a.height = in["height"].get<int64_t>();
-  a.width = in["width"].get<int64_t>();
-  a.num_inference_steps = in["num_inference_steps"].get<int64_t>();
-  a.max_sequence_length = in["max_sequence_length"].get<int64_t>();
-  a.text_encoder_out_layers = in["text_encoder_out_layers"].get<std::vector<int64_t>>();
-  a.guidance_scale = run.empty() ? in["guidance_scale"].get<double>() : in["runs"][run]["guidance_scale"].get<double>();
+  PipelineCallArgs a = test::fixture_call_args(set, run);
   a.latents = g(set, "latents.initial_patchified");
   return a;
 }

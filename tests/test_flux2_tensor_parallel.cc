@@ -7,15 +7,13 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-
-#include <nlohmann/json.hpp>
 
 #include "distributed/process_group.h"
 #include "distributed/tensor_parallel.h"
 #include "exec/compile.h"
 #include "exec/host.h"
 #include "exec/mode.h"
+#include "call_args.h"
 #include "golden.h"
 #include "io/safetensors.h"
 #include "models/flux2/flux2_transformer.h"
@@ -86,25 +84,11 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-PipelineCallArgs klein_args() {
-  std::ifstream in(test::fixture(kKlein) / "manifest.json");
-  const nlohmann::json m = nlohmann::json::parse(in)["inputs"];
-  PipelineCallArgs a;
-  a.prompt = m["prompt"].get<std::string>();
-  a.height = m["height"].get<int64_t>();
-  a.width = m["width"].get<int64_t>();
-  a.num_inference_steps = m["num_inference_steps"].get<int64_t>();
-  a.max_sequence_length = m["max_sequence_length"].get<int64_t>();
-  a.text_encoder_out_layers = m["text_encoder_out_layers"].get<std::vector<int64_t>>();
-  a.guidance_scale = 4.0;  // real CFG: two transformer calls per step
-  return a;
-}
-
 // Transformer and text encoder sharded (heads 2 and 4 / KV heads 2: one, two and one per rank):
 // the single process's latents within the TP tolerance (atol = rtol = 1e-3, spec §3.2), the
 // image within one level, in strict eager, deferred and both compiled modes.
 TEST_F(TwoRanksFlux2, TheShardedKleinPipelineGivesTheSingleProcessImage) {
-  const PipelineCallArgs args = klein_args();
+  const PipelineCallArgs args = test::fixture_call_args(kKlein, "cfg");  // real CFG: two calls per step
   PipelineOptions options;
   options.text_encoder_out_layers = args.text_encoder_out_layers;
   const Flux2KleinPipeline one = Flux2KleinPipeline::from_pretrained(test::pipeline_dir(kKlein), options);

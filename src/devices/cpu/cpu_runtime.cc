@@ -27,55 +27,40 @@ size_t max_pending_bytes_from_env() {
   return size_t(env::positive_int("KILN_MAX_PENDING_BYTES").value_or(size_t(256) << 20));
 }
 
+// The first line of `path` that `format` (one %llu) reads, or nullopt.
+std::optional<unsigned long long> scan_file(const char* path, const char* format) {
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return std::nullopt;
+  char line[256];
+  std::optional<unsigned long long> found;
+  unsigned long long v = 0;
+  while (!found && std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, format, &v) == 1) found = v;
+  std::fclose(f);
+  return found;
+}
+size_t meminfo_bytes(const char* format) { return size_t(scan_file("/proc/meminfo", format).value_or(0)) * 1024; }
+// A cgroup (v2) file holding one number; "max" reads as none.
+std::optional<unsigned long long> cgroup_number(const char* file) { return scan_file(file, "%llu"); }
+
 // MemAvailable from /proc/meminfo, lowered to what the process's cgroup (v2) still allows.
 size_t host_available_bytes() {
-  size_t available = 0;
-  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
-    char line[256];
-    unsigned long long kib = 0;
-    while (std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) available = size_t(kib) * 1024;
-    std::fclose(f);
-  }
-  const auto read_number = [](const char* path) -> std::optional<unsigned long long> {
-    std::FILE* f = std::fopen(path, "r");
-    if (!f) return std::nullopt;
-    unsigned long long v = 0;
-    const bool ok = std::fscanf(f, "%llu", &v) == 1;  // "max" reads as no number
-    std::fclose(f);
-    return ok ? std::optional(v) : std::nullopt;
-  };
-  const auto limit = read_number("/sys/fs/cgroup/memory.max");
-  auto used = read_number("/sys/fs/cgroup/memory.current");
+  size_t available = meminfo_bytes("MemAvailable: %llu kB");
+  const auto limit = cgroup_number("/sys/fs/cgroup/memory.max");
+  auto used = cgroup_number("/sys/fs/cgroup/memory.current");
   // The cgroup's page cache it could drop (inactive_file: the mapped checkpoint, say) is not used.
-  if (used) {
-    if (std::FILE* f = std::fopen("/sys/fs/cgroup/memory.stat", "r")) {
-      char line[256];
-      unsigned long long inactive = 0;
-      while (std::fgets(line, sizeof line, f))
-        if (std::sscanf(line, "inactive_file %llu", &inactive) == 1) *used -= std::min(*used, inactive);
-      std::fclose(f);
-    }
-  }
+  if (used)
+    if (const auto inactive = scan_file("/sys/fs/cgroup/memory.stat", "inactive_file %llu"))
+      *used -= std::min(*used, *inactive);
   if (limit && used && *limit > *used) available = available ? std::min(available, size_t(*limit - *used)) : size_t(*limit - *used);
   return available;
 }
 
 // MemTotal from /proc/meminfo, lowered to the process's cgroup (v2) limit.
 size_t host_total_bytes() {
-  size_t total = 0;
-  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
-    char line[256];
-    unsigned long long kib = 0;
-    while (std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "MemTotal: %llu kB", &kib) == 1) total = size_t(kib) * 1024;
-    std::fclose(f);
-  }
-  if (std::FILE* f = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
-    unsigned long long limit = 0;
-    if (std::fscanf(f, "%llu", &limit) == 1 && (total == 0 || size_t(limit) < total)) total = size_t(limit);
-    std::fclose(f);
-  }
+  size_t total = meminfo_bytes("MemTotal: %llu kB");
+  if (const auto limit = cgroup_number("/sys/fs/cgroup/memory.max"); limit && (total == 0 || size_t(*limit) < total))
+    total = size_t(*limit);
   return total;
 }
 

@@ -49,6 +49,17 @@ RotaryTables flux_pos_embed(const Tensor& ids, const std::vector<int64_t>& axes_
                           from_vector(sin_t, {S, hd}, DType::f32, ids.device()));
 }
 
+void check_axes_dims_rope(const std::vector<int64_t>& axes_dims, int64_t head_dim, const char* model,
+                          const std::string& source) {
+  int64_t rope_dim = 0;
+  for (int64_t d : axes_dims) {
+    KILN_CHECK(d > 0 && d % 2 == 0, model, source, ": every axes_dims_rope entry must be even and positive, got ", d);
+    rope_dim += d;
+  }
+  KILN_CHECK(rope_dim == head_dim, model, source, ": sum(axes_dims_rope) = ", rope_dim,
+             " must equal attention_head_dim = ", head_dim);
+}
+
 Tensor apply_rotary_emb(const Tensor& x, const RotaryTables& rope) {
   KILN_CHECK(x.rank() == 4, "apply_rotary_emb", "expects [B, S, H, hd], got ", to_string(x.shape()));
   const int64_t B = x.dim(0), S = x.dim(1), H = x.dim(2), hd = x.dim(3);

@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "nn/layers.h"
@@ -21,6 +22,11 @@ struct RotaryTables {
 // and phases pos*freq in float64, cos/sin rounded to f32, each frequency repeated for the
 // adjacent pair (2j, 2j+1), axes concatenated along features.
 RotaryTables flux_pos_embed(const Tensor& ids, const std::vector<int64_t>& axes_dim, double theta = 10000);
+
+// A config's axes_dims_rope: every axis even and positive, summing to attention_head_dim; errors
+// name `model` and `source` (the config file).
+void check_axes_dims_rope(const std::vector<int64_t>& axes_dims, int64_t head_dim, const char* model,
+                          const std::string& source);
 
 // Rotates adjacent pairs of x [B, S, H, hd] (Q or K): out[2i] = x[2i] c - x[2i+1] s,
 // out[2i+1] = x[2i+1] c + x[2i] s, computed in f32 and cast back to x's dtype.

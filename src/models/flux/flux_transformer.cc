@@ -47,14 +47,7 @@ void FluxTransformerConfig::validate(const std::string& source) const {
   positive(num_attention_heads, "num_attention_heads");
   positive(joint_attention_dim, "joint_attention_dim");
   positive(pooled_projection_dim, "pooled_projection_dim");
-  int64_t rope_dim = 0;
-  for (int64_t d : axes_dims_rope) {
-    KILN_CHECK(d > 0 && d % 2 == 0, kWhere, source, ": every axes_dims_rope entry must be even and positive, got ",
-               d);
-    rope_dim += d;
-  }
-  KILN_CHECK(rope_dim == attention_head_dim, kWhere, source, ": sum(axes_dims_rope) = ", rope_dim,
-             " must equal attention_head_dim = ", attention_head_dim);
+  flux::check_axes_dims_rope(axes_dims_rope, attention_head_dim, kWhere, source);
 }
 
 // ---- class data ----

@@ -53,14 +53,7 @@ void Flux2TransformerConfig::validate(const std::string& source) const {
   KILN_CHECK(timestep_guidance_channels > 0 && timestep_guidance_channels % 2 == 0, kWhere, source,
              ": 'timestep_guidance_channels' must be even and positive, got ", timestep_guidance_channels);
   KILN_CHECK(eps == 1e-6, kWhere, source, ": eps ", eps, " is not supported (FLUX.2's norms use 1e-6)");
-  int64_t rope_dim = 0;
-  for (int64_t d : axes_dims_rope) {
-    KILN_CHECK(d > 0 && d % 2 == 0, kWhere, source, ": every axes_dims_rope entry must be even and positive, got ",
-               d);
-    rope_dim += d;
-  }
-  KILN_CHECK(rope_dim == attention_head_dim, kWhere, source, ": sum(axes_dims_rope) = ", rope_dim,
-             " must equal attention_head_dim = ", attention_head_dim);
+  flux::check_axes_dims_rope(axes_dims_rope, attention_head_dim, kWhere, source);
 }
 
 // ---- class data ----
