@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <functional>
-#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -296,7 +295,12 @@ ChatTemplate ChatTemplate::from_string(std::string text, std::string source, std
   auto refuse = [&c](const std::string& why) { c.unsupported(why); };
 
   // Jinja reads "\r\n" and "\r" as "\n" and drops one trailing newline (keep_trailing_newline=False).
-  std::string normalized = std::regex_replace(c.text_, std::regex("\r\n?"), "\n");
+  std::string normalized;
+  normalized.reserve(c.text_.size());
+  for (size_t i = 0; i < c.text_.size(); ++i) {
+    normalized += c.text_[i] == '\r' ? '\n' : c.text_[i];
+    if (c.text_[i] == '\r' && i + 1 < c.text_.size() && c.text_[i + 1] == '\n') ++i;
+  }
   if (!normalized.empty() && normalized.back() == '\n') normalized.pop_back();
   std::vector<Piece> pieces;
   if (auto err = lex(normalized, pieces)) refuse(*err);
