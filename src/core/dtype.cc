@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/quant_blocks.h"
 
 namespace kiln {
 
@@ -14,8 +15,54 @@ size_t dtype_size(DType t) {
     case DType::i32: return 4;
     case DType::i64: return 8;
     case DType::boolean: return 1;
+    case DType::f8_e4m3:
+    case DType::f8_e5m2: return 1;
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q4_k:
+    case DType::q5_k: break;
   }
-  return 0;
+  fail("dtype", dtype_name(t), " is a block type: its elements have no size of their own");
+}
+
+bool is_block_quantized(DType t) {
+  return t == DType::q8_0 || t == DType::q4_0 || t == DType::q4_k || t == DType::q5_k;
+}
+
+bool is_storage_only(DType t) { return is_block_quantized(t) || t == DType::f8_e4m3 || t == DType::f8_e5m2; }
+
+int64_t dtype_block_elems(DType t) {
+  switch (t) {
+    case DType::q8_0:
+    case DType::q4_0: return 32;
+    case DType::q4_k:
+    case DType::q5_k: return 256;
+    default: return 1;
+  }
+}
+
+size_t dtype_block_bytes(DType t) {
+  switch (t) {
+    case DType::q8_0: return 34;   // f16 scale + 32 int8
+    case DType::q4_0: return 18;   // f16 scale + 32 4-bit
+    case DType::q4_k: return 144;  // f16 d, dmin + 12 bytes of 6-bit scales/mins + 128 bytes of 4-bit
+    case DType::q5_k: return 176;  // q4_k's + 32 bytes of high bits
+    default: return dtype_size(t);
+  }
+}
+
+size_t storage_bytes(DType t, int64_t elems) {
+  const int64_t block = dtype_block_elems(t);
+  KILN_CHECK(elems >= 0 && elems % block == 0, "dtype", elems, " elements of ", dtype_name(t),
+             " are not a whole number of its ", block, "-element blocks");
+  return size_t(elems / block) * dtype_block_bytes(t);
+}
+
+std::optional<DType> dtype_from_name(const std::string& name) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::boolean, DType::f8_e4m3,
+                  DType::f8_e5m2, DType::q8_0, DType::q4_0, DType::q4_k, DType::q5_k})
+    if (name == dtype_name(t)) return t;
+  return std::nullopt;
 }
 
 const char* dtype_name(DType t) {
@@ -26,6 +73,12 @@ const char* dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::boolean: return "bool";
+    case DType::f8_e4m3: return "f8_e4m3";
+    case DType::f8_e5m2: return "f8_e5m2";
+    case DType::q8_0: return "q8_0";
+    case DType::q4_0: return "q4_0";
+    case DType::q4_k: return "q4_k";
+    case DType::q5_k: return "q5_k";
   }
   return "?";
 }
@@ -97,8 +150,13 @@ double load_as_double(const void* data, DType t, int64_t i) {
     case DType::i32: return static_cast<const int32_t*>(data)[i];
     case DType::i64: return double(static_cast<const int64_t*>(data)[i]);
     case DType::boolean: return static_cast<const uint8_t*>(data)[i] ? 1.0 : 0.0;
+    default: {  // a storage type: the element's block, dequantized
+      const int64_t block = dtype_block_elems(t);
+      float values[256];
+      dequantize_to_f32(t, static_cast<const char*>(data) + size_t(i / block) * dtype_block_bytes(t), values, block);
+      return values[i % block];
+    }
   }
-  return 0;
 }
 
 void store_from_double(void* data, DType t, int64_t i, double v) {
@@ -109,6 +167,9 @@ void store_from_double(void* data, DType t, int64_t i, double v) {
     case DType::i32: static_cast<int32_t*>(data)[i] = int32_t(v); return;
     case DType::i64: static_cast<int64_t*>(data)[i] = int64_t(v); return;
     case DType::boolean: static_cast<uint8_t*>(data)[i] = v != 0.0; return;
+    case DType::f8_e4m3: static_cast<uint8_t*>(data)[i] = f32_to_f8_e4m3(float(v)); return;
+    case DType::f8_e5m2: static_cast<uint8_t*>(data)[i] = f32_to_f8_e5m2(float(v)); return;
+    default: fail("dtype", "cannot store one element of the block type ", dtype_name(t));
   }
 }
 
@@ -140,6 +201,7 @@ void convert_to_f32(const void* src, DType t, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = s[i] ? 1.0f : 0.0f;
       return;
     }
+    default: dequantize_to_f32(t, src, dst, n); return;
   }
 }
 
@@ -171,6 +233,7 @@ void convert_from_f32(const float* src, void* dst, DType t, int64_t n) {
       for (int64_t i = 0; i < n; ++i) d[i] = src[i] != 0.0f;
       return;
     }
+    default: quantize_from_f32(t, src, dst, n); return;
   }
 }
 

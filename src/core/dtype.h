@@ -2,15 +2,32 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 
 namespace kiln {
 
-enum class DType : uint8_t { f32, bf16, f16, i32, i64, boolean };
+// f8_e4m3 / f8_e5m2 (torch's float8_e4m3fn / float8_e5m2) and the ggml block types q8_0, q4_0,
+// q4_k, q5_k are storage types: weights are held and read in them (linears compute from them
+// directly, core/quant_blocks.h), but no op produces them and no activation is computed in them.
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, boolean, f8_e4m3, f8_e5m2, q8_0, q4_0, q4_k, q5_k };
 
+// Bytes per element of a scalar type; a block type has none (fails naming it: use storage_bytes).
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // "f32", "bf16", ...
-bool is_floating(DType t);
+bool is_floating(DType t);        // f32, bf16, f16: the types values are computed in
+// The ggml block types: each block of dtype_block_elems(t) consecutive elements of a row is
+// stored in dtype_block_bytes(t) bytes (scales and packed integers).
+bool is_block_quantized(DType t);
+// Types only weights are stored in: fp8 and the block types.
+bool is_storage_only(DType t);
+int64_t dtype_block_elems(DType t);  // 1 for scalar types
+size_t dtype_block_bytes(DType t);   // dtype_size for scalar types
+// Bytes of `elems` consecutive elements starting at a block boundary (elems a whole number of
+// blocks; fails naming the type otherwise).
+size_t storage_bytes(DType t, int64_t elems);
+// The dtype named `name` ("f32", "bf16", "q8_0", ...); nullopt when there is none.
+std::optional<DType> dtype_from_name(const std::string& name);
 // The type both operands of a binary op are computed in / stored as (like torch's promotion).
 DType promote(DType a, DType b);
 

@@ -27,7 +27,7 @@ Tensor Tensor::view_of(BufferPtr buffer, Shape shape, DType dtype, Strides strid
     const int64_t span = (shape[i] - 1) * strides[i];
     (span >= 0 ? hi : lo) += span;
   }
-  const int64_t elems = int64_t(buffer->bytes() / dtype_size(dtype));
+  const int64_t elems = int64_t(buffer->bytes() / dtype_block_bytes(dtype)) * dtype_block_elems(dtype);
   KILN_CHECK(lo >= 0 && (kiln::numel(shape) == 0 || hi < elems), "tensor", dtype_name(dtype),
              to_string(shape), " view at offset ", offset, " does not fit a buffer of ",
              buffer->bytes(), " bytes");
@@ -88,7 +88,7 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::data_ptr() const {
-  return static_cast<char*>(buffer()->data()) + impl_->offset * int64_t(dtype_size(impl_->dtype));
+  return static_cast<char*>(buffer()->data()) + storage_bytes(impl_->dtype, impl_->offset);
 }
 
 std::string Tensor::describe() const {

@@ -63,7 +63,7 @@ class Tensor {
   // Recorded in deferred mode and not computed yet (metadata queries never materialise).
   bool is_pending() const { return impl_->pending != nullptr && impl_->pending->buffer == nullptr; }
   const std::shared_ptr<PendingValue>& pending_value() const { return impl_->pending; }
-  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype()); }
+  size_t nbytes() const { return storage_bytes(dtype(), numel()); }
   bool is_contiguous() const;
   // Address of element 0 (device memory; only valid to dereference once the producer ran).
   void* data_ptr() const;

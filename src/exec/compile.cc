@@ -101,14 +101,15 @@ struct Span {
   int64_t lo, hi;
 };
 Span span_of(const Tensor& t) {
-  const int64_t es = int64_t(dtype_size(t.dtype()));
+  // Element counts to bytes (a quantized weight is dense and starts at a block boundary).
+  const auto bytes = [&](int64_t elems) { return int64_t(storage_bytes(t.dtype(), elems)); };
   int64_t lo = t.offset(), hi = t.offset();
   for (size_t d = 0; d < t.shape().size(); ++d) {
-    if (t.shape()[d] == 0) return {t.buffer().get(), t.offset() * es, t.offset() * es};
+    if (t.shape()[d] == 0) return {t.buffer().get(), bytes(t.offset()), bytes(t.offset())};
     const int64_t ext = (t.shape()[d] - 1) * t.strides()[d];
     (ext > 0 ? hi : lo) += ext;
   }
-  return {t.buffer().get(), lo * es, (hi + 1) * es};
+  return {t.buffer().get(), bytes(lo), bytes(hi + 1)};
 }
 bool overlap(const Span& a, const Span& b) { return a.buffer == b.buffer && a.lo < b.hi && b.lo < a.hi; }
 bool within(const Span& inner, const Span& outer) {

@@ -157,7 +157,7 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
     KILN_CHECK(n >= 0 && n < int(g.nodes.size()), "compile-cache", "node index ", n, " out of range");
     return n;
   };
-  const auto bytes = [&](int v) { return numel(g.shape_of(v)) * int64_t(dtype_size(g.dtype_of(v))); };
+  const auto bytes = [&](int v) { return int64_t(storage_bytes(g.dtype_of(v), numel(g.shape_of(v)))); };
   std::vector<char> ready(size_t(g.num_values()), 0), batched(size_t(g.num_values()), 0);
   for (int i = 0; i < g.num_inputs(); ++i) ready[size_t(i)] = 1;
   std::vector<LaunchGroup> out;

@@ -11,7 +11,7 @@
 namespace kiln {
 
 Tensor from_data(const void* data, const Shape& shape, DType dtype, const Device& device) {
-  const size_t bytes = size_t(numel(shape)) * dtype_size(dtype);
+  const size_t bytes = storage_bytes(dtype, numel(shape));
   BufferPtr buf = runtime(device).allocate(bytes);
   if (bytes) std::memcpy(buf->data(), data, bytes);
   return Tensor::view_of(std::move(buf), shape, dtype);
@@ -20,7 +20,7 @@ Tensor from_data(const void* data, const Shape& shape, DType dtype, const Device
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype, const Device& device) {
   KILN_CHECK(int64_t(values.size()) == numel(shape), "from_vector", values.size(), " values for shape ",
              to_string(shape));
-  std::vector<char> tmp(values.size() * dtype_size(dtype));
+  std::vector<char> tmp(storage_bytes(dtype, int64_t(values.size())));
   convert_from_f32(values.data(), tmp.data(), dtype, int64_t(values.size()));
   return from_data(tmp.data(), shape, dtype, device);
 }

@@ -64,7 +64,7 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<LaunchGroup>& groups) {
   std::vector<int> planned;
   for (int v = 0; v < nv; ++v)
     if (root[size_t(v)] == v && !excluded[size_t(v)] && start[size_t(v)] >= 0) planned.push_back(v);
-  auto bytes_of = [&](int v) { return aligned(size_t(numel(g.shape_of(v))) * dtype_size(g.dtype_of(v))); };
+  auto bytes_of = [&](int v) { return aligned(storage_bytes(g.dtype_of(v), numel(g.shape_of(v)))); };
   // Largest first, each at the lowest offset free over its whole lifetime (first fit).
   std::stable_sort(planned.begin(), planned.end(), [&](int a, int b) { return bytes_of(a) > bytes_of(b); });
   std::vector<int> placed;

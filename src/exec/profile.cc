@@ -95,7 +95,7 @@ namespace detail {
 uint64_t operand_bytes(const std::vector<Tensor>& tensors) {
   uint64_t bytes = 0;
   for (const Tensor& t : tensors)
-    if (t.defined()) bytes += uint64_t(t.numel()) * dtype_size(t.dtype());
+    if (t.defined()) bytes += uint64_t(t.nbytes());
   return bytes;
 }
 

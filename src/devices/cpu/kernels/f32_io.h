@@ -32,7 +32,7 @@ class F32In {
     } else {
       copy_.resize(size_t(v.numel()));
       convert_to_f32(v.data, v.dtype, copy_.data(), v.numel());
-      detail::count_f32_conversion(v.numel() * int64_t(dtype_size(v.dtype)));
+      detail::count_f32_conversion(int64_t(storage_bytes(v.dtype, v.numel())));
       ptr_ = copy_.data();
     }
   }

@@ -1,0 +1,63 @@
+// Dequantization of a weight panel (64 rows of 3072, as linears decode before their GEMM) from each
+// storage type to bf16 and to f32, one row per call as the linears call it, on 1 and on 2 threads
+// (rows split between them). The counter is elements decoded per second.
+//
+//   ./bench_dequantize
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/quant_blocks.h"
+
+namespace {
+
+using kiln::DType;
+
+constexpr int64_t kRows = 64, kCols = 3072;
+constexpr DType kTypes[] = {DType::q8_0, DType::q4_0, DType::q4_k, DType::q5_k, DType::f8_e4m3, DType::f8_e5m2};
+
+void BM_Dequantize(benchmark::State& st) {
+  const DType t = kTypes[st.range(0)];
+  const bool bf16 = st.range(1) != 0;
+  const int threads = int(st.range(2));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  std::vector<float> w(size_t(kRows * kCols));
+  for (float& v : w) v = dist(rng);
+  const size_t row_bytes = kiln::storage_bytes(t, kCols);
+  std::vector<uint8_t> q(row_bytes * kRows);
+  kiln::quantize_from_f32(t, w.data(), q.data(), kRows * kCols);
+  std::vector<float> f32(w.size());
+  std::vector<uint16_t> b16(w.size());
+  for (auto _ : st) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < kRows; ++r) {
+      if (bf16) {
+        kiln::dequantize_to_bf16(t, q.data() + size_t(r) * row_bytes, b16.data() + r * kCols, kCols);
+      } else {
+        kiln::dequantize_to_f32(t, q.data() + size_t(r) * row_bytes, f32.data() + r * kCols, kCols);
+      }
+    }
+    benchmark::DoNotOptimize(bf16 ? static_cast<void*>(b16.data()) : static_cast<void*>(f32.data()));
+    benchmark::ClobberMemory();
+  }
+  st.counters["Gelem/s"] = benchmark::Counter(double(kRows * kCols) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(std::string(kiln::dtype_name(t)) + (bf16 ? " -> bf16" : " -> f32") + ", " + std::to_string(threads) +
+              (threads == 1 ? " thread" : " threads"));
+}
+
+void args(benchmark::internal::Benchmark* b) {
+  for (int64_t t = 0; t < int64_t(std::size(kTypes)); ++t)
+    for (int64_t bf16 : {1, 0})
+      for (int64_t threads : {1, 2}) b->Args({t, bf16, threads});
+}
+
+BENCHMARK(BM_Dequantize)->Apply(args)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
