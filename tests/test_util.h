@@ -2,12 +2,15 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "exec/host.h"
+#include "exec/ops.h"
+#include "nn/weight_source.h"
 
 namespace kiln::test {
 
@@ -46,5 +49,20 @@ void expect_error(F&& f, const std::vector<std::string>& parts) {
     for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nmissing: " << p;
   }
 }
+
+// Named tensors held in memory as a checkpoint (stored dtype = the tensor's).
+class MapSource final : public nn::WeightSource {
+ public:
+  explicit MapSource(std::map<std::string, Tensor> t) : tensors(std::move(t)) {}
+  std::string describe() const override { return "(test tensors)"; }
+  bool contains(const std::string& key) const override { return tensors.count(key) != 0; }
+  Shape shape(const std::string& key) const override { return tensors.at(key).shape(); }
+  std::optional<DType> stored_dtype(const std::string& key) const override { return tensors.at(key).dtype(); }
+  Tensor load(const std::string& key, DType dtype) const override {
+    const Tensor& t = tensors.at(key);
+    return t.dtype() == dtype ? t : contiguous(cast(t, dtype));
+  }
+  std::map<std::string, Tensor> tensors;
+};
 
 }  // namespace kiln::test

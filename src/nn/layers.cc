@@ -22,8 +22,8 @@ Tensor join_host(const std::vector<Tensor>& parts, int dim) {
   }
   if (dim == 0) cols = vec ? 1 : parts[0].dim(1);
   else rows = rows_each;
-  const size_t es = dtype_size(parts[0].dtype());
-  BufferPtr buf = host_allocate(size_t(rows * cols) * es);
+  const DType dt = parts[0].dtype();
+  BufferPtr buf = host_allocate(storage_bytes(dt, rows * cols));
   char* dst = static_cast<char*>(buf->data());
   if (dim == 0) {
     for (const Tensor& p : parts) {
@@ -33,7 +33,7 @@ Tensor join_host(const std::vector<Tensor>& parts, int dim) {
   } else {
     for (int64_t r = 0; r < rows; ++r)
       for (const Tensor& p : parts) {
-        const size_t run = size_t(p.dim(1)) * es;
+        const size_t run = storage_bytes(dt, p.dim(1));  // whole blocks: TP checks the column split
         std::memcpy(dst, static_cast<const char*>(p.data_ptr()) + size_t(r) * run, run);
         dst += run;
       }
@@ -46,8 +46,14 @@ Tensor join_host(const std::vector<Tensor>& parts, int dim) {
 Linear::Linear(const Weights& w, int64_t in_features, int64_t out_features, bool has_bias) {
   const TensorParallelEntry* e = w.plan() ? w.plan()->find(w.path()) : nullptr;
   const int ws = e ? w.plan()->group->size() : 1, rank = e ? w.plan()->group->rank() : 0;
+  dtype = w.dtype();
+  // "Scaled fp8" checkpoints store W / s in fp8 with the f32 scale s beside it (ComfyUI names it
+  // scale_weight, others weight_scale): y = (x · Wᵀ) · s + b.
+  for (const char* name : {"scale_weight", "weight_scale"})
+    if (w.has(name)) weight_scale = w.get(name, {});
+  if (w.has("input_scale")) (void)w.get("input_scale", {});  // kiln keeps activations unquantized
   if (e == nullptr || ws == 1) {
-    weight = w.get("weight", {out_features, in_features});
+    weight = w.get_linear_weight("weight", {out_features, in_features});
     bias = has_bias ? w.get("bias", {out_features}) : Tensor();
     return;
   }
@@ -70,7 +76,7 @@ Linear::Linear(const Weights& w, int64_t in_features, int64_t out_features, bool
     // Pieces of a packed weight are joined into one: that one is the weight offload moves.
     const bool one_piece = blocks.size() == 1;
     w_parts.push_back(
-        w.get_slice("weight", {out_features, in_features}, by_rows ? 0 : 1, start, piece, one_piece));
+        w.get_linear_weight_slice("weight", {out_features, in_features}, by_rows ? 0 : 1, start, piece, one_piece));
     if (has_bias && by_rows)
       b_parts.push_back(w.get_slice("bias", {out_features}, 0, start, piece, one_piece));
     offset += block;
@@ -84,14 +90,20 @@ Linear::Linear(const Weights& w, int64_t in_features, int64_t out_features, bool
 }
 
 Tensor Linear::operator()(const Tensor& x) const {
+  // With a weight scale the bias is added after scaling the product.
+  const auto product = [&](const Tensor& b) {
+    if (!weight_scale.defined()) return linear(x, weight, b);
+    const Tensor y = linear(x, weight) * weight_scale;
+    return b.defined() ? y + b : y;
+  };
   switch (parallel) {
     case Parallel::none:
-    case Parallel::colwise: return linear(x, weight, bias);
+    case Parallel::colwise: return product(bias);
     case Parallel::rowwise: {
-      const Tensor y = all_reduce(linear(x, weight));
+      const Tensor y = all_reduce(product(Tensor()));
       return bias.defined() ? y + bias : y;
     }
-    case Parallel::colwise_gather: return all_gather(linear(x, weight, bias), x.rank() - 1);
+    case Parallel::colwise_gather: return all_gather(product(bias), x.rank() - 1);
   }
   return Tensor();
 }
@@ -151,7 +163,7 @@ void append_defined(std::vector<Tensor>& out, std::initializer_list<Tensor> ts) 
 }
 }  // namespace
 
-void Linear::append_parameters(std::vector<Tensor>& out) const { append_defined(out, {weight, bias}); }
+void Linear::append_parameters(std::vector<Tensor>& out) const { append_defined(out, {weight, bias, weight_scale}); }
 void LayerNorm::append_parameters(std::vector<Tensor>& out) const { append_defined(out, {weight, bias}); }
 void RMSNorm::append_parameters(std::vector<Tensor>& out) const { append_defined(out, {weight}); }
 

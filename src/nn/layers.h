@@ -21,8 +21,11 @@ struct Linear {
   // Appends the tensors the layer reads (weight, then bias if any): the parameter list of
   // compiled modules (exec/compile.h).
   void append_parameters(std::vector<Tensor>& out) const;
-  Tensor weight, bias;
+  // weight is held in dtype or in a quantized storage type (Weights::get_linear_weight);
+  // weight_scale (scaled fp8 checkpoints) multiplies the product when defined.
+  Tensor weight, bias, weight_scale;
   Parallel parallel = Parallel::none;
+  DType dtype = DType::f32;  // the dtype the layer computes in (its Weights' dtype)
 };
 
 // LayerNorm over the last dim; `affine` = elementwise_affine (weight and bias).

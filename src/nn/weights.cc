@@ -1,13 +1,21 @@
 #include "nn/weights.h"
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "core/error.h"
 #include "exec/residency.h"
+#include "nn/component_load.h"
+#include "nn/weight_quantization.h"
 
 namespace kiln::nn {
 
-Weights::Weights(const std::filesystem::path& checkpoint) : source_(open_checkpoint(checkpoint)) {}
+Weights::Weights(const std::filesystem::path& checkpoint) {
+  const ComponentLoad* load = ComponentLoad::active();
+  source_ = load && load->replacement() ? load->replacement() : open_checkpoint(checkpoint);
+  if (load) quantize_ = load->quantization();
+}
 
 Weights::Weights(std::shared_ptr<const WeightSource> source, std::string prefix)
     : source_(std::move(source)), prefix_(std::move(prefix)) {}
@@ -16,6 +24,7 @@ Weights Weights::sub(const std::string& name) const {
   Weights w(source_, prefix_ + name + ".");
   w.plan_ = plan_;
   w.dtype_ = dtype_;
+  w.quantize_ = quantize_;
   return w;
 }
 
@@ -26,6 +35,56 @@ Weights Weights::with_dtype(std::optional<DType> dtype) const {
   Weights w = *this;
   w.dtype_ = dtype ? *dtype : stored_float_dtype(*source_);
   return w;
+}
+
+Weights Weights::with_quantization(std::optional<DType> type) const {
+  KILN_CHECK(!type || is_storage_only(*type), "weights", "weights are quantized into fp8 or a ggml block type, not ",
+             dtype_name(*type));
+  Weights w = *this;
+  w.quantize_ = type;
+  return w;
+}
+
+DType Weights::linear_load_dtype(const std::string& key) const {
+  const std::optional<DType> stored = source_->stored_dtype(key);
+  return stored && is_storage_only(*stored) ? *stored : dtype_;
+}
+
+Tensor Weights::maybe_quantize(Tensor t) const {
+  if (!quantize_ || !is_floating(t.dtype()) || t.rank() != 2 || t.dim(1) % dtype_block_elems(*quantize_) != 0) return t;
+  return quantize_weight(t, *quantize_);
+}
+
+Tensor Weights::get_linear_weight(const std::string& name, const Shape& shape) const {
+  const std::string k = checked_key(name, shape);
+  const DType load_as = linear_load_dtype(k);
+  Tensor t;
+  if (quantize_ && is_floating(load_as) && shape[1] % dtype_block_elems(*quantize_) == 0) {
+    // A panel of rows at a time, read (not mapped) from the checkpoint: the float weight is never
+    // whole in memory, so quantizing a model takes its quantized size, not its float size too.
+    const std::optional<DType> stored = source_->stored_dtype(k);
+    const DType read_as = stored && is_floating(*stored) ? *stored : load_as;
+    const int64_t N = shape[0], K = shape[1];
+    const int64_t panel = std::max<int64_t>(1, (int64_t(16) << 20) / (K * 4));
+    BufferPtr buf = host_allocate(storage_bytes(*quantize_, N * K));
+    for (int64_t r = 0; r < N; r += panel) {
+      const Tensor q = quantize_weight(source_->load_slice(k, 0, r, std::min(panel, N - r), read_as), *quantize_);
+      std::memcpy(static_cast<char*>(buf->data()) + storage_bytes(*quantize_, r * K), q.data_ptr(), q.nbytes());
+    }
+    t = Tensor::view_of(std::move(buf), shape, *quantize_);
+  } else {
+    t = source_->load(k, load_as);
+  }
+  collect_weight(k, t);
+  return t;
+}
+
+Tensor Weights::get_linear_weight_slice(const std::string& name, const Shape& shape, int dim, int64_t start,
+                                        int64_t length, bool collect) const {
+  const std::string k = checked_key(name, shape);
+  Tensor t = maybe_quantize(source_->load_slice(k, dim, start, length, linear_load_dtype(k)));
+  if (collect) collect_weight(k, t);
+  return t;
 }
 
 Weights Weights::with_plan(std::shared_ptr<const ShardPlan> plan) const {

@@ -19,7 +19,9 @@ namespace kiln::nn {
 class Weights {
  public:
   Weights() = default;
-  explicit Weights(const std::filesystem::path& checkpoint);  // file, index or folder
+  // A file, index or folder (or what the active ComponentLoad replaces it with, with its
+  // quantization: nn/component_load.h).
+  explicit Weights(const std::filesystem::path& checkpoint);
   explicit Weights(std::shared_ptr<const WeightSource> source, std::string prefix = "");
 
   // The weights of a child module: prefix + name + ".".
@@ -43,6 +45,19 @@ class Weights {
   // This module's path: the prefix without its trailing '.' ("transformer_blocks.3.attn.to_q").
   std::string path() const { return prefix_.empty() ? prefix_ : prefix_.substr(0, prefix_.size() - 1); }
 
+  // Quantized linear weights (core/quant_blocks.h). A weight the checkpoint stores in a storage
+  // type (fp8, GGUF blocks) is held as stored; with a quantization set (--quantize; children
+  // inherit it), float linear weights whose in_features are a whole number of its blocks are
+  // quantized into it once, here at load. Other tensors (norms, embeddings, biases) are never
+  // quantized; stored quantized ones are dequantized once into dtype() by get().
+  Weights with_quantization(std::optional<DType> type) const;
+  std::optional<DType> quantization() const { return quantize_; }
+  // The linear weight `name` [N,K] as above (held quantized or in dtype()).
+  Tensor get_linear_weight(const std::string& name, const Shape& shape) const;
+  // Rows/columns of it (get_slice), quantized likewise.
+  Tensor get_linear_weight_slice(const std::string& name, const Shape& shape, int dim, int64_t start, int64_t length,
+                                 bool collect = true) const;
+
   // Tensor parallelism: the plan the model is loaded under (children inherit it; null: every
   // tensor whole). Layers look their own path up in it.
   Weights with_plan(std::shared_ptr<const ShardPlan> plan) const;
@@ -60,11 +75,16 @@ class Weights {
  private:
   // key(name), after checking the tensor exists with `shape` (errors name the checkpoint and key).
   std::string checked_key(const std::string& name, const Shape& shape) const;
+  // The dtype a linear weight is loaded in: its stored storage type, else dtype().
+  DType linear_load_dtype(const std::string& key) const;
+  // `t` quantized into quantize_ when one is set and t is a float [N,K] with K whole blocks.
+  Tensor maybe_quantize(Tensor t) const;
 
   std::shared_ptr<const WeightSource> source_;
   std::string prefix_;
   std::shared_ptr<const ShardPlan> plan_;
   DType dtype_ = DType::f32;
+  std::optional<DType> quantize_;
 };
 
 // A module's parameters by their state-dict keys, sorted by key: what its compiled form takes as

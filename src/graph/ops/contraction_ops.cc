@@ -71,7 +71,12 @@ void register_linear() {
   def.infer = [](const std::vector<Tensor>& in, const Attrs&) {
     const Tensor &x = in[0], &w = in[1];
     check_float(x, "linear", "input");
-    check_float(w, "linear", "weight");
+    // A weight may also be held in a storage type (fp8, ggml blocks: core/quant_blocks.h); the
+    // linear then computes in x's dtype from the dequantized values.
+    KILN_CHECK(is_floating(w.dtype()) || is_storage_only(w.dtype()), "linear",
+               "weight must be floating point or a quantized storage type, got ", w.describe());
+    KILN_CHECK(!is_storage_only(w.dtype()) || w.is_contiguous(), "linear", "a quantized weight must be dense, got ",
+               w.describe());
     KILN_CHECK(x.rank() >= 1 && w.rank() == 2, "linear", "expects input [..., K] and weight [N, K], got ",
                to_string(x.shape()), " and ", to_string(w.shape()));
     KILN_CHECK(x.dim(-1) == w.dim(1), "linear", "inner dims differ: input ", to_string(x.shape()),
@@ -81,7 +86,7 @@ void register_linear() {
                  "], got ", to_string(in[2].shape()));
     Shape s = x.shape();
     s.back() = w.dim(0);
-    return OutputMeta{s, promote(x.dtype(), w.dtype())};
+    return OutputMeta{s, is_storage_only(w.dtype()) ? x.dtype() : promote(x.dtype(), w.dtype())};
   };
   def.reference = [](const std::vector<HostTensor>& in, const Attrs&, const OutputMeta& out) {
     const int64_t k = in[0].shape.back(), n = in[1].shape[0], rows = in[0].numel() / std::max<int64_t>(k, 1);

@@ -137,7 +137,7 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, con
   m.named_parameters = recorded.named(w.path());
 }
 
-DType FluxTransformer2DModel::dtype() const { return core_.x_embedder.weight.dtype(); }
+DType FluxTransformer2DModel::dtype() const { return core_.x_embedder.dtype; }
 
 // ---- forward ----
 
@@ -149,7 +149,7 @@ Tensor FluxTransformer2DModel::time_text_embed(const Tensor& timestep, const Ten
 Tensor FluxTransformer2DModel::Core::time_embedding(const Tensor& timestep, const Tensor& pooled_projections,
                                                     const std::optional<Tensor>& guidance) const {
   // Cast chain (§6.6): to the model dtype first, then ×1000 in that dtype.
-  const DType dt = x_embedder.weight.dtype();
+  const DType dt = x_embedder.dtype;
   std::optional<Tensor> gs;
   if (guidance) gs = cast(*guidance, dt) * 1000.0;
   return time_text_embed(cast(timestep, dt) * 1000.0, gs, pooled_projections);
@@ -213,7 +213,7 @@ std::vector<Tensor> FluxTransformer2DModel::placeholder_args(int64_t batch, int6
   const FluxTransformerConfig& c = config_;
   KILN_CHECK(batch > 0 && l_img > 0 && l_txt > 0, kWhere, "needs positive sizes, got B=", batch, " L_img=", l_img,
              " L_txt=", l_txt);
-  const DType dt = core_.x_embedder.weight.dtype();
+  const DType dt = core_.x_embedder.dtype;
   const auto placeholder = placeholder_tensor;
   const int64_t hd = c.attention_head_dim;
   const flux::RotaryTables rope =
@@ -233,7 +233,7 @@ void FluxTransformer2DModel::warmup(int64_t batch, int64_t l_img, int64_t l_txt)
     return;
   }
   // Blocks: their args are (x, c, temb, rope tables), all in the model's width.
-  const DType dt = core_.x_embedder.weight.dtype();
+  const DType dt = core_.x_embedder.dtype;
   const int64_t D = config_.inner_dim();
   auto placeholder = [&](const Shape& shape) { return placeholder_tensor(shape, dt); };
   const std::vector<Tensor> args{placeholder({batch, l_img, D}), placeholder({batch, l_txt, D}),

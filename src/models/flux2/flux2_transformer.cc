@@ -151,7 +151,7 @@ Flux2Transformer2DModel::Flux2Transformer2DModel(Flux2TransformerConfig config, 
   m.named_parameters = recorded.named(w.path());
 }
 
-DType Flux2Transformer2DModel::dtype() const { return core_.x_embedder.weight.dtype(); }
+DType Flux2Transformer2DModel::dtype() const { return core_.x_embedder.dtype; }
 
 // ---- forward ----
 
@@ -164,7 +164,7 @@ Tensor Flux2Transformer2DModel::Core::time_embedding(const Tensor& timestep,
                                                      const std::optional<Tensor>& guidance) const {
   // Cast chain (spec §5.2): to the model dtype first, then ×1000 in that dtype; the f32 sinusoid
   // is cast back to the model dtype before the MLPs.
-  const DType dt = x_embedder.weight.dtype();
+  const DType dt = x_embedder.dtype;
   const int64_t channels = timestep_embedder.linear_1.weight.dim(1);
   Tensor temb = timestep_embedder(cast(nn::timestep_sinusoid(cast(timestep, dt) * 1000.0, channels), dt));
   if (guidance && guidance_embeds)

@@ -176,7 +176,7 @@ SD3Transformer2DModel::SD3Transformer2DModel(SD3TransformerConfig config, const 
   m.named_parameters = recorded.named(w.path());
 }
 
-DType SD3Transformer2DModel::dtype() const { return core_.context_embedder.weight.dtype(); }
+DType SD3Transformer2DModel::dtype() const { return core_.context_embedder.dtype; }
 
 // ---- whole-model compile state ----
 

@@ -61,6 +61,25 @@ void linear_kernel(const KernelArgs& args) {
   if (rows == 0) return;
   if (rows == 1) return grouped_linear_rows({args});  // weight-streaming: gemv.h
   const TensorView* b = args.in.size() > 2 ? &args.in[2] : nullptr;
+  // A quantized weight is dequantized panel by panel (linear_gemm.h); x, bias and y of other
+  // float dtypes through f32 copies (they are activations, not the weight).
+  if (is_storage_only(w.dtype) && k > 0) {
+    std::vector<F32In> xb;
+    xb.reserve(2);
+    const void* xp = x.data;
+    DType xt = x.dtype;
+    if (!f32_or_bf16(xt)) xp = xb.emplace_back(x).get(), xt = DType::f32;
+    const void* bp = b ? b->data : nullptr;
+    DType bt = b ? b->dtype : DType::f32;
+    if (b && !f32_or_bf16(bt)) bp = xb.emplace_back(*b).get(), bt = DType::f32;
+    if (f32_or_bf16(args.out.dtype)) {
+      linear_quantized(xp, xt, w.data, w.dtype, bp, bt, args.out.data, args.out.dtype, rows, n, k);
+    } else {
+      F32Out fo(args.out);
+      linear_quantized(xp, xt, w.data, w.dtype, bp, bt, fo.get(), DType::f32, rows, n, k);
+    }
+    return;
+  }
   // bf16 x and w are read as they are (no f32 copies), with a bias and y of f32 or bf16.
   if (x.dtype == DType::bf16 && w.dtype == DType::bf16 && (!b || f32_or_bf16(b->dtype)) &&
       f32_or_bf16(args.out.dtype) && k > 0) {
@@ -101,14 +120,14 @@ void grouped_linear_rows(const std::vector<KernelArgs>& linears) {
   if (linears.empty()) return;
   const TensorView& x = linears[0].in[0];
   const int64_t k = x.shape.back();
-  // f32 and bf16 operands are read and written as they are (gemv.h); other dtypes through f32
-  // copies.
+  // f32 and bf16 operands, and quantized weights, are read and written as they are (gemv.h);
+  // other dtypes through f32 copies.
   std::vector<std::unique_ptr<F32In>> keep;
   std::vector<std::unique_ptr<F32Out>> outs;
   const auto in = [&](const TensorView& v, const void*& ptr, DType& type) {
     ptr = v.data;
     type = v.dtype;
-    if (f32_or_bf16(v.dtype)) return;
+    if (f32_or_bf16(v.dtype) || is_storage_only(v.dtype)) return;
     keep.push_back(std::make_unique<F32In>(v));
     ptr = keep.back()->get();
     type = DType::f32;

@@ -5,6 +5,7 @@
 #include <hwy/highway.h>
 
 #include "core/error.h"
+#include "core/quant_blocks.h"
 #include "devices/cpu/kernels/f32_io.h"
 
 namespace kiln::cpu {
@@ -80,12 +81,34 @@ void columns(const float* x, int64_t k, const RowProduct& pr, int64_t j0, int64_
   }
 }
 
+// Columns j0..j1 of a product whose weight is quantized: four rows at a time dequantized to f32
+// (exact), then the f32 kernel's dot products, so each column sums in the same order as the
+// f32 kernel on the dequantized weight.
+void columns_quantized(const float* x, int64_t k, const RowProduct& pr, int64_t j0, int64_t j1) {
+  thread_local std::vector<float> rows;
+  rows.resize(size_t(4 * k));
+  const size_t row_bytes = storage_bytes(pr.w_type, k);
+  const char* w = static_cast<const char*>(pr.w);
+  float s[4];
+  for (int64_t j = j0; j < j1;) {
+    const int n = j + 4 <= j1 ? 4 : 1;
+    for (int r = 0; r < n; ++r) dequantize_to_f32(pr.w_type, w + size_t(j + r) * row_bytes, rows.data() + r * k, k);
+    if (n == 4) {
+      dots<4>(x, rows.data(), k, s);
+    } else {
+      dots<1>(x, rows.data(), k, s);
+    }
+    for (int r = 0; r < n; ++r, ++j)
+      store_at(pr.y, pr.y_type, j, pr.bias != nullptr ? s[r] + load_at(pr.bias, pr.bias_type, j) : s[r]);
+  }
+}
+
 }  // namespace
 
 void gemv_rows(const void* x, DType x_type, int64_t k, const std::vector<RowProduct>& products) {
   KILN_CHECK(f32_or_bf16(x_type), "linear", "gemv_rows: x of dtype ", dtype_name(x_type));
   for (const RowProduct& p : products)
-    KILN_CHECK(f32_or_bf16(p.w_type) && f32_or_bf16(p.y_type) && (p.bias == nullptr || f32_or_bf16(p.bias_type)),
+    KILN_CHECK((f32_or_bf16(p.w_type) || is_storage_only(p.w_type)) && f32_or_bf16(p.y_type) && (p.bias == nullptr || f32_or_bf16(p.bias_type)),
                "linear", "gemv_rows: a product of dtypes w ", dtype_name(p.w_type), ", bias ", dtype_name(p.bias_type),
                ", y ", dtype_name(p.y_type));
   // A bf16 x is widened once (one row, exact): every column then reads the same f32 values.
@@ -110,6 +133,8 @@ void gemv_rows(const void* x, DType x_type, int64_t k, const std::vector<RowProd
     const int64_t j0 = blocks[size_t(b)].second, j1 = std::min(pr.n, j0 + kBlock);
     if (pr.w_type == DType::bf16) {
       columns<bf16>(xf, k, pr, j0, j1);
+    } else if (is_storage_only(pr.w_type)) {
+      columns_quantized(xf, k, pr, j0, j1);
     } else {
       columns<float>(xf, k, pr, j0, j1);
     }

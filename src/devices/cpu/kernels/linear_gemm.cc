@@ -12,6 +12,7 @@
 
 #include "core/buffer.h"
 #include "core/error.h"
+#include "core/quant_blocks.h"
 #include "devices/cpu/allocator.h"
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemm.h"
@@ -36,7 +37,7 @@ namespace {
 
 constexpr const char* kOp = "linear";
 
-std::atomic<int64_t> g_prepacked{0}, g_packed_in_call{0}, g_widened{0};
+std::atomic<int64_t> g_prepacked{0}, g_packed_in_call{0}, g_widened{0}, g_dequantized{0};
 
 struct PlanKey {
   int64_t M, N, K;
@@ -242,6 +243,54 @@ void linear_bf16_widened(const void* x, const void* w, const void* bias, DType b
   }
 }
 
+// The quantized path (see the header): each panel of w's rows dequantized into a plain panel
+// of the compute type, then the plain primitive on it.
+void linear_quantized_panels(const void* x, DType x_type, const void* w, DType w_type, const void* bias,
+                             DType bias_type, void* y, DType y_type, int64_t M, int64_t N, int64_t K) {
+  g_dequantized.fetch_add(1, std::memory_order_relaxed);
+  // bf16 x multiplies bf16 panels where bf16 dot products are fast; else everything is f32.
+  const bool bf16_dot = x_type == DType::bf16 && bf16_linear_path() == Bf16LinearPath::dot;
+  const DType ct = bf16_dot ? DType::bf16 : DType::f32;
+  const Scratch xf(x_type == ct ? 0 : size_t(M * K) * sizeof(float));
+  if (x_type != ct) {
+    if (x_type == DType::bf16) {
+      widen_bf16(x, xf.as<float>(), M * K);
+    } else {
+      convert_to_f32(x, x_type, xf.as<float>(), M * K);
+    }
+  }
+  const void* xc = x_type == ct ? x : xf.as<void>();
+  std::vector<float> bf;
+  if (bias && ct == DType::f32 && bias_type != DType::f32) {
+    bf.resize(size_t(N));
+    convert_to_f32(bias, bias_type, bf.data(), N);
+    bias = bf.data();
+    bias_type = DType::f32;
+  }
+  const int64_t rows = panel_rows(N, K);
+  const bool direct = y_type == DType::f32 && rows == N;
+  const Scratch out(direct ? 0 : size_t(M * rows) * sizeof(float));
+  const size_t es = dtype_size(ct);
+  const Scratch panel(size_t(rows * K) * es);
+  const size_t row_bytes = storage_bytes(w_type, K);
+  for (int64_t j = 0; j < N; j += rows) {
+    const int64_t n = std::min(rows, N - j);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      const char* src = static_cast<const char*>(w) + size_t(j + r) * row_bytes;
+      if (ct == DType::bf16) {
+        dequantize_to_bf16(w_type, src, panel.as<uint16_t>() + r * K, K);
+      } else {
+        dequantize_to_f32(w_type, src, panel.as<float>() + r * K, K);
+      }
+    }
+    const auto plan = get_plan({M, n, K, ct, bias != nullptr, bias_type, DType::f32, false});
+    const void* b = bias ? static_cast<const char*>(bias) + size_t(j) * dtype_size(bias_type) : nullptr;
+    execute(*plan, xc, panel.as<void>(), nullptr, b, direct ? y : out.as<void>());
+    if (!direct) store_panel(out.as<float>(), M, n, y, y_type, N, j);
+  }
+}
+
 }  // namespace
 
 bool linear_runs_on_primitive(int64_t rows) {
@@ -331,7 +380,19 @@ void linear_bf16(const void* x, const void* w, const PackedLinearWeight* packed,
   });
 }
 
-LinearGemmCounts linear_gemm_counts() { return {g_prepacked.load(), g_packed_in_call.load(), g_widened.load()}; }
+void linear_quantized(const void* x, DType x_type, const void* w, DType w_type, const void* bias, DType bias_type,
+                      void* y, DType y_type, int64_t M, int64_t N, int64_t K) {
+  KILN_CHECK(M > 0 && N > 0 && K > 0 && x && w && y, kOp, "linear_quantized: bad call M=", M, " N=", N, " K=", K);
+  KILN_CHECK(f32_or_bf16(x_type) && is_storage_only(w_type) && f32_or_bf16(y_type) && (!bias || f32_or_bf16(bias_type)),
+             kOp, "linear_quantized: x ", dtype_name(x_type), ", w ", dtype_name(w_type), ", bias ",
+             dtype_name(bias_type), ", y ", dtype_name(y_type));
+  if (!bias) bias_type = DType::f32;
+  onednn_call([&] { linear_quantized_panels(x, x_type, w, w_type, bias, bias_type, y, y_type, M, N, K); });
+}
+
+LinearGemmCounts linear_gemm_counts() {
+  return {g_prepacked.load(), g_packed_in_call.load(), g_widened.load(), g_dequantized.load()};
+}
 
 void linear_gemm_warm_up() {
   const float x[4] = {1, 2, 3, 4}, w[4] = {1, 0, 0, 1};

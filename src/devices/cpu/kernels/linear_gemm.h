@@ -98,10 +98,20 @@ void linear_f32(const float* x, const float* w, const PackedLinearWeight* packed
 void linear_bf16(const void* x, const void* w, const PackedLinearWeight* packed, const void* bias, DType bias_type,
                  void* y, DType y_type, int64_t M, int64_t N, int64_t K, Bf16LinearPath path = bf16_linear_path());
 
+// y = x · dequant(w)ᵀ + bias for a weight held in a storage type (fp8 or ggml blocks,
+// core/quant_blocks.h), x f32 or bf16, bias none/f32/bf16, y f32 or bf16. The weight is
+// dequantized a panel of rows at a time (the widened path's panels, at most ~16 MiB of f32) into
+// the GEMM's operand type, which the plain primitive then reads: bf16 panels for bf16 x on the
+// dot path (bf16 dot products summed in f32; each weight value rounded once to bf16), f32 panels
+// otherwise. No copy of the whole weight is made, and the bits do not depend on the mode.
+void linear_quantized(const void* x, DType x_type, const void* w, DType w_type, const void* bias, DType bias_type,
+                      void* y, DType y_type, int64_t M, int64_t N, int64_t K);
+
 // How many linear calls read a packed weight, how many packed w inside the call (f32, and bf16 on
-// the dot path), and how many bf16 ones ran on the widened path.
+// the dot path), how many bf16 ones ran on the widened path, and how many read a quantized
+// weight panel by panel.
 struct LinearGemmCounts {
-  int64_t prepacked = 0, packed_in_call = 0, widened = 0;
+  int64_t prepacked = 0, packed_in_call = 0, widened = 0, dequantized = 0;
 };
 LinearGemmCounts linear_gemm_counts();
 

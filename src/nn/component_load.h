@@ -1,0 +1,33 @@
+// How the model component being built on this thread gets its weights, when the pipeline loader
+// says more than "its folder": a checkpoint file that replaces the folder's weights (--transformer
+// FILE, a GGUF or single-file checkpoint; the config still comes from the folder) and a
+// quantization for its linear weights (--quantize). A model's from_pretrained opens its folder
+// with nn::Weights(dir); while a ComponentLoad is alive on the thread, that Weights reads the
+// replacement and carries the quantization instead. Scopes nest like CheckpointAudit.
+#pragma once
+#include <memory>
+#include <optional>
+
+#include "core/dtype.h"
+#include "nn/weight_source.h"
+
+namespace kiln::nn {
+
+class ComponentLoad {
+ public:
+  ComponentLoad(std::shared_ptr<const WeightSource> replacement, std::optional<DType> quantization);
+  ~ComponentLoad();
+  ComponentLoad(const ComponentLoad&) = delete;
+  ComponentLoad& operator=(const ComponentLoad&) = delete;
+  static const ComponentLoad* active();
+
+  const std::shared_ptr<const WeightSource>& replacement() const { return replacement_; }
+  std::optional<DType> quantization() const { return quantization_; }
+
+ private:
+  std::shared_ptr<const WeightSource> replacement_;
+  std::optional<DType> quantization_;
+  const ComponentLoad* previous_;
+};
+
+}  // namespace kiln::nn
