@@ -47,7 +47,7 @@ constexpr DTypeEntry kDTypes[] = {
     {"BF16", 2, DType::bf16},    {"I64", 8, DType::i64},       {"I32", 4, DType::i32},
     {"I16", 2, std::nullopt},    {"I8", 1, std::nullopt},      {"U8", 1, std::nullopt},
     {"U16", 2, std::nullopt},    {"U32", 4, std::nullopt},     {"U64", 8, std::nullopt},
-    {"BOOL", 1, DType::boolean}, {"F8_E4M3", 1, std::nullopt}, {"F8_E5M2", 1, std::nullopt},
+    {"BOOL", 1, DType::boolean}, {"F8_E4M3", 1, DType::f8_e4m3}, {"F8_E5M2", 1, DType::f8_e5m2},
 };
 
 const DTypeEntry* find_dtype(const std::string& name) {
@@ -129,11 +129,19 @@ void store_int(void* data, DType t, int64_t i, int64_t v) {
 
 void convert_elements(const void* src, DType from, void* dst, DType to, int64_t n) {
   if (from == to) {
-    std::memcpy(dst, src, size_t(n) * dtype_size(from));
+    std::memcpy(dst, src, storage_bytes(from, n));
   } else if (to == DType::f32) {
     convert_to_f32(src, from, static_cast<float*>(dst), n);
   } else if (from == DType::f32) {
     convert_from_f32(static_cast<const float*>(src), dst, to, n);
+  } else if (is_storage_only(from) || is_storage_only(to)) {  // through f32, a chunk at a time
+    constexpr int64_t kChunk = 4096;  // a whole number of blocks of every type
+    std::vector<float> f(size_t(std::min(n, kChunk)));
+    for (int64_t i = 0; i < n; i += kChunk) {
+      const int64_t c = std::min(kChunk, n - i);
+      convert_to_f32(static_cast<const char*>(src) + storage_bytes(from, i), from, f.data(), c);
+      convert_from_f32(f.data(), static_cast<char*>(dst) + storage_bytes(to, i), to, c);
+    }
   } else if (!is_floating(from) && !is_floating(to)) {
     for (int64_t i = 0; i < n; ++i) store_int(dst, to, i, load_int(src, from, i));
   } else {
@@ -145,7 +153,7 @@ void convert_elements(const void* src, DType from, void* dst, DType to, int64_t 
 BufferPtr allocate_cpu(size_t bytes) { return host_allocate(bytes); }
 
 Tensor convert_tensor(const Tensor& src, DType want) {
-  BufferPtr buf = allocate_cpu(size_t(src.numel()) * dtype_size(want));
+  BufferPtr buf = allocate_cpu(storage_bytes(want, src.numel()));
   convert_elements(src.data_ptr(), src.dtype(), buf->data(), want, src.numel());
   return Tensor::view_of(std::move(buf), src.shape(), want);
 }
@@ -154,6 +162,7 @@ Tensor convert_tensor(const Tensor& src, DType want) {
 
 uint64_t bytes_read() { return g_bytes_read.load(std::memory_order_relaxed); }
 void reset_bytes_read() { g_bytes_read.store(0, std::memory_order_relaxed); }
+void count_bytes_read(uint64_t bytes) { g_bytes_read.fetch_add(bytes, std::memory_order_relaxed); }
 
 const char* safetensors_dtype_name(DType t) {
   for (const DTypeEntry& e : kDTypes)
@@ -417,7 +426,7 @@ const TensorInfo& SafetensorsFile::supported_info(const std::string& name, DType
   const TensorInfo& ti = info(name);
   if (!ti.dtype)
     file_fail(path_, "tensor '", name, "' has dtype ", ti.dtype_string,
-              ", which is not supported by kiln (supported: F32, BF16, F16, I32, I64, BOOL)");
+              ", which is not supported by kiln (supported: F32, BF16, F16, F8_E4M3, F8_E5M2, I32, I64, BOOL)");
   *stored = *ti.dtype;
   return ti;
 }

@@ -38,6 +38,8 @@ struct TensorInfo {
 // pread()s, a full load counts the tensor's stored size (zero-copy or not).
 uint64_t bytes_read();
 void reset_bytes_read();
+// Adds to the counter (the GGUF reader's loads, io/gguf.h).
+void count_bytes_read(uint64_t bytes);
 
 class SafetensorsFile {
  public:

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "exec/host.h"
 #include "io/safetensors.h"
+#include "nn/gguf_source.h"
 
 namespace kiln::nn {
 
@@ -65,8 +66,9 @@ thread_local CheckpointAudit* t_audit = nullptr;
 DType stored_float_dtype(const WeightSource& source) {
   std::map<DType, int64_t> bytes;
   for (const std::string& key : source.names())
-    if (const std::optional<DType> t = source.stored_dtype(key); t && is_floating(*t))
-      bytes[*t] += numel(source.shape(key)) * int64_t(dtype_size(*t));
+    if (const std::optional<DType> t = source.stored_dtype(key); t && (is_floating(*t) || is_storage_only(*t)))
+      // Quantized weights (fp8, GGUF blocks) compute in bf16 under "auto".
+      bytes[is_floating(*t) ? *t : DType::bf16] += int64_t(storage_bytes(*t, numel(source.shape(key))));
   DType best = DType::f32;
   int64_t most = -1;
   for (const auto& [t, b] : bytes)
@@ -84,19 +86,25 @@ Tensor WeightSource::load_slice(const std::string& key, int dim, int64_t start, 
   const int64_t rows = whole.rank() == 1 || dim == 0 ? (dim == 0 ? length : whole.dim(0)) : whole.dim(0);
   const int64_t cols = whole.rank() == 1 ? 1 : (dim == 1 ? length : whole.dim(1));
   const int64_t full_cols = whole.rank() == 1 ? 1 : whole.dim(1);
-  const size_t es = dtype_size(dtype);
-  BufferPtr buf = host_allocate(size_t(rows * cols) * es);
+  // Byte math through storage_bytes: a block type's columns split only at block boundaries.
+  const DType dt = whole.dtype();
+  BufferPtr buf = host_allocate(storage_bytes(dt, rows * cols));
   const char* src = static_cast<const char*>(whole.data_ptr());
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t src_row = dim == 0 ? start + r : r, src_col = dim == 1 ? start : 0;
-    std::memcpy(static_cast<char*>(buf->data()) + size_t(r * cols) * es, src + size_t(src_row * full_cols + src_col) * es,
-                size_t(cols) * es);
+    std::memcpy(static_cast<char*>(buf->data()) + storage_bytes(dt, r * cols),
+                src + storage_bytes(dt, src_row * full_cols + src_col), storage_bytes(dt, cols));
   }
-  return Tensor::view_of(std::move(buf), whole.rank() == 1 ? Shape{rows} : Shape{rows, cols}, dtype);
+  return Tensor::view_of(std::move(buf), whole.rank() == 1 ? Shape{rows} : Shape{rows, cols}, dt);
 }
 
 std::shared_ptr<const WeightSource> open_checkpoint(const std::filesystem::path& path) {
-  auto source = std::make_shared<const SafetensorsSource>(path);
+  // A GGUF file (stable-diffusion.cpp / ComfyUI-GGUF checkpoints, kiln convert's output).
+  std::shared_ptr<const WeightSource> source;
+  if (path.extension() == ".gguf")
+    source = open_gguf_source(path);
+  else
+    source = std::make_shared<const SafetensorsSource>(path);
   if (t_audit) t_audit->opened(source);
   return source;
 }

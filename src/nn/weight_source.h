@@ -36,7 +36,7 @@ class WeightSource {
 };
 
 // torch_dtype="auto": the floating-point dtype that holds most of the source's weight bytes
-// (f32 when it cannot tell).
+// (f32 when it cannot tell); bytes of quantized weights count as bf16's.
 DType stored_float_dtype(const WeightSource& source);
 
 // Whether `key` starts with one of `prefixes` (a model's checkpoint_keys_not_loaded()).
