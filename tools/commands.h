@@ -26,6 +26,7 @@ int generate(const std::vector<std::string>& args);
 int warmup(const std::vector<std::string>& args);
 int compare(const std::vector<std::string>& args);
 int make_random(const std::vector<std::string>& args);  // make_random.cc
+int convert(const std::vector<std::string>& args);      // convert.cc
 
 // Shared by generate and warmup (generate.cc).
 int64_t parse_int(const std::string& flag, const std::string& value);  // "[cli] flag X expects an integer"
@@ -35,9 +36,14 @@ size_t parse_bytes(const std::string& flag, const std::string& value);  // "6GiB
 void check_compile_flag(const std::string& value);                      // "full" or "blocks"
 // --dtype auto|bf16|f16|f32[,COMPONENT=DTYPE...] into options.dtype / options.component_dtype.
 void parse_dtype(const std::string& value, PipelineOptions& options);
+// --quantize TYPE|COMPONENT=TYPE[,...] into options.quantize (a bare TYPE is the transformer's).
+void parse_quantize(const std::string& value, PipelineOptions& options);
 // The report's engine.dtype (per component) and memory.weights_bytes of a loaded pipeline.
 nlohmann::json dtype_report(const DiffusionPipeline& pipe);
 nlohmann::json weight_bytes_report(const DiffusionPipeline& pipe);
+// The report's engine.quantization: per component, --quantize's type and the checkpoint file
+// that replaced its weights (memory.weights_bytes.by_dtype counts the formats loaded).
+nlohmann::json quantization_report(const PipelineOptions& options);
 // The fail-fast estimate of a call that ran (memory.estimate): per component weights and traced
 // activations, and what its placement needs, to read beside the measured peaks.
 nlohmann::json estimate_report(const DiffusionPipeline& pipe, const PipelineCallArgs& call, const PipelineOutput& result);

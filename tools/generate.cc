@@ -59,6 +59,18 @@ struct Options {
   PipelineOptions dtypes;  // --dtype (parse_dtype): its dtype and component_dtype
 };
 
+// The component a checkpoint-file flag names ("--text-encoder-2" -> "text_encoder_2"); "" for
+// other flags.
+std::string component_file_flag(const std::string& flag) {
+  for (const char* c : {"transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"}) {
+    std::string f = std::string("--") + c;
+    for (char& ch : f)
+      if (ch == '_') ch = '-';
+    if (flag == f) return c;
+  }
+  return "";
+}
+
 double parse_float(const std::string& flag, const std::string& v) {
   size_t used = 0;
   double x = 0;
@@ -125,6 +137,8 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--device-memory") o.device_memory = parse_bytes(flag, value());
     else if (flag == "--strict") o.strict = true;
     else if (flag == "--dtype") parse_dtype(value(), o.dtypes);  // before any model is loaded
+    else if (flag == "--quantize") parse_quantize(value(), o.dtypes);
+    else if (const std::string c = component_file_flag(flag); !c.empty()) o.dtypes.component_files[c] = value();
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
   // Checked here, before minutes of model loading.
@@ -302,6 +316,8 @@ int generate(const std::vector<std::string>& args) {
   pipe_options.text_encoder_out_layers = o.call.text_encoder_out_layers;  // only the layers they need are loaded
   pipe_options.dtype = o.dtypes.dtype;
   pipe_options.component_dtype = o.dtypes.component_dtype;
+  pipe_options.quantize = o.dtypes.quantize;
+  pipe_options.component_files = o.dtypes.component_files;
   const auto warn = [writer](const std::string& w) {
     if (writer) std::fprintf(stderr, "kiln: warning: %s\n", w.c_str());
   };
@@ -391,7 +407,8 @@ int generate(const std::vector<std::string>& args) {
                           {"eager_mode", eager_mode_name(eager_mode())},
                           {"compile", o.mode == "compile" ? o.compile : "none"},
                           {"prepack", o.mode == "compile" ? o.prepack : "none"},
-                          {"dtype", dtype_report(pipe)}};
+                          {"dtype", dtype_report(pipe)},
+                          {"quantization", quantization_report(pipe_options)}};
     nlohmann::json events = nlohmann::json::array();
     for (const OffloadEvent& e : pipe.offload_events())
       events.push_back({{"component", e.component},

@@ -56,6 +56,25 @@ const std::vector<CommandDoc>& commands() {
            {"--dtype", "auto|bf16|f16|f32[,COMPONENT=DTYPE...]", "auto",
             "torch_dtype: weights held and computed in it; auto = the checkpoint's (bf16 weights stay bf16, read in "
             "place); per component: e.g. bf16,vae=f32"},
+           {"--quantize", "TYPE|COMPONENT=TYPE[,...]", "off",
+            "quantize linear weights at load: q8_0, q4_k, q5_k, q4_0 (ggml blocks) or f8_e4m3 / f8_e5m2; a bare TYPE "
+            "is the transformer's (e.g. q8_0, or transformer=q4_k,text_encoder_2=q8_0)"},
+           {"--transformer", "FILE", "the folder's", "the transformer's weights from one file: GGUF (kiln convert, "
+                                                     "city96 / stable-diffusion.cpp) or safetensors, in Diffusers or "
+                                                     "the original single-file (BFL / Stability / ComfyUI) names; "
+                                                     "quantized tensors stay quantized; config from --model"},
+           {"--vae", "FILE", "the folder's", "as --transformer, for the VAE (LDM names too)"},
+           {"--text-encoder", "FILE", "the folder's", "as --transformer (also --text-encoder-2, --text-encoder-3)"},
+           {"--help", "", "", "this text"},
+       }},
+      {"convert",
+       "Write a pipeline's transformer as one file: quantized (--quantize) into GGUF, so the next run loads it in "
+       "place with --transformer FILE instead of quantizing again.",
+       {
+           {"--model", "DIR", "required", "the Diffusers folder to read"},
+           {"--quantize", "TYPE", "required", "q8_0, q4_k, q5_k, q4_0 (GGUF), or f8_e4m3 / f8_e5m2 (safetensors)"},
+           {"--dtype", "auto|bf16|f16|f32", "auto", "the dtype of the tensors left unquantized"},
+           {"--out", "FILE", "required", "FILE.gguf (ggml block types) or FILE.safetensors (fp8); written atomically"},
            {"--help", "", "", "this text"},
        }},
       {"warmup",

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
     if (command == "warmup") return kiln::cli::warmup(args);
     if (command == "compare") return kiln::cli::compare(args);
     if (command == "make-random") return kiln::cli::make_random(args);
+    if (command == "convert") return kiln::cli::convert(args);
     std::fprintf(stderr, "kiln: unknown command '%s' (see kiln --help)\n", command.c_str());
     return 2;
   } catch (const kiln::Error& e) {

@@ -15,6 +15,13 @@ nlohmann::json dtype_report(const DiffusionPipeline& pipe) {
   return out;
 }
 
+nlohmann::json quantization_report(const PipelineOptions& options) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [component, type] : options.quantize) out[component]["quantize"] = dtype_name(type);
+  for (const auto& [component, file] : options.component_files) out[component]["file"] = file.string();
+  return out;
+}
+
 nlohmann::json weight_bytes_report(const DiffusionPipeline& pipe) {
   nlohmann::json components = nlohmann::json::object();
   std::map<std::string, size_t> by_dtype, by_place;

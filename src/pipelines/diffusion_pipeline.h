@@ -19,6 +19,7 @@
 #include "core/tensor.h"
 #include "distributed/tensor_parallel.h"
 #include "exec/compile.h"
+#include "nn/weights.h"
 
 namespace kiln {
 
@@ -46,6 +47,13 @@ struct PipelineOptions {
   // FLUX.2: the text encoder's hidden layers calls will read (Diffusers' text_encoder_out_layers;
   // empty: the pipeline's default). Only the decoder layers these need are loaded and run.
   std::vector<int64_t> text_encoder_out_layers;
+  // Quantization at load (--quantize), by component: its float linear weights are quantized into
+  // the given storage type (core/quant_blocks.h) once, at load (nn::Weights::with_quantization).
+  std::map<std::string, DType> quantize;
+  // A checkpoint file that replaces a component's weights (--transformer FILE, ...): safetensors
+  // or GGUF, in Diffusers names or an original single-file layout; the component's config still
+  // comes from the pipeline folder.
+  std::map<std::string, std::filesystem::path> component_files;
 };
 
 // Tiled VAE decoding (Diffusers' pipe.vae.enable_tiling(), AutoencoderKL.tiled_decode).
@@ -190,6 +198,10 @@ class DiffusionPipeline {
   std::optional<std::string> host_working_set_misfit(const MemoryEstimate& e, size_t physical_total) const;
   const std::vector<OffloadEvent>& offload_events() const;
   void clear_offload_events();
+
+  // The denoiser's weights under their state-dict keys, as held (quantized ones in their storage
+  // type): what kiln convert writes.
+  virtual const nn::NamedParameters& transformer_parameters() const = 0;
 
   // ---- compiled mode ----
   // Compiles the denoiser as pipe.transformer.compile() / compile_repeated_blocks() would.

@@ -193,6 +193,8 @@ void Flux2Pipeline::compile_transformer(CompileScope scope, const CompileOptions
   else m_->transformer.compile(options);
 }
 
+const nn::NamedParameters& Flux2Pipeline::transformer_parameters() const { return m_->transformer.named_parameters(); }
+
 bool Flux2Pipeline::transformer_compiled() const {
   const Flux2Transformer2DModel& t = m_->transformer;
   return t.is_compiled() || (!t.transformer_blocks().empty() && t.transformer_blocks()[0].is_compiled()) ||

@@ -20,6 +20,7 @@ class Flux2Transformer2DModel;
 
 class Flux2Pipeline : public DiffusionPipeline {
  public:
+  const nn::NamedParameters& transformer_parameters() const override;
   static constexpr const char* kClassName = "Flux2Pipeline";
   static Flux2Pipeline from_pretrained(const std::filesystem::path& dir, const PipelineOptions& options = {});
   Flux2Pipeline(Flux2Pipeline&&) noexcept;

@@ -101,6 +101,8 @@ void FluxPipeline::compile_transformer(CompileScope scope, const CompileOptions&
   else m_->transformer.compile(options);
 }
 
+const nn::NamedParameters& FluxPipeline::transformer_parameters() const { return m_->transformer.named_parameters(); }
+
 bool FluxPipeline::transformer_compiled() const {
   const FluxTransformer2DModel& t = m_->transformer;
   return t.is_compiled() || (!t.transformer_blocks().empty() && t.transformer_blocks()[0].is_compiled()) ||

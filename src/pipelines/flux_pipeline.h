@@ -14,6 +14,7 @@ class FluxTransformer2DModel;
 
 class FluxPipeline : public DiffusionPipeline {
  public:
+  const nn::NamedParameters& transformer_parameters() const override;
   static constexpr const char* kClassName = "FluxPipeline";
   static FluxPipeline from_pretrained(const std::filesystem::path& dir, const PipelineOptions& options = {});
   FluxPipeline(FluxPipeline&&) noexcept;

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "io/model_folder.h"
 #include "io/relative_name.h"
+#include "pipelines/component_file.h"
 
 namespace kiln {
 
@@ -59,16 +60,31 @@ PipelineLoader::PipelineLoader(const fs::path& model, const PipelineOptions& opt
     KILN_CHECK(known, "pipeline", index_file.string(), ": component '", c.component, "' is ", got, ", which kiln's ",
                pipeline_class, " does not implement (expected ", expected, ")");
   }
-  for (const auto& [name, dtype] : options.component_dtype) {
+  const auto check_component = [&](const std::string& name, const char* what) {
     bool known = false;
     std::string list;
     for (const std::string& m : model_components) {
       known = known || name == m;
       list += (list.empty() ? "" : ", ") + m;
     }
-    KILN_CHECK(known, "pipeline", "dtype given for unknown component '", name, "' (", pipeline_class, "'s are ", list,
+    KILN_CHECK(known, "pipeline", what, " given for unknown component '", name, "' (", pipeline_class, "'s are ", list,
                ")");
+  };
+  for (const auto& [name, dtype] : options.component_dtype) check_component(name, "dtype");
+  for (const auto& [name, type] : options.quantize) {
+    check_component(name, "quantization");
+    KILN_CHECK(is_storage_only(type), "pipeline", "quantization for ", name,
+               " must be q8_0, q4_0, q4_k, q5_k, f8_e4m3 or f8_e5m2, got ", dtype_name(type));
   }
+  for (const auto& [name, file] : options.component_files) {
+    check_component(name, "a checkpoint file");
+    KILN_CHECK(fs::is_regular_file(file), "pipeline", "checkpoint file for ", name, " (", file.string(),
+               ") does not exist");
+  }
+  // Diffusers refuses tensor parallelism with quantization (runtime.md §6): so does kiln, before
+  // anything is loaded, rather than loading a whole model on every rank.
+  KILN_CHECK(!options.tensor_parallel || (options.quantize.empty() && options.component_files.empty()), "pipeline",
+             "tensor parallelism (--tp) with --quantize or a single-file checkpoint is not supported");
   for (const ComponentClasses& c : classes)  // every folder, before any load
     if (has(c.component)) path(c.component);
   for (const std::string& m : model_components) state_->components.push_back({m, ComponentWeights(m), DType::f32, {}});
@@ -87,6 +103,18 @@ fs::path PipelineLoader::path(const std::string& component) const {
   KILN_CHECK(fs::is_directory(p), "pipeline", "component folder ", p.string(), " is missing (listed in ",
              index_file.string(), ")");
   return p;
+}
+
+std::optional<DType> PipelineLoader::quantization(const std::string& component) const {
+  const auto& q = state_->options.quantize;
+  const auto it = q.find(component);
+  return it == q.end() ? std::nullopt : std::optional<DType>(it->second);
+}
+
+std::shared_ptr<const nn::WeightSource> PipelineLoader::replacement(const std::string& component) const {
+  const auto& files = state_->options.component_files;
+  const auto it = files.find(component);
+  return it == files.end() ? nullptr : open_component_file(it->second, component);
 }
 
 std::optional<DType> PipelineLoader::dtype(const std::string& component) const {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/json_config.h"
+#include "nn/component_load.h"
 #include "nn/weight_source.h"
 #include "pipelines/pipeline_state.h"
 
@@ -38,6 +39,11 @@ class PipelineLoader {
   std::filesystem::path path(const std::string& component) const;
   // torch_dtype of a model component: its own choice, else the pipeline's (std::nullopt: "auto").
   std::optional<DType> dtype(const std::string& component) const;
+  // The storage type its linear weights are quantized into at load (--quantize), if any.
+  std::optional<DType> quantization(const std::string& component) const;
+  // The checkpoint file replacing its folder's weights (--transformer FILE, ...), opened; null
+  // when none was given.
+  std::shared_ptr<const nn::WeightSource> replacement(const std::string& component) const;
 
   // Builds a model component with `build()` while collecting the weights it loads; then checks
   // that it read every tensor of its checkpoint but those it skips on purpose (`not_loaded`).
@@ -48,6 +54,7 @@ class PipelineLoader {
     {
       WeightCollector collect(c.weights);
       nn::CheckpointAudit audit;
+      nn::ComponentLoad weights(replacement(component), quantization(component));
       model.emplace(build());
       report_unused(c, audit.unused(not_loaded));
     }

@@ -135,6 +135,8 @@ void StableDiffusion3Pipeline::compile_transformer(CompileScope scope, const Com
   else m_->transformer.compile(options);
 }
 
+const nn::NamedParameters& StableDiffusion3Pipeline::transformer_parameters() const { return m_->transformer.named_parameters(); }
+
 bool StableDiffusion3Pipeline::transformer_compiled() const {
   const SD3Transformer2DModel& t = m_->transformer;
   return t.is_compiled() || (!t.transformer_blocks().empty() && t.transformer_blocks()[0].is_compiled());

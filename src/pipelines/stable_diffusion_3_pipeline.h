@@ -19,6 +19,7 @@ class SD3Transformer2DModel;
 
 class StableDiffusion3Pipeline : public DiffusionPipeline {
  public:
+  const nn::NamedParameters& transformer_parameters() const override;
   static constexpr const char* kClassName = "StableDiffusion3Pipeline";
   static StableDiffusion3Pipeline from_pretrained(const std::filesystem::path& dir,
                                                   const PipelineOptions& options = {});

@@ -1,0 +1,96 @@
+// A pipeline component's weights from one file (--transformer FILE, --vae FILE): a single-file
+// checkpoint in the original layout gives the folder's image byte for byte, and a GGUF
+// transformer written from a quantized pipeline (what kiln convert writes) gives the image of
+// quantizing at load.
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "call_args.h"
+#include "exec/host.h"
+#include "golden.h"
+#include "io/gguf_writer.h"
+#include "models/flux/flux_original_keys.h"
+#include "models/vae/ldm_vae_keys.h"
+#include "nn/key_mapped_source.h"
+#include "pipelines/flux_pipeline.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kSet = "flux1_tiny_arch";
+
+class ComponentFiles : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kiln_component_files_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  static PipelineCallArgs call() {
+    PipelineCallArgs args = test::fixture_call_args(kSet);
+    args.latents = test::golden(kSet, "latents.initial_packed");
+    return args;
+  }
+  fs::path dir_;
+};
+
+// FLUX.1's transformer in BFL names (ComfyUI's prefix) and the VAE in LDM names, each given as
+// one file: the same image as the Diffusers folder, every tensor of both files read.
+TEST_F(ComponentFiles, OriginalLayoutFilesGiveTheFoldersImage) {
+  const fs::path folder = test::pipeline_dir(kSet);
+  const fs::path transformer = dir_ / "flux1.safetensors", vae = dir_ / "ae.safetensors";
+  nn::write_original_layout(*nn::open_checkpoint(folder / "transformer"), flux1_original_key_map(), transformer,
+                            "model.diffusion_model.");
+  nn::write_original_layout(*nn::open_checkpoint(folder / "vae"), ldm_vae_key_map(), vae);
+  PipelineOptions o;
+  o.strict = true;  // a tensor of either file left unread is an error
+  const PipelineOutput want = FluxPipeline::from_pretrained(folder, o)(call());
+  o.component_files["transformer"] = transformer;
+  o.component_files["vae"] = vae;
+  const PipelineOutput got = FluxPipeline::from_pretrained(folder, o)(call());
+  EXPECT_EQ(got.image, want.image);
+  EXPECT_EQ(to_vector(got.latents), to_vector(want.latents));
+}
+
+// The transformer of a pipeline quantized at load, written as GGUF and given back as
+// --transformer FILE: the same weights (read in place from the file) and the same image.
+TEST_F(ComponentFiles, GgufTransformerGivesTheImageOfQuantizingAtLoad) {
+  const fs::path folder = test::pipeline_dir(kSet), file = dir_ / "transformer-q8_0.gguf";
+  PipelineOptions o;
+  o.dtype = DType::bf16;
+  o.quantize["transformer"] = DType::q8_0;
+  const FluxPipeline quantized = FluxPipeline::from_pretrained(folder, o);
+  std::vector<std::pair<std::string, Tensor>> tensors(quantized.transformer_parameters().begin(),
+                                                      quantized.transformer_parameters().end());
+  io::write_gguf(file, {}, tensors);
+  const PipelineOutput want = quantized(call());
+
+  PipelineOptions from_file;
+  from_file.dtype = DType::bf16;
+  from_file.strict = true;
+  from_file.component_files["transformer"] = file;
+  const FluxPipeline pipe = FluxPipeline::from_pretrained(folder, from_file);
+  size_t q8 = 0;
+  for (const auto& [key, t] : pipe.transformer_parameters()) q8 += t.dtype() == DType::q8_0;
+  EXPECT_GT(q8, 0u);
+  EXPECT_EQ(pipe(call()).image, want.image);
+}
+
+TEST_F(ComponentFiles, AMissingFileOrAnUnknownComponentIsRefusedBeforeLoading) {
+  PipelineOptions o;
+  o.component_files["transformer"] = dir_ / "nope.gguf";
+  test::expect_error([&] { (void)FluxPipeline::from_pretrained(test::pipeline_dir(kSet), o); },
+                     {"checkpoint file for transformer", "nope.gguf", "does not exist"});
+  o.component_files.clear();
+  o.component_files["unet"] = dir_ / "x.gguf";
+  test::expect_error([&] { (void)FluxPipeline::from_pretrained(test::pipeline_dir(kSet), o); },
+                     {"a checkpoint file given for unknown component 'unet'"});
+}
+
+}  // namespace
+}  // namespace kiln

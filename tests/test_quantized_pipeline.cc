@@ -1,0 +1,108 @@
+// FluxPipeline with a quantized transformer (--quantize): the image against the bf16 one, the
+// same bytes in every execution mode, and the weights held in their quantized storage.
+#include <cmath>
+
+#include "call_args.h"
+#include "exec/executable_store.h"
+#include "exec/host.h"
+#include "exec/mode.h"
+#include "golden.h"
+#include "models/flux/flux_transformer.h"
+#include "pipelines/flux_pipeline.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+const std::string kSet = "flux1_tiny_arch";
+
+PipelineOptions bf16(std::optional<DType> quantize = std::nullopt) {
+  PipelineOptions o;
+  o.dtype = DType::bf16;
+  if (quantize) o.quantize["transformer"] = *quantize;
+  return o;
+}
+
+double psnr(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  double se = 0;
+  for (size_t i = 0; i < a.size(); ++i) se += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+  const double mse = se / double(a.size());
+  return mse == 0 ? 99.0 : 10 * std::log10(255.0 * 255.0 / mse);
+}
+
+PipelineCallArgs call() {
+  PipelineCallArgs args = test::fixture_call_args(kSet);
+  args.latents = test::golden(kSet, "latents.initial_packed");
+  return args;
+}
+
+// Bytes of the transformer's weights held in `type`.
+size_t bytes_in(const FluxPipeline& pipe, DType type) {
+  size_t n = 0;
+  for (const auto& [key, t] : pipe.transformer_parameters())
+    if (t.dtype() == type) n += t.nbytes();
+  return n;
+}
+
+class QuantizedFluxPipeline : public testing::TestWithParam<DType> {};
+
+// Q8_0 keeps 8 bits per weight with a scale per 32: the image stays within 30 dB PSNR of the bf16
+// one. Q4_K (4 bits, a scale per 32, two f16 per 256) is stated, not bounded: in this fixture
+// (hidden size 64) only the feed-forward output projections have whole 256-element rows to
+// quantize, so its figure says little about real widths (docs/quantization.md).
+TEST_P(QuantizedFluxPipeline, ImageAgainstTheBf16Image) {
+  const DType q = GetParam();
+  const FluxPipeline reference = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), bf16());
+  const FluxPipeline quantized = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), bf16(q));
+  EXPECT_GT(bytes_in(quantized, q), 0u) << "nothing was quantized";
+  EXPECT_EQ(bytes_in(reference, q), 0u);
+  for (const auto& [component, dtype] : quantized.dtypes()) EXPECT_EQ(dtype, DType::bf16) << component;
+  const PipelineOutput want = reference(call()), got = quantized(call());
+  const double db = psnr(got.image, want.image);
+  std::printf("%s transformer vs bf16: image PSNR %.2f dB (%zu of the transformer's weight bytes quantized)\n",
+              dtype_name(q), db, bytes_in(quantized, q));
+  EXPECT_NE(got.image, want.image) << "the quantized weights were not used";
+  if (q == DType::q8_0) {
+    EXPECT_GE(db, 30.0);
+  }
+  EXPECT_GE(db, 10.0);  // an image of the same scene, not noise
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, QuantizedFluxPipeline, testing::Values(DType::q8_0, DType::q4_k, DType::q4_0),
+                         [](const testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+class QuantizedModes : public testing::TestWithParam<DType> {};
+
+// Strict eager, deferred-and-fused, and compiled (whole and repeated blocks): one image, byte for
+// byte, in each format.
+TEST_P(QuantizedModes, EveryModeGivesTheSameImageByteForByte) {
+  set_executable_cache_dir({});
+  const DType q = GetParam();
+  const FluxPipeline eager = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), bf16(q));
+  const PipelineOutput want = eager(call());
+  {
+    EagerModeGuard defer(EagerMode::DeferAndFuse);
+    EXPECT_EQ(eager(call()).image, want.image) << "deferred";
+  }
+  for (const bool blocks : {false, true}) {
+    FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), bf16(q));
+    CompileOptions o;
+    o.fullgraph = true;
+    if (blocks) pipe.transformer().compile_repeated_blocks(o);
+    else pipe.transformer().compile(o);
+    EXPECT_EQ(pipe(call()).image, want.image) << (blocks ? "compiled blocks" : "compiled whole");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, QuantizedModes, testing::Values(DType::q8_0, DType::q4_k, DType::f8_e4m3),
+                         [](const testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+TEST(QuantizedFluxPipelineErrors, UnknownComponentAndTensorParallelAreRefusedBeforeLoading) {
+  PipelineOptions o = bf16();
+  o.quantize["unet"] = DType::q8_0;
+  test::expect_error([&] { (void)FluxPipeline::from_pretrained(test::pipeline_dir(kSet), o); },
+                              {"quantization given for unknown component 'unet'", "transformer"});
+}
+
+}  // namespace
+}  // namespace kiln
