@@ -41,32 +41,16 @@ constexpr float e5m2_value(uint8_t v) {
   return std::bit_cast<float>(sign | (exp + 127 - 15) << 23 | mant << 21);
 }
 
-// kiln::f32_to_bf16, usable in constant expressions.
-constexpr uint16_t bf16_bits(float f) {
-  uint32_t bits = std::bit_cast<uint32_t>(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return uint16_t(bits >> 16);
-}
-
-// 256-entry tables: fp8 decodes by lookup, to f32 and straight to bf16.
-template <class T, class F>
-constexpr std::array<T, 256> fp8_table(F value) {
-  std::array<T, 256> t{};
-  for (int v = 0; v < 256; ++v) {
-    if constexpr (sizeof(T) == 4) {
-      t[size_t(v)] = value(uint8_t(v));
-    } else {
-      t[size_t(v)] = bf16_bits(value(uint8_t(v)));
-    }
-  }
+// 256-entry tables: single fp8 values decode by lookup.
+template <class F>
+constexpr std::array<float, 256> fp8_table(F value) {
+  std::array<float, 256> t{};
+  for (int v = 0; v < 256; ++v) t[size_t(v)] = value(uint8_t(v));
   return t;
 }
 
-constexpr auto kE4m3F32 = fp8_table<float>(e4m3_value);
-constexpr auto kE5m2F32 = fp8_table<float>(e5m2_value);
-constexpr auto kE4m3Bf16 = fp8_table<uint16_t>(e4m3_value);
-constexpr auto kE5m2Bf16 = fp8_table<uint16_t>(e5m2_value);
+constexpr auto kE4m3Values = fp8_table(e4m3_value);
+constexpr auto kE5m2Values = fp8_table(e5m2_value);
 
 // An fp8 format with `mbits` mantissa bits and exponent bias `bias`. Encoding uses integer
 // arithmetic only, so the floating-point environment (flush-to-zero, denormals-are-zero) cannot
@@ -78,8 +62,8 @@ struct Fp8Format {
   bool saturate;      // e4m3fn: no inf; magnitudes above the largest finite one become it
 };
 
-constexpr Fp8Format kE4m3{3, 7, 0x7e, true};
-constexpr Fp8Format kE5m2{2, 15, 0x7b, false};
+constexpr Fp8Format kE4m3Format{3, 7, 0x7e, true};
+constexpr Fp8Format kE5m2Format{2, 15, 0x7b, false};
 
 // m >> s, rounded to nearest, ties to even.
 constexpr uint32_t shift_right_round_even(uint32_t m, uint32_t s) {
@@ -239,9 +223,48 @@ void dequantize_k(const uint8_t* HWY_RESTRICT src, Out* HWY_RESTRICT dst, int64_
   }
 }
 
-template <class Out>
-void dequantize_fp8(const std::array<Out, 256>& table, const uint8_t* src, Out* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i]];
+// fp8 bytes as f32 lanes, computed as the tables above are (torch's values and NaN bits): a
+// normal value's exponent and mantissa move into place and are rebiased, a subnormal one is its
+// integer mantissa times the smallest subnormal.
+HWY_INLINE VF e4m3_lanes(hn::Vec<DU8> v) {
+  const DU du;
+  const auto u = hn::PromoteTo(du, v);
+  const auto magnitude = hn::And(u, hn::Set(du, 0x7fu));
+  const auto normal = hn::Add(hn::ShiftLeft<20>(magnitude), hn::Set(du, uint32_t(127 - 7) << 23));
+  const auto subnormal =
+      hn::BitCast(du, hn::Mul(hn::ConvertTo(DF(), hn::BitCast(DI(), magnitude)), hn::Set(DF(), 1.0f / 512.0f)));
+  auto r = hn::IfThenElse(hn::Lt(magnitude, hn::Set(du, 8u)), subnormal, normal);
+  r = hn::IfThenElse(hn::Eq(magnitude, hn::Set(du, 0x7fu)), hn::Set(du, 0x7ff00000u), r);  // NaN
+  return hn::BitCast(DF(), hn::Or(r, hn::ShiftLeft<24>(hn::And(u, hn::Set(du, 0x80u)))));
+}
+
+HWY_INLINE VF e5m2_lanes(hn::Vec<DU8> v) {
+  const DU du;
+  const auto u = hn::PromoteTo(du, v);
+  const auto magnitude = hn::And(u, hn::Set(du, 0x7fu));
+  const auto normal = hn::Add(hn::ShiftLeft<21>(magnitude), hn::Set(du, uint32_t(127 - 15) << 23));
+  const auto subnormal =
+      hn::BitCast(du, hn::Mul(hn::ConvertTo(DF(), hn::BitCast(DI(), magnitude)), hn::Set(DF(), 1.0f / 65536.0f)));
+  const auto mant = hn::And(u, hn::Set(du, 3u));
+  const auto quiet = hn::IfThenElseZero(hn::Ne(mant, hn::Zero(du)), hn::Set(du, 0x00400000u));
+  const auto inf_nan = hn::Or(hn::Set(du, 0x7f800000u), hn::Or(hn::ShiftLeft<21>(mant), quiet));
+  auto r = hn::IfThenElse(hn::Lt(magnitude, hn::Set(du, 4u)), subnormal, normal);
+  r = hn::IfThenElse(hn::Gt(magnitude, hn::Set(du, 0x7bu)), inf_nan, r);
+  return hn::BitCast(DF(), hn::Or(r, hn::ShiftLeft<24>(hn::And(u, hn::Set(du, 0x80u)))));
+}
+
+inline void put(float* dst, float v) { *dst = v; }
+inline void put(uint16_t* dst, float v) { *dst = f32_to_bf16(v); }
+
+template <bool kIsE5m2, class Out>
+void dequantize_fp8(const uint8_t* HWY_RESTRICT src, Out* HWY_RESTRICT dst, int64_t n) {
+  const int64_t lanes = int64_t(hn::Lanes(DF()));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::LoadU(DU8(), src + i);
+    store(kIsE5m2 ? e5m2_lanes(v) : e4m3_lanes(v), dst + i);
+  }
+  for (; i < n; ++i) put(dst + i, kIsE5m2 ? kE5m2Values[src[i]] : kE4m3Values[src[i]]);
 }
 
 void check_count(const char* where, DType t, int64_t n) {
@@ -256,22 +279,9 @@ template <class Out>
 void dequantize_any(const char* where, DType t, const void* src, Out* dst, int64_t n) {
   check_count(where, t, n);
   const auto* s = static_cast<const uint8_t*>(src);
-  constexpr bool f32 = sizeof(Out) == 4;
   switch (t) {
-    case DType::f8_e4m3:
-      if constexpr (f32) {
-        dequantize_fp8(kE4m3F32, s, dst, n);
-      } else {
-        dequantize_fp8(kE4m3Bf16, s, dst, n);
-      }
-      return;
-    case DType::f8_e5m2:
-      if constexpr (f32) {
-        dequantize_fp8(kE5m2F32, s, dst, n);
-      } else {
-        dequantize_fp8(kE5m2Bf16, s, dst, n);
-      }
-      return;
+    case DType::f8_e4m3: dequantize_fp8<false>(s, dst, n); return;
+    case DType::f8_e5m2: dequantize_fp8<true>(s, dst, n); return;
     case DType::q8_0: dequantize_q8_0(s, dst, n / 32); return;
     case DType::q4_0: dequantize_q4_0(s, dst, n / 32); return;
     case DType::q4_k: dequantize_k<false>(s, dst, n / 256); return;
@@ -347,10 +357,10 @@ void check_finite(DType t, const float* src, int64_t n) {
 
 }  // namespace
 
-float f8_e4m3_to_f32(uint8_t v) { return kE4m3F32[v]; }
-float f8_e5m2_to_f32(uint8_t v) { return kE5m2F32[v]; }
-uint8_t f32_to_f8_e4m3(float f) { return encode_fp8(f, kE4m3); }
-uint8_t f32_to_f8_e5m2(float f) { return encode_fp8(f, kE5m2); }
+float f8_e4m3_to_f32(uint8_t v) { return kE4m3Values[v]; }
+float f8_e5m2_to_f32(uint8_t v) { return kE5m2Values[v]; }
+uint8_t f32_to_f8_e4m3(float f) { return encode_fp8(f, kE4m3Format); }
+uint8_t f32_to_f8_e5m2(float f) { return encode_fp8(f, kE5m2Format); }
 
 void dequantize_to_f32(DType t, const void* src, float* dst, int64_t n) { dequantize_any("dequantize", t, src, dst, n); }
 
@@ -364,10 +374,10 @@ void quantize_from_f32(DType t, const float* src, void* dst, int64_t n) {
   if (is_block_quantized(t)) check_finite(t, src, n);
   switch (t) {
     case DType::f8_e4m3:
-      for (int64_t i = 0; i < n; ++i) d[i] = encode_fp8(src[i], kE4m3);
+      for (int64_t i = 0; i < n; ++i) d[i] = encode_fp8(src[i], kE4m3Format);
       return;
     case DType::f8_e5m2:
-      for (int64_t i = 0; i < n; ++i) d[i] = encode_fp8(src[i], kE5m2);
+      for (int64_t i = 0; i < n; ++i) d[i] = encode_fp8(src[i], kE5m2Format);
       return;
     case DType::q8_0: quantize_q8_0(src, d, n / 32); return;
     case DType::q4_0: quantize_q4_0(src, d, n / 32); return;
