@@ -6,6 +6,7 @@
 #include "exec/executable_store.h"
 #include "exec/host.h"
 #include "exec/mode.h"
+#include "distributed/tensor_parallel.h"
 #include "golden.h"
 #include "models/flux/flux_transformer.h"
 #include "pipelines/flux_pipeline.h"
@@ -101,7 +102,27 @@ TEST(QuantizedFluxPipelineErrors, UnknownComponentAndTensorParallelAreRefusedBef
   PipelineOptions o = bf16();
   o.quantize["unet"] = DType::q8_0;
   test::expect_error([&] { (void)FluxPipeline::from_pretrained(test::pipeline_dir(kSet), o); },
-                              {"quantization given for unknown component 'unet'", "transformer"});
+                     {"quantization given for unknown component 'unet'", "transformer"});
+  PipelineOptions tp = bf16(DType::q8_0);
+  tp.tensor_parallel = TensorParallelConfig{DeviceMesh(ProcessGroup::detached(0, 2))};
+  test::expect_error([&] { (void)FluxPipeline::from_pretrained(test::pipeline_dir(kSet), tp); },
+                     {"tensor parallelism (--tp) with --quantize or a single-file checkpoint is not supported"});
+}
+
+// Model offload moves quantized weights as they are (their bytes, not a float copy): the same
+// image, and the transformer's device copy is its quantized size.
+TEST(QuantizedFluxPipelineOffload, ModelOffloadGivesTheSameImage) {
+  const FluxPipeline in_place = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), bf16(DType::q4_k));
+  const PipelineOutput want = in_place(call());
+  FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), bf16(DType::q4_k));
+  pipe.enable_model_cpu_offload();
+  EXPECT_EQ(pipe(call()).image, want.image);
+  size_t moved = 0;
+  for (const OffloadEvent& e : pipe.offload_events())
+    if (e.component == "transformer" && e.action == "onload") moved = std::max(moved, size_t(e.bytes));
+  size_t held = 0;
+  for (const auto& [key, t] : pipe.transformer_parameters()) held += t.nbytes();
+  EXPECT_EQ(moved, held);
 }
 
 }  // namespace
