@@ -2,6 +2,7 @@
 // dequantized weight, on the GEMM path (many rows, panel by panel) and the GEMV path (one row),
 // with no whole-weight f32 copy; quantization at load through nn::Weights.
 #include <cmath>
+#include <limits>
 #include <memory>
 
 #include "core/quant_blocks.h"
@@ -132,6 +133,65 @@ TEST(QuantizeAtLoad, RefusesAFloatTypeAndAWeightOfPartialBlocks) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("whole number of its 32-element blocks"), std::string::npos) << e.what();
   }
+}
+
+// Scaled fp8 checkpoints: W / s stored in fp8 with s beside it, one per tensor or per output
+// feature; the layer computes (x · Qᵀ) · s + b.
+TEST(ScaledFp8, TheScaleMultipliesTheProduct) {
+  const Tensor q = from_vector(test::random_values(32 * 64, 51, -1, 1), {32, 64}, DType::f8_e4m3);
+  const Tensor x = test::random_tensor({3, 64}, 52), b = test::random_tensor({32}, 53);
+  const std::vector<float> qd = to_vector(q);
+  for (const Shape& scale_shape : {Shape{}, Shape{1}, Shape{32}, Shape{32, 1}}) {
+    const int64_t n = numel(scale_shape);
+    const std::vector<float> sv = test::random_values(n, 54, 0.5, 2);
+    const auto source = std::make_shared<test::MapSource>(std::map<std::string, Tensor>{
+        {"a.weight", q}, {"a.bias", b}, {"a.scale_weight", from_vector(sv, scale_shape, DType::f32)},
+        {"a.input_scale", from_vector({1.0f}, {}, DType::f32)}});
+    const nn::Linear a(nn::Weights(source).sub("a"), 64, 32);
+    std::vector<float> w(qd);
+    for (int64_t r = 0; r < 32; ++r)
+      for (int64_t k = 0; k < 64; ++k) w[size_t(r * 64 + k)] *= sv[size_t(n == 1 ? 0 : r)];
+    const std::vector<float> got = to_vector(a(x)), want = to_vector(linear(x, from_vector(w, {32, 64}), b));
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << i;
+  }
+  const auto bad = std::make_shared<test::MapSource>(std::map<std::string, Tensor>{
+      {"a.weight", q}, {"a.weight_scale", from_vector({1, 2, 3}, {3}, DType::f32)}});
+  test::expect_error([&] { (void)nn::Linear(nn::Weights(bad).sub("a"), 64, 32, false); },
+                     {"'a.weight_scale' has shape [3]", "one value or one per output feature (32)"});
+}
+
+// --quantize f8_e4m3 scales each weight so its largest magnitude is e4m3's largest value:
+// DiT-sized weights (~0.02) would otherwise fall among the subnormals.
+TEST(QuantizeAtLoad, Fp8GetsAPerTensorScale) {
+  const Tensor w = from_vector(test::random_values(64 * 128, 61, -0.03, 0.03), {64, 128});
+  const auto source = std::make_shared<test::MapSource>(std::map<std::string, Tensor>{{"a.weight", w}});
+  const nn::Linear a(nn::Weights(source).with_quantization(DType::f8_e4m3).sub("a"), 128, 64, false);
+  ASSERT_EQ(a.weight.dtype(), DType::f8_e4m3);
+  ASSERT_TRUE(a.weight_scale.defined());
+  EXPECT_NEAR(item(a.weight_scale), nn::max_abs(w) / 448.0, 1e-9);
+  const Tensor x = test::random_tensor({4, 128}, 62);
+  const std::vector<float> got = to_vector(a(x)), want = to_vector(linear(x, w));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) num += std::pow(got[i] - want[i], 2), den += std::pow(want[i], 2);
+  EXPECT_LT(std::sqrt(num / den), 0.05);  // e4m3's 3 mantissa bits, not its subnormals
+}
+
+TEST(QuantizeAtLoad, ANonFiniteWeightIsAnErrorNamingIt) {
+  std::vector<float> v = test::random_values(8 * 64, 71);
+  v[5 * 64 + 3] = std::numeric_limits<float>::infinity();
+  const auto source = std::make_shared<test::MapSource>(
+      std::map<std::string, Tensor>{{"blk.proj.weight", from_vector(v, {8, 64})}});
+  test::expect_error(
+      [&] { (void)nn::Linear(nn::Weights(source).with_quantization(DType::q8_0).sub("blk").sub("proj"), 64, 8, false); },
+      {"'blk.proj.weight'", "row 5", "not finite", "q8_0"});
+}
+
+// Only a linear's weight may be quantized; views keep whole blocks.
+TEST(QuantizedWeights, OtherOpsAndPartialBlocksAreRefused) {
+  const Tensor wq = from_vector(test::random_values(4 * 64, 81), {4, 64}, DType::q8_0);
+  test::expect_error([&] { (void)(wq + wq); }, {"input 0 is q8_0[4,64]", "only as a linear's weight"});
+  test::expect_error([&] { (void)Tensor::view_of(wq.buffer(), {4, 16}, DType::q8_0); },
+                     {"q8_0[4,16]", "whole 32-element blocks"});
 }
 
 }  // namespace

@@ -25,11 +25,9 @@ void parse_quantize(const std::string& value, PipelineOptions& options) {
     const std::string part = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     const size_t eq = part.find('=');
     // The pipeline checks component names before it loads anything (from_pretrained).
-    if (eq == std::string::npos) {
-      options.quantize["transformer"] = quant_value(value, part);
-    } else {
-      options.quantize[part.substr(0, eq)] = quant_value(value, part.substr(eq + 1));
-    }
+    const std::string component = eq == std::string::npos ? "transformer" : part.substr(0, eq);
+    KILN_CHECK(!options.quantize.count(component), "cli", "--quantize ", value, ": ", component, " is given twice");
+    options.quantize[component] = quant_value(value, eq == std::string::npos ? part : part.substr(eq + 1));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }

@@ -16,6 +16,13 @@ Tensor Tensor::view_of(BufferPtr buffer, Shape shape, DType dtype, Strides strid
   if (strides.empty()) strides = contiguous_strides(shape);
   KILN_CHECK(strides.size() == shape.size(), "tensor", "rank of strides ", strides.size(),
              " differs from rank of shape ", to_string(shape));
+  if (const int64_t block = dtype_block_elems(dtype); block > 1) {
+    // Blocks run along rows: a view must keep whole, dense blocks.
+    bool whole = !shape.empty() && shape.back() % block == 0 && strides.back() == 1 && offset % block == 0;
+    for (size_t i = 0; whole && i + 1 < strides.size(); ++i) whole = strides[i] % block == 0;
+    KILN_CHECK(whole, "tensor", dtype_name(dtype), to_string(shape), " view at offset ", offset,
+               " does not keep whole ", block, "-element blocks along its last dim");
+  }
   // The highest element the view can touch must lie inside the buffer.
   int64_t hi = offset, lo = offset;
   for (size_t i = 0; i < shape.size(); ++i) {

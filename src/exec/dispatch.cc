@@ -23,6 +23,8 @@ void check_inputs(const OpDef& def, const std::vector<Tensor>& inputs) {
     KILN_CHECK(inputs[size_t(i)].defined(), def.name, "input ", i, " is an undefined tensor");
     KILN_CHECK(inputs[size_t(i)].device() == inputs[0].device(), def.name, "input ", i, " is on ",
                inputs[size_t(i)].device().str(), " but input 0 is on ", inputs[0].device().str());
+    KILN_CHECK(!is_storage_only(inputs[size_t(i)].dtype()) || i == def.quantized_input, def.name, "input ", i, " is ",
+               inputs[size_t(i)].describe(), ": a quantized weight is read only as a linear's weight");
   }
 }
 
@@ -30,7 +32,7 @@ Tensor launch(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, const O
               const Device& device) {
   DeviceRuntime& rt = runtime(device);
   const KernelFn kernel = rt.kernel(def.name);
-  BufferPtr out_buf = rt.allocate(size_t(numel(meta.shape)) * dtype_size(meta.dtype));
+  BufferPtr out_buf = rt.allocate(storage_bytes(meta.dtype, numel(meta.shape)));
   Tensor out = Tensor::view_of(out_buf, meta.shape, meta.dtype);
   // Profiling (exec/profile.h) reads the operands before the work takes them.
   std::vector<Tensor> operands;

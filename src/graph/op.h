@@ -57,6 +57,9 @@ struct OpDef {
   // Whether device kernels read strided inputs directly; otherwise the dispatcher hands them
   // dense copies of non-contiguous views.
   bool strided_inputs = false;
+  // The input that may be held in a quantized storage type (core/quant_blocks.h): linear's
+  // weight. Any other input of a storage type is refused by the dispatcher, naming the op.
+  int quantized_input = -1;
   // The reference: computes the output from dense host inputs (`out` gives shape and dtype;
   // the result is rounded to out.dtype by the caller).
   std::function<std::vector<double>(const std::vector<HostTensor>&, const Attrs&, const OutputMeta&)>

@@ -47,16 +47,26 @@ Linear::Linear(const Weights& w, int64_t in_features, int64_t out_features, bool
   const TensorParallelEntry* e = w.plan() ? w.plan()->find(w.path()) : nullptr;
   const int ws = e ? w.plan()->group->size() : 1, rank = e ? w.plan()->group->rank() : 0;
   dtype = w.dtype();
-  // "Scaled fp8" checkpoints store W / s in fp8 with the f32 scale s beside it (ComfyUI names it
-  // scale_weight, others weight_scale): y = (x · Wᵀ) · s + b.
-  for (const char* name : {"scale_weight", "weight_scale"})
-    if (w.has(name)) weight_scale = w.get(name, {});
-  if (w.has("input_scale")) (void)w.get("input_scale", {});  // kiln keeps activations unquantized
+  // "Scaled fp8" checkpoints store W / s in fp8 with the scale s beside it (ComfyUI names it
+  // scale_weight, others weight_scale), one per tensor ([] or [1]) or per output feature ([N] or
+  // [N,1]): y = (x · Wᵀ) · s + b.
+  for (const char* name : {"scale_weight", "weight_scale"}) {
+    if (!w.has(name)) continue;
+    const Shape stored = w.stored_shape(name);
+    const int64_t n = kiln::numel(stored);
+    KILN_CHECK(n == 1 || n == out_features, "weights", w.describe(), ": '", w.key(name), "' has shape ",
+               to_string(stored), "; a weight scale is one value or one per output feature (", out_features, ")");
+    weight_scale = reshape(w.get(name, stored), n == 1 ? Shape{} : Shape{out_features});
+  }
+  // Activations stay unquantized: an input scale is read (so it is not reported unused), not applied.
+  if (w.has("input_scale")) (void)w.get("input_scale", w.stored_shape("input_scale"));
   if (e == nullptr || ws == 1) {
-    weight = w.get_linear_weight("weight", {out_features, in_features});
+    weight = w.get_linear_weight("weight", {out_features, in_features}, weight_scale.defined() ? nullptr : &weight_scale);
     bias = has_bias ? w.get("bias", {out_features}) : Tensor();
     return;
   }
+  KILN_CHECK(!weight_scale.defined() || weight_scale.numel() == 1, "tp", w.path(),
+             ": a per-feature weight scale (scaled fp8) is not sharded; use a checkpoint with one scale per tensor");
   const bool by_rows = e->style == "colwise" || e->style == "packed_colwise" || e->style == "colwise_gather";
   parallel = e->style == "colwise_gather" ? Parallel::colwise_gather : by_rows ? Parallel::colwise : Parallel::rowwise;
   const int64_t size = by_rows ? out_features : in_features;

@@ -18,8 +18,8 @@ struct Linear {
   Linear() = default;
   Linear(const Weights& w, int64_t in_features, int64_t out_features, bool bias = true);
   Tensor operator()(const Tensor& x) const;
-  // Appends the tensors the layer reads (weight, then bias if any): the parameter list of
-  // compiled modules (exec/compile.h).
+  // Appends the tensors the layer reads (weight, then bias and weight_scale if any): the
+  // parameter list of compiled modules (exec/compile.h).
   void append_parameters(std::vector<Tensor>& out) const;
   // weight is held in dtype or in a quantized storage type (Weights::get_linear_weight);
   // weight_scale (scaled fp8 checkpoints) multiplies the product when defined.

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "exec/host.h"
 #include "exec/residency.h"
 #include "nn/component_load.h"
 #include "nn/weight_quantization.h"
@@ -50,12 +51,10 @@ DType Weights::linear_load_dtype(const std::string& key) const {
   return stored && is_storage_only(*stored) ? *stored : dtype_;
 }
 
-Tensor Weights::maybe_quantize(Tensor t) const {
-  if (!quantize_ || !is_floating(t.dtype()) || t.rank() != 2 || t.dim(1) % dtype_block_elems(*quantize_) != 0) return t;
-  return quantize_weight(t, *quantize_);
-}
+// Rows per panel when quantizing at load: ~16 MiB of f32 at a time.
+constexpr int64_t kQuantizePanelBytes = int64_t(16) << 20;
 
-Tensor Weights::get_linear_weight(const std::string& name, const Shape& shape) const {
+Tensor Weights::get_linear_weight(const std::string& name, const Shape& shape, Tensor* scale) const {
   const std::string k = checked_key(name, shape);
   const DType load_as = linear_load_dtype(k);
   Tensor t;
@@ -65,13 +64,24 @@ Tensor Weights::get_linear_weight(const std::string& name, const Shape& shape) c
     const std::optional<DType> stored = source_->stored_dtype(k);
     const DType read_as = stored && is_floating(*stored) ? *stored : load_as;
     const int64_t N = shape[0], K = shape[1];
-    const int64_t panel = std::max<int64_t>(1, (int64_t(16) << 20) / (K * 4));
+    const int64_t panel = std::max<int64_t>(1, kQuantizePanelBytes / (K * 4));
+    const auto rows = [&](int64_t r) { return source_->load_slice(k, 0, r, std::min(panel, N - r), read_as); };
+    float s = 1;
+    if (!is_block_quantized(*quantize_) && scale) {  // fp8: a scale per tensor, from a first pass
+      float amax = 0;
+      for (int64_t r = 0; r < N; r += panel) amax = std::max(amax, max_abs(rows(r)));
+      s = quantization_scale(*quantize_, amax);
+    }
     BufferPtr buf = host_allocate(storage_bytes(*quantize_, N * K));
     for (int64_t r = 0; r < N; r += panel) {
-      const Tensor q = quantize_weight(source_->load_slice(k, 0, r, std::min(panel, N - r), read_as), *quantize_);
+      const Tensor q = quantize_weight(rows(r), *quantize_, s, describe() + ": '" + k + "'");
       std::memcpy(static_cast<char*>(buf->data()) + storage_bytes(*quantize_, r * K), q.data_ptr(), q.nbytes());
     }
     t = Tensor::view_of(std::move(buf), shape, *quantize_);
+    if (s != 1) {
+      *scale = from_vector({s}, {}, dtype_);
+      collect_weight(key(name + "_scale"), *scale);  // "<layer>.weight_scale": convert writes it
+    }
   } else {
     t = source_->load(k, load_as);
   }
@@ -81,8 +91,10 @@ Tensor Weights::get_linear_weight(const std::string& name, const Shape& shape) c
 
 Tensor Weights::get_linear_weight_slice(const std::string& name, const Shape& shape, int dim, int64_t start,
                                         int64_t length, bool collect) const {
+  // Tensor parallelism with quantization at load is refused by the pipeline loader; a stored
+  // quantized weight is sliced as stored.
   const std::string k = checked_key(name, shape);
-  Tensor t = maybe_quantize(source_->load_slice(k, dim, start, length, linear_load_dtype(k)));
+  Tensor t = source_->load_slice(k, dim, start, length, linear_load_dtype(k));
   if (collect) collect_weight(k, t);
   return t;
 }
@@ -94,6 +106,11 @@ Weights Weights::with_plan(std::shared_ptr<const ShardPlan> plan) const {
 }
 
 bool Weights::has(const std::string& name) const { return source_ && source_->contains(key(name)); }
+
+Shape Weights::stored_shape(const std::string& name) const {
+  KILN_CHECK(has(name), "weights", describe(), ": tensor '", key(name), "' is missing");
+  return source_->shape(key(name));
+}
 
 std::string Weights::checked_key(const std::string& name, const Shape& shape) const {
   KILN_CHECK(source_ != nullptr, "weights", "no checkpoint loaded for '", key(name), "'");

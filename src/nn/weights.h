@@ -29,6 +29,7 @@ class Weights {
   Weights sub(const std::string& name, int64_t index) const { return sub(name + "." + std::to_string(index)); }
 
   bool has(const std::string& name) const;
+  Shape stored_shape(const std::string& name) const;  // as the checkpoint stores it (must exist)
   // The tensor `name` in this module's dtype (dtype()), or in `dtype`: read in place (zero-copy)
   // when it is stored in that dtype, else converted once, here; throws naming the key when
   // missing or when its shape is not `shape`.
@@ -52,9 +53,12 @@ class Weights {
   // quantized; stored quantized ones are dequantized once into dtype() by get().
   Weights with_quantization(std::optional<DType> type) const;
   std::optional<DType> quantization() const { return quantize_; }
-  // The linear weight `name` [N,K] as above (held quantized or in dtype()).
-  Tensor get_linear_weight(const std::string& name, const Shape& shape) const;
-  // Rows/columns of it (get_slice), quantized likewise.
+  // The linear weight `name` [N,K] as above (held quantized or in dtype()). Quantizing into fp8
+  // sets *scale (when given) to the per-tensor scale the values were divided by
+  // (nn/weight_quantization.h); without `scale` fp8 stores the values unscaled.
+  Tensor get_linear_weight(const std::string& name, const Shape& shape, Tensor* scale = nullptr) const;
+  // Rows/columns of it (get_slice), as stored or in dtype() (never quantized here: tensor
+  // parallelism with quantization at load is refused).
   Tensor get_linear_weight_slice(const std::string& name, const Shape& shape, int dim, int64_t start, int64_t length,
                                  bool collect = true) const;
 
@@ -77,8 +81,6 @@ class Weights {
   std::string checked_key(const std::string& name, const Shape& shape) const;
   // The dtype a linear weight is loaded in: its stored storage type, else dtype().
   DType linear_load_dtype(const std::string& key) const;
-  // `t` quantized into quantize_ when one is set and t is a float [N,K] with K whole blocks.
-  Tensor maybe_quantize(Tensor t) const;
 
   std::shared_ptr<const WeightSource> source_;
   std::string prefix_;

@@ -66,6 +66,7 @@ void register_linear() {
   OpDef def;
   def.name = "linear";
   def.kind = OpKind::contraction;
+  def.quantized_input = 1;
   def.min_inputs = 2;
   def.max_inputs = 3;
   def.infer = [](const std::vector<Tensor>& in, const Attrs&) {
