@@ -9,10 +9,12 @@
 #include "call_args.h"
 #include "exec/host.h"
 #include "golden.h"
+#include "io/gguf.h"
 #include "io/gguf_writer.h"
 #include "models/flux/flux_original_keys.h"
 #include "models/vae/ldm_vae_keys.h"
 #include "nn/key_mapped_source.h"
+#include "nn/tensor_map_source.h"
 #include "pipelines/flux_pipeline.h"
 #include "test_util.h"
 
@@ -79,6 +81,26 @@ TEST_F(ComponentFiles, GgufTransformerGivesTheImageOfQuantizingAtLoad) {
   for (const auto& [key, t] : pipe.transformer_parameters()) q8 += t.dtype() == DType::q8_0;
   EXPECT_GT(q8, 0u);
   EXPECT_EQ(pipe(call()).image, want.image);
+}
+
+// The same quantized transformer written in BFL names as GGUF (kiln convert --layout original:
+// the layout stable-diffusion.cpp and ComfyUI loaders read): fused tensors joined from whole
+// quantized rows, read back through the key map as zero-copy row views, the same image.
+TEST_F(ComponentFiles, OriginalLayoutGgufTransformerGivesTheImageOfQuantizingAtLoad) {
+  const fs::path folder = test::pipeline_dir(kSet), file = dir_ / "flux1-q4_k.gguf";
+  PipelineOptions o;
+  o.dtype = DType::bf16;
+  o.quantize["transformer"] = DType::q4_k;
+  const FluxPipeline quantized = FluxPipeline::from_pretrained(folder, o);
+  const auto& params = quantized.transformer_parameters();
+  nn::write_original_layout_gguf(nn::TensorMapSource(std::map<std::string, Tensor>(params.begin(), params.end())),
+                                 flux1_original_key_map(), file, {});
+  EXPECT_TRUE(io::GgufFile(file).contains("double_blocks.0.img_attn.qkv.weight"));
+  PipelineOptions from_file;
+  from_file.dtype = DType::bf16;
+  from_file.strict = true;
+  from_file.component_files["transformer"] = file;
+  EXPECT_EQ(FluxPipeline::from_pretrained(folder, from_file)(call()).image, quantized(call()).image);
 }
 
 TEST_F(ComponentFiles, AMissingFileOrAnUnknownComponentIsRefusedBeforeLoading) {

@@ -338,25 +338,6 @@ TEST(OriginalKeysDetect, LayoutsAndComponents) {
 }
 
 // Whole rows of a block-quantized tensor are views too: the byte offsets come from storage_bytes.
-class MemorySource final : public nn::WeightSource {
- public:
-  std::map<std::string, Tensor> tensors;
-  std::string describe() const override { return "memory"; }
-  bool contains(const std::string& key) const override { return tensors.count(key) != 0; }
-  Shape shape(const std::string& key) const override { return tensors.at(key).shape(); }
-  std::optional<DType> stored_dtype(const std::string& key) const override { return tensors.at(key).dtype(); }
-  Tensor load(const std::string& key, DType dtype) const override {
-    const Tensor& t = tensors.at(key);
-    KILN_CHECK(dtype == t.dtype(), "memory", "no conversion of ", key);
-    return t;
-  }
-  std::vector<std::string> names() const override {
-    std::vector<std::string> out;
-    for (const auto& [k, t] : tensors) out.push_back(k);
-    return out;
-  }
-};
-
 TEST(OriginalKeysMachinery, BlockQuantizedRowsAreViewsAndSwapsMoveWholeRows) {
   const io::KeyMap map{"test",
                        {{.original = "blk.{i}.qkv",
@@ -364,7 +345,7 @@ TEST(OriginalKeysMachinery, BlockQuantizedRowsAreViewsAndSwapsMoveWholeRows) {
                          .transform = io::KeyTransform::rows,
                          .row_units = {1, 1, 1}},
                         {.original = "mod", .diffusers = {"norm.linear"}, .transform = io::KeyTransform::swap_halves}}};
-  auto source = std::make_shared<MemorySource>();
+  auto source = std::make_shared<test::MapSource>(std::map<std::string, Tensor>{});
   const int64_t rows = 6, cols = 64;  // two q8_0 blocks a row
   const size_t row_bytes = storage_bytes(DType::q8_0, cols);
   const auto make = [&](int seed) {

@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "exec/host.h"
 #include "exec/ops.h"
-#include "nn/weight_source.h"
+#include "nn/tensor_map_source.h"
 
 namespace kiln::test {
 
@@ -50,19 +50,7 @@ void expect_error(F&& f, const std::vector<std::string>& parts) {
   }
 }
 
-// Named tensors held in memory as a checkpoint (stored dtype = the tensor's).
-class MapSource final : public nn::WeightSource {
- public:
-  explicit MapSource(std::map<std::string, Tensor> t) : tensors(std::move(t)) {}
-  std::string describe() const override { return "(test tensors)"; }
-  bool contains(const std::string& key) const override { return tensors.count(key) != 0; }
-  Shape shape(const std::string& key) const override { return tensors.at(key).shape(); }
-  std::optional<DType> stored_dtype(const std::string& key) const override { return tensors.at(key).dtype(); }
-  Tensor load(const std::string& key, DType dtype) const override {
-    const Tensor& t = tensors.at(key);
-    return t.dtype() == dtype ? t : contiguous(cast(t, dtype));
-  }
-  std::map<std::string, Tensor> tensors;
-};
+// Named tensors held in memory as a checkpoint.
+using MapSource = nn::TensorMapSource;
 
 }  // namespace kiln::test

@@ -7,18 +7,51 @@
 #include "core/error.h"
 #include "exec/host.h"
 #include "io/gguf_writer.h"
+#include "io/json_config.h"
+#include "io/model_folder.h"
 #include "io/safetensors.h"
+#include "models/flux/flux_transformer.h"
+#include "models/flux2/flux2_transformer.h"
+#include "models/sd3/sd3_transformer.h"
+#include "nn/component_load.h"
+#include "nn/key_mapped_source.h"
+#include "nn/tensor_map_source.h"
+#include "nn/weights.h"
+#include "pipelines/component_file.h"
 #include "pipelines/diffusion_pipeline.h"
 
 namespace kiln::cli {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The transformer of the folder, built as a pipeline would build it under --quantize (only this
+// component is loaded), with its weights under their state-dict keys.
+nn::NamedParameters load_transformer(const fs::path& model, std::optional<DType> dtype, DType type,
+                                     std::string& class_name) {
+  const fs::path dir = io::resolve_model_folder(model);
+  const io::JsonConfig config(dir / "transformer" / "config.json");
+  class_name = config.get_string("_class_name", "");
+  const nn::ComponentLoad quantized(nullptr, type);
+  if (class_name == "FluxTransformer2DModel")
+    return FluxTransformer2DModel::from_pretrained(dir / "transformer", dtype).named_parameters();
+  if (class_name == "SD3Transformer2DModel")
+    return SD3Transformer2DModel::from_pretrained(dir / "transformer", dtype).named_parameters();
+  if (class_name == "Flux2Transformer2DModel")
+    return Flux2Transformer2DModel::from_pretrained(dir / "transformer", dtype).named_parameters();
+  fail("cli", (dir / "transformer" / "config.json").string(), ": _class_name '", class_name,
+       "' is not a transformer kiln converts (FluxTransformer2DModel, SD3Transformer2DModel, Flux2Transformer2DModel)");
+}
+
+}  // namespace
+
 int convert(const std::vector<std::string>& args) {
   std::string model;
   fs::path out;
   PipelineOptions options;
   bool quantize_given = false;
+  std::string layout = "diffusers";
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     KILN_CHECK(i + 1 < args.size(), "cli", "flag ", flag, " expects a value");
@@ -27,9 +60,13 @@ int convert(const std::vector<std::string>& args) {
     else if (flag == "--out") out = value;
     else if (flag == "--dtype") parse_dtype(value, options);
     else if (flag == "--quantize") parse_quantize(value, options), quantize_given = true;
+    else if (flag == "--layout") layout = value;
     else fail("cli", "unknown flag '", flag, "' for convert (see kiln convert --help)");
   }
   KILN_CHECK(!model.empty(), "cli", "convert needs --model DIR (a Diffusers folder)");
+  KILN_CHECK(!out.empty(), "cli", "convert needs --out FILE (.gguf or .safetensors)");
+  KILN_CHECK(layout == "diffusers" || layout == "original", "cli", "--layout ", layout,
+             ": expected diffusers (Diffusers' tensor names) or original (the single-file names: BFL, Stability)");
   KILN_CHECK(quantize_given, "cli", "convert needs --quantize TYPE (q8_0, q4_k, q5_k, q4_0, f8_e4m3, f8_e5m2)");
   KILN_CHECK(options.quantize.size() == 1 && options.quantize.count("transformer"), "cli",
              "convert writes the transformer: --quantize takes one TYPE (or transformer=TYPE)");
@@ -42,22 +79,29 @@ int convert(const std::vector<std::string>& args) {
   KILN_CHECK(ext == ".gguf" || !is_block_quantized(type), "cli", "--out ", out.string(), ": safetensors has no ",
              dtype_name(type), " (ggml block types are written as .gguf)");
 
-  std::fprintf(stderr, "kiln: loading %s with the transformer quantized to %s\n", model.c_str(), dtype_name(type));
-  const std::unique_ptr<DiffusionPipeline> pipe = DiffusionPipeline::from_pretrained(model, options);
-  const nn::NamedParameters& params = pipe->transformer_parameters();
+  std::fprintf(stderr, "kiln: loading %s/transformer quantized to %s\n", model.c_str(), dtype_name(type));
+  std::string class_name;
+  const auto per = options.component_dtype.find("transformer");
+  const nn::NamedParameters params =
+      load_transformer(model, per != options.component_dtype.end() ? per->second : options.dtype, type, class_name);
   uint64_t bytes = 0;
-  if (ext == ".gguf") {
-    io::GgufWriter writer(out);
-    writer.set_metadata("general.architecture", io::GgufValue{std::string("kiln")});
-    writer.set_metadata("kiln.pipeline_class", io::GgufValue{std::string(pipe->class_name())});
-    writer.set_metadata("kiln.component", io::GgufValue{std::string("transformer")});
-    writer.set_metadata("kiln.quantization", io::GgufValue{std::string(dtype_name(type))});
-    writer.set_metadata("kiln.layout", io::GgufValue{std::string("diffusers")});
-    for (const auto& [key, t] : params) {
-      wait(t);
-      writer.add_tensor(key, t);
-    }
-    bytes = writer.write();
+  io::GgufMetadata metadata{{"general.architecture", io::GgufValue{std::string("kiln")}},
+                            {"kiln.class_name", io::GgufValue{class_name}},
+                            {"kiln.component", io::GgufValue{std::string("transformer")}},
+                            {"kiln.quantization", io::GgufValue{std::string(dtype_name(type))}},
+                            {"kiln.layout", io::GgufValue{layout}}};
+  if (layout == "original") {
+    KILN_CHECK(ext == ".gguf", "cli", "--layout original writes GGUF (.gguf)");
+    const io::Layout original = class_name == "FluxTransformer2DModel"   ? io::Layout::flux1_bfl
+                                : class_name == "Flux2Transformer2DModel" ? io::Layout::flux2_bfl
+                                                                          : io::Layout::sd3_stability;
+    std::map<std::string, Tensor> tensors(params.begin(), params.end());
+    bytes = nn::write_original_layout_gguf(nn::TensorMapSource(std::move(tensors)), original_key_map(original), out,
+                                           metadata);
+  } else if (ext == ".gguf") {
+    std::vector<std::pair<std::string, Tensor>> tensors(params.begin(), params.end());
+    for (const auto& [key, t] : tensors) wait(t);
+    bytes = io::write_gguf(out, metadata, tensors);
   } else {
     io::save_safetensors(out, params);
     bytes = fs::file_size(out);

@@ -75,6 +75,9 @@ const std::vector<CommandDoc>& commands() {
            {"--quantize", "TYPE", "required", "q8_0, q4_k, q5_k, q4_0 (GGUF), or f8_e4m3 / f8_e5m2 (safetensors)"},
            {"--dtype", "auto|bf16|f16|f32", "auto", "the dtype of the tensors left unquantized"},
            {"--out", "FILE", "required", "FILE.gguf (ggml block types) or FILE.safetensors (fp8); written atomically"},
+           {"--layout", "diffusers|original", "diffusers", "the tensor names: Diffusers', or the original single-file "
+                                                         "ones (BFL / Stability; GGUF only), which stable-diffusion.cpp "
+                                                         "and ComfyUI loaders read"},
            {"--help", "", "", "this text"},
        }},
       {"warmup",

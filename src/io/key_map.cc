@@ -444,4 +444,26 @@ DetectedLayout detect_layout(const std::vector<std::string>& names, const std::s
   return {};
 }
 
+void add_linear(std::vector<KeyRule>& rules, const std::string& original, const std::string& diffusers, bool optional,
+                KeyTransform transform, BlockCondition when) {
+  for (const char* p : {".weight", ".bias"})
+    rules.push_back(
+        {.original = original + p, .diffusers = {diffusers + p}, .transform = transform, .optional = optional, .when = when});
+}
+
+void add_fused_linear(std::vector<KeyRule>& rules, const std::string& original, const std::vector<std::string>& diffusers,
+                      std::vector<int64_t> units, bool optional, const std::string& unit_from, int unit_dim) {
+  for (const char* p : {".weight", ".bias"}) {
+    std::vector<std::string> keys;
+    for (const std::string& d : diffusers) keys.push_back(d + p);
+    rules.push_back({.original = original + p,
+                     .diffusers = keys,
+                     .transform = KeyTransform::rows,
+                     .row_units = units,
+                     .unit_from = unit_from,
+                     .unit_dim = unit_dim,
+                     .optional = optional});
+  }
+}
+
 }  // namespace kiln::io

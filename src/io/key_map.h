@@ -122,4 +122,15 @@ struct DetectedLayout {
 DetectedLayout detect_layout(const std::vector<std::string>& names, const std::string& component = "",
                              const std::string& file = "");
 
+// Rule builders the families' maps share. A Linear: its weight and its bias (`original`.weight ->
+// `diffusers`.weight, ...), each under one rule.
+void add_linear(std::vector<KeyRule>& rules, const std::string& original, const std::string& diffusers,
+                bool optional = false, KeyTransform transform = KeyTransform::whole,
+                BlockCondition when = BlockCondition::any);
+// A fused Linear whose output rows are several Diffusers Linears, in `units` proportions (see
+// KeyRule::row_units), weight and bias alike.
+void add_fused_linear(std::vector<KeyRule>& rules, const std::string& original, const std::vector<std::string>& diffusers,
+                      std::vector<int64_t> units, bool optional = false, const std::string& unit_from = "",
+                      int unit_dim = 0);
+
 }  // namespace kiln::io

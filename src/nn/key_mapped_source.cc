@@ -5,8 +5,8 @@
 
 #include "core/error.h"
 #include "exec/host.h"
+#include "io/gguf_writer.h"
 #include "io/safetensors_stream_writer.h"
-// The families' key maps are data beside their models; this is the one place that lists them.
 
 namespace kiln::nn {
 
@@ -149,56 +149,78 @@ io::DetectedLayout detect_layout(const WeightSource& source, const std::string& 
   return io::detect_layout(source.names(), component, source.describe());
 }
 
-uint64_t write_original_layout(const WeightSource& diffusers, const io::KeyMap& map, const std::filesystem::path& path,
-                               const std::string& prefix) {
+namespace {
+
+// One original-layout tensor to write: where each range of its elements comes from.
+struct OriginalOut {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  struct Segment {
+    int64_t begin, part, part_begin, length;  // elements
+  };
+  std::shared_ptr<std::vector<Tensor>> parts;  // as stored: read in place from a mapped file
+  std::vector<Segment> segments;               // ascending, covering the tensor
+};
+
+// The original tensors holding the Diffusers tensors of `diffusers`, each from its parts as they
+// are stored. `storage_ok`: whether quantized parts may be written (GGUF) or only floats.
+std::vector<OriginalOut> original_tensors(const WeightSource& diffusers, const io::KeyMap& map, const std::string& prefix,
+                                          bool storage_ok) {
   const std::vector<std::string> keys = diffusers.names();
   KILN_CHECK(!keys.empty(), kWhere, diffusers.describe(), ": no tensors to write in the ", map.name, " layout");
   const std::vector<io::OriginalTensor> originals =
       io::invert_key_map(map, keys, [&](const std::string& k) { return diffusers.shape(k); }, diffusers.describe());
-
-  // Where each range of an original tensor's elements comes from.
-  struct Segment {
-    int64_t begin, part, part_begin, length;
-  };
-  std::vector<io::StreamedTensor> out;
+  std::vector<OriginalOut> out;
   for (const io::OriginalTensor& o : originals) {
-    const std::optional<DType> stored = diffusers.stored_dtype(o.parts[0]);
-    const DType dt = stored.value_or(DType::f32);
+    const DType dt = diffusers.stored_dtype(o.parts[0]).value_or(DType::f32);
     auto parts = std::make_shared<std::vector<Tensor>>();
     for (const std::string& p : o.parts) {
       const std::optional<DType> pt = diffusers.stored_dtype(p);
-      KILN_CHECK(is_floating(dt) && pt.value_or(DType::f32) == dt, kWhere, diffusers.describe(), ": tensor '", p,
-                 "' is stored as ", pt ? dtype_name(*pt) : "an unknown dtype",
-                 "; the original-layout writer writes f32, bf16 or f16 tensors, all parts of '", o.key, "' alike");
-      Tensor t = diffusers.load(p, dt);  // as stored: read in place from a mapped file
+      KILN_CHECK((is_floating(dt) || (storage_ok && is_storage_only(dt))) && pt.value_or(DType::f32) == dt, kWhere,
+                 diffusers.describe(), ": tensor '", p, "' is stored as ", pt ? dtype_name(*pt) : "an unknown dtype",
+                 storage_ok ? "; all parts of '" : "; the safetensors writer writes f32, bf16 or f16 tensors, all parts of '",
+                 o.key, "' alike");
+      Tensor t = diffusers.load(p, dt);
       wait(t);
       KILN_CHECK(t.is_contiguous(), kWhere, diffusers.describe(), ": tensor '", p, "' is not contiguous");
       parts->push_back(std::move(t));
     }
-    std::vector<Segment> segments;
+    OriginalOut w{prefix + o.key, dt, o.shape, parts, {}};
     const int64_t n = numel(o.shape);
     switch (o.transform) {
       case io::KeyTransform::whole:
-      case io::KeyTransform::conv1x1_to_linear: segments.push_back({0, 0, 0, n}); break;
-      case io::KeyTransform::swap_halves:
-        segments.push_back({0, 0, n / 2, n / 2});
-        segments.push_back({n / 2, 0, 0, n / 2});
+      case io::KeyTransform::conv1x1_to_linear: w.segments.push_back({0, 0, 0, n}); break;
+      case io::KeyTransform::swap_halves:  // halves are whole rows, so whole blocks too
+        w.segments.push_back({0, 0, n / 2, n / 2});
+        w.segments.push_back({n / 2, 0, 0, n / 2});
         break;
       case io::KeyTransform::rows: {
         int64_t at = 0;
         for (size_t p = 0; p < parts->size(); ++p) {
-          segments.push_back({at, int64_t(p), 0, (*parts)[p].numel()});
+          w.segments.push_back({at, int64_t(p), 0, (*parts)[p].numel()});
           at += (*parts)[p].numel();
         }
         break;
       }
     }
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+}  // namespace
+
+uint64_t write_original_layout(const WeightSource& diffusers, const io::KeyMap& map, const std::filesystem::path& path,
+                               const std::string& prefix) {
+  std::vector<io::StreamedTensor> out;
+  for (OriginalOut& o : original_tensors(diffusers, map, prefix, /*storage_ok=*/false)) {
     io::StreamedTensor st;
-    st.name = prefix + o.key;
-    st.dtype = dt;
+    st.name = o.name;
+    st.dtype = o.dtype;
     st.shape = o.shape;
-    st.fill = [parts, segments, dt](int64_t begin, int64_t count, float* dst) {
-      for (const Segment& s : segments) {
+    st.fill = [parts = o.parts, segments = o.segments, dt = o.dtype](int64_t begin, int64_t count, float* dst) {
+      for (const OriginalOut::Segment& s : segments) {
         const int64_t lo = std::max(begin, s.begin), hi = std::min(begin + count, s.begin + s.length);
         if (lo >= hi) continue;
         const char* src = static_cast<const char*>((*parts)[size_t(s.part)].data_ptr());
@@ -208,6 +230,23 @@ uint64_t write_original_layout(const WeightSource& diffusers, const io::KeyMap& 
     out.push_back(std::move(st));
   }
   return io::write_safetensors_streamed(path, out, {{"format", "pt"}});
+}
+
+uint64_t write_original_layout_gguf(const WeightSource& diffusers, const io::KeyMap& map,
+                                    const std::filesystem::path& path, const io::GgufMetadata& metadata,
+                                    const std::string& prefix) {
+  io::GgufWriter writer(path);
+  writer.set_metadata(metadata);
+  for (OriginalOut& o : original_tensors(diffusers, map, prefix, /*storage_ok=*/true)) {
+    // Segments are whole rows of block-quantized tensors: their bytes are copied as they are.
+    writer.add_tensor(o.name, o.dtype, o.shape, [parts = o.parts, segments = o.segments, dt = o.dtype](
+                                                    const io::GgufWriter::Emit& emit) {
+      for (const OriginalOut::Segment& s : segments)
+        emit(static_cast<const char*>((*parts)[size_t(s.part)].data_ptr()) + storage_bytes(dt, s.part_begin),
+             storage_bytes(dt, s.length));
+    });
+  }
+  return writer.write();
 }
 
 }  // namespace kiln::nn

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/gguf.h"
 #include "io/key_map.h"
 #include "nn/weight_source.h"
 
@@ -79,5 +80,11 @@ io::DetectedLayout detect_layout(const WeightSource& source, const std::string& 
 // Returns the file size. Errors name the tensor a rule cannot place (io::invert_key_map).
 uint64_t write_original_layout(const WeightSource& diffusers, const io::KeyMap& map, const std::filesystem::path& path,
                                const std::string& prefix = "");
+// The same as a GGUF file (io/gguf_writer.h) with `metadata`: tensors keep their stored type,
+// quantized ones included (split parts of a fused tensor are whole rows, so their bytes are
+// joined as they are); stable-diffusion.cpp and city96's loaders read FLUX.1 in this layout.
+uint64_t write_original_layout_gguf(const WeightSource& diffusers, const io::KeyMap& map,
+                                    const std::filesystem::path& path, const io::GgufMetadata& metadata,
+                                    const std::string& prefix = "");
 
 }  // namespace kiln::nn

@@ -9,6 +9,7 @@
 
 namespace kiln {
 
+// The families' key maps are data beside their models; this is the one place that lists them.
 const io::KeyMap& original_key_map(io::Layout layout) {
   switch (layout) {
     case io::Layout::flux1_bfl: return flux1_original_key_map();

@@ -7,25 +7,13 @@ namespace {
 using io::KeyRule;
 using io::KeyTransform;
 
-// A Linear: its weight and bias under the same rule.
 void linear(std::vector<KeyRule>& r, const std::string& original, const std::string& diffusers, bool optional = false) {
-  for (const char* p : {".weight", ".bias"})
-    r.push_back({.original = original + p, .diffusers = {diffusers + p}, .optional = optional});
+  io::add_linear(r, original, diffusers, optional);
 }
 
-// A fused Linear whose output rows are several Diffusers Linears (weight and bias alike).
 void fused(std::vector<KeyRule>& r, const std::string& original, const std::vector<std::string>& diffusers,
            std::vector<int64_t> units, const std::string& unit_from = "", int unit_dim = 0) {
-  for (const char* p : {".weight", ".bias"}) {
-    std::vector<std::string> keys;
-    for (const std::string& d : diffusers) keys.push_back(d + p);
-    r.push_back({.original = original + p,
-                 .diffusers = keys,
-                 .transform = KeyTransform::rows,
-                 .row_units = units,
-                 .unit_from = unit_from,
-                 .unit_dim = unit_dim});
-  }
+  io::add_fused_linear(r, original, diffusers, std::move(units), false, unit_from, unit_dim);
 }
 
 std::vector<KeyRule> rules() {

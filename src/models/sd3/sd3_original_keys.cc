@@ -10,23 +10,13 @@ using io::KeyTransform;
 
 void linear(std::vector<KeyRule>& r, const std::string& original, const std::string& diffusers, bool optional = false,
             KeyTransform transform = KeyTransform::whole, BlockCondition when = BlockCondition::any) {
-  for (const char* p : {".weight", ".bias"})
-    r.push_back({.original = original + p,
-                 .diffusers = {diffusers + p},
-                 .transform = transform,
-                 .optional = optional,
-                 .when = when});
+  io::add_linear(r, original, diffusers, optional, transform, when);
 }
 
 // A fused q, k, v projection: three equal row parts (weight and bias).
 void qkv(std::vector<KeyRule>& r, const std::string& original, const std::string& attn, const std::vector<std::string>& qkv,
          bool optional = false) {
-  for (const char* p : {".weight", ".bias"})
-    r.push_back({.original = original + p,
-                 .diffusers = {attn + qkv[0] + p, attn + qkv[1] + p, attn + qkv[2] + p},
-                 .transform = KeyTransform::rows,
-                 .row_units = {1, 1, 1},
-                 .optional = optional});
+  io::add_fused_linear(r, original, {attn + qkv[0], attn + qkv[1], attn + qkv[2]}, {1, 1, 1}, optional);
 }
 
 std::vector<KeyRule> rules() {
