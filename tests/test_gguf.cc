@@ -19,7 +19,7 @@
 #include "io/gguf_writer.h"
 #include "io/safetensors.h"
 #include "nn/weight_source.h"
-#include "safetensors_fuzzing.h"
+#include "gguf_fuzzing.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -35,6 +35,7 @@ using kiln::io::GgufWriter;
 
 namespace {
 
+using kiln::test::block_tensor;
 using kiln::test::expect_error;
 using kiln::test::make_tensor;
 
@@ -82,14 +83,6 @@ bool in_mapping(const GgufFile& f, const Tensor& t) {
   const auto range = f.mapped_range();
   const auto* p = static_cast<const std::byte*>(t.data_ptr());
   return p >= range.data() && p + t.nbytes() <= range.data() + range.size();
-}
-
-// Seeded bytes for `elems` elements of a block type (any bytes are a valid block).
-Tensor block_tensor(const Shape& shape, DType dtype, uint64_t seed) {
-  kiln::test::SplitMix64 rng{seed};
-  std::vector<uint8_t> bytes(kiln::storage_bytes(dtype, kiln::numel(shape)));
-  for (uint8_t& b : bytes) b = uint8_t(rng.next());
-  return make_tensor<uint8_t>(shape, dtype, bytes);
 }
 
 std::vector<uint16_t> to_f16(const std::vector<float>& v) {
@@ -737,99 +730,22 @@ TEST_F(GgufBadFile, BadMetadataValues) {
   expect_rejected(deep, {"metadata 'deep'", "nested more than 16 deep"});
 }
 
-// ---- fuzz -----------------------------------------------------------------------------------
-
-void mutate_gguf(std::string& b, uint64_t header_len, kiln::test::SplitMix64& rng) {
-  const uint64_t head = std::min<uint64_t>(header_len, b.size());
-  if (head == 0) return;
-  static const uint64_t kInteresting[] = {0, 1, 2, 3, 4, 7, 8, 9, 12, 13, 31, 32, 33, 64, 255, 0xffffffffull,
-                                          0x7fffffffffffffffull, 0x8000000000000000ull, ~0ull};
-  switch (rng.below(6)) {
-    case 0:  // flip bits in the header
-      for (uint64_t k = 1 + rng.below(4); k > 0; --k) b[size_t(rng.below(head))] ^= char(1 + rng.below(255));
-      break;
-    case 1: {  // an interesting u64 (a length, a count, a dim, an offset)
-      const uint64_t at = rng.below(head), v = rng.below(2) ? kInteresting[rng.below(std::size(kInteresting))]
-                                                            : uint64_t(b.size()) + rng.below(64) - 32;
-      for (size_t i = 0; i < 8 && at + i < b.size(); ++i) b[size_t(at + i)] = char(v >> (8 * i));
-      break;
-    }
-    case 2: {  // an interesting u32 (a type id, n_dims, a version)
-      const uint64_t at = rng.below(head), v = rng.below(48);
-      for (size_t i = 0; i < 4 && at + i < b.size(); ++i) b[size_t(at + i)] = char(v >> (8 * i));
-      break;
-    }
-    case 3:  // truncation
-      b.resize(size_t(rng.below(b.size() + 1)));
-      break;
-    case 4:  // a byte inserted or removed in the header, shifting everything after it
-      if (rng.below(2))
-        b.insert(b.begin() + std::ptrdiff_t(rng.below(head)), char(rng.next()));
-      else
-        b.erase(b.begin() + std::ptrdiff_t(rng.below(head)));
-      break;
-    default:  // anything anywhere (data bytes too: any block bytes must dequantize)
-      for (uint64_t k = 1 + rng.below(8); k > 0; --k) b[size_t(rng.below(b.size()))] = char(rng.next());
-  }
-}
-
-// Loads every tensor every way; only kiln::Error may escape.
-void open_and_load_all(const fs::path& path) {
-  const GgufFile file(path);
-  for (const std::string& name : file.names()) {
-    try {
-      const Tensor t = file.load(name);
-      volatile unsigned sum = 0;
-      const auto* p = static_cast<const unsigned char*>(t.data_ptr());
-      for (size_t i = 0; i < t.nbytes(); ++i) sum = sum + p[i];
-      file.load(name, DType::f32);
-      const kiln::io::GgufTensorInfo& info = file.info(name);
-      if (info.shape.size() == 2) {
-        file.load_slice(name, 0, info.shape[0] / 2, info.shape[0] - info.shape[0] / 2, DType::f32);
-        file.load_slice(name, 1, 0, kiln::dtype_block_elems(info.dtype), DType::bf16);
-      }
-    } catch (const kiln::Error&) {
-      // A slice the tensor's shape does not allow, and the like; the next tensor may still load.
-    }
-  }
-}
+// ---- fuzz ----------------------------------------------------------------------------------
+// The mutations and the load-everything check are tests/gguf_fuzzing.h's (shared with the
+// sanitizer program tests/sanitize/gguf_fuzz.cc).
 
 TEST_F(GgufTest, MutatedFilesOnlyEverThrowKilnError) {
   const fs::path good = dir_ / "good.gguf";
-  kiln::io::write_gguf(good,
-                       {{"general.architecture", GgufValue{std::string("flux")}},
-                        {"t.u32", GgufValue{uint32_t(7)}},
-                        {"t.tokens", GgufValue{array_of(GgufType::string, {GgufValue{std::string("ab")},
-                                                                          GgufValue{std::string("c")}})}},
-                        {"t.nested", GgufValue{array_of(GgufType::array, {GgufValue{array_of(GgufType::f32, {GgufValue{1.0f}})}})}}},
-                       {{"w", make_tensor<float>({3, 4}, DType::f32, iota_f32(12))},
-                        {"b", make_tensor<uint16_t>({4}, DType::bf16, to_bf16(iota_f32(4)))},
-                        {"q", block_tensor({2, 32}, DType::q8_0, 5)},
-                        {"k", block_tensor({1, 256}, DType::q4_k, 6)},
-                        {"i", make_tensor<int64_t>({2, 1}, DType::i64, {1, 2})}});
-  const std::string valid = read_bytes(good);
+  const std::string valid = kiln::test::valid_gguf_file(good);
   const uint64_t header_len = GgufFile(good).data_offset();
 
   kiln::test::SplitMix64 rng{20250119};
-  const fs::path path = dir_ / "fuzz.gguf";
-  constexpr int kCases = 3000;
-  int opened = 0, rejected = 0;
-  for (int i = 0; i < kCases; ++i) {
-    std::string bytes = valid;
-    for (uint64_t m = 1 + rng.below(2); m > 0; --m) mutate_gguf(bytes, header_len, rng);
-    write_bytes(path, bytes);
-    try {
-      open_and_load_all(path);
-      ++opened;
-    } catch (const kiln::Error&) {
-      ++rejected;
-    } catch (const std::exception& e) {
-      FAIL() << "case " << i << ": non-kiln exception: " << e.what();
-    }
-  }
-  EXPECT_EQ(opened + rejected, kCases);
-  EXPECT_GT(rejected, kCases / 4);
-  EXPECT_GT(opened, kCases / 20);
+  constexpr long kCases = 3000;
+  const auto r = kiln::test::fuzz_gguf(valid, header_len, dir_ / "fuzz.gguf", rng, kCases);
+  ASSERT_EQ(r.failure, "");
+  EXPECT_EQ(r.opened + r.rejected, kCases);
+  EXPECT_GT(r.rejected, kCases / 4);
+  EXPECT_GT(r.opened, kCases / 20);
 }
 
 }  // namespace

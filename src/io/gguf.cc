@@ -1,23 +1,14 @@
 #include "io/gguf.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cctype>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <sstream>
-#include <system_error>
 #include <utility>
 
 #include "core/error.h"
-#include "core/mapped_pages.h"
-#include "io/safetensors.h"
 
 namespace kiln::io {
 namespace fs = std::filesystem;
@@ -40,24 +31,9 @@ constexpr uint64_t kMaxMetadataValues = uint64_t(1) << 24;
 
 constexpr const char* kSupportedTypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, I32, I64";
 
-std::string errno_text() { return std::error_code(errno, std::generic_category()).message(); }
-
 template <typename... Parts>
 [[noreturn]] void file_fail(const fs::path& file, const Parts&... parts) {
   fail(kWhere, file.string(), ": ", parts...);
-}
-
-// "[a, b)" without overflowing when a + b does not fit.
-std::string range_text(int64_t start, int64_t length) {
-  std::ostringstream os;
-  int64_t end = 0;
-  os << '[' << start << ", ";
-  if (__builtin_add_overflow(start, length, &end))
-    os << start << '+' << length;
-  else
-    os << end;
-  os << ')';
-  return os.str();
 }
 
 uint64_t align_up(uint64_t v, uint64_t alignment) {
@@ -214,59 +190,6 @@ std::string shown(const std::string& s) {
   return out;
 }
 
-// Integer conversion kept in 64 bits so that large i64 values survive i64 <-> i32/bool.
-int64_t load_int(const void* data, DType t, int64_t i) {
-  switch (t) {
-    case DType::i32: return static_cast<const int32_t*>(data)[i];
-    case DType::i64: return static_cast<const int64_t*>(data)[i];
-    case DType::boolean: return static_cast<const uint8_t*>(data)[i] != 0;
-    default: return 0;
-  }
-}
-
-void store_int(void* data, DType t, int64_t i, int64_t v) {
-  switch (t) {
-    case DType::i32: static_cast<int32_t*>(data)[i] = int32_t(v); return;
-    case DType::i64: static_cast<int64_t*>(data)[i] = v; return;
-    case DType::boolean: static_cast<uint8_t*>(data)[i] = v != 0; return;
-    default: return;
-  }
-}
-
-bool is_integer_type(DType t) { return t == DType::i32 || t == DType::i64 || t == DType::boolean; }
-
-// `n` elements (whole rows, so whole blocks) of `from` as `to`: integers among themselves in 64
-// bits, everything else through f32 a chunk at a time (block types dequantize/quantize there).
-void convert_elements(const void* src, DType from, void* dst, DType to, int64_t n) {
-  if (from == to) {
-    std::memcpy(dst, src, storage_bytes(from, n));
-  } else if (is_integer_type(from) && is_integer_type(to)) {
-    for (int64_t i = 0; i < n; ++i) store_int(dst, to, i, load_int(src, from, i));
-  } else if (to == DType::f32) {
-    convert_to_f32(src, from, static_cast<float*>(dst), n);
-  } else if (from == DType::f32) {
-    convert_from_f32(static_cast<const float*>(src), dst, to, n);
-  } else {
-    constexpr int64_t kChunk = 4096;  // a whole number of blocks of every type
-    std::vector<float> f(size_t(std::min(n, kChunk)));
-    for (int64_t i = 0; i < n; i += kChunk) {
-      const int64_t c = std::min(kChunk, n - i);
-      convert_to_f32(static_cast<const char*>(src) + storage_bytes(from, i), from, f.data(), c);
-      convert_from_f32(f.data(), static_cast<char*>(dst) + storage_bytes(to, i), to, c);
-    }
-  }
-}
-
-Tensor convert_tensor(const Tensor& src, DType want) {
-  BufferPtr buf = host_allocate(storage_bytes(want, src.numel()));
-  convert_elements(src.data_ptr(), src.dtype(), buf->data(), want, src.numel());
-  return Tensor::view_of(std::move(buf), src.shape(), want);
-}
-
-// The alignment kernels need to read a tensor of `t` in place: its element size, or the f16
-// scales' 2 bytes for block types.
-size_t natural_alignment(DType t) { return is_block_quantized(t) ? 2 : dtype_size(t); }
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -375,89 +298,26 @@ std::optional<uint32_t> ggml_type_of(DType t) {
 // ---------------------------------------------------------------------------------------------
 // GgufFile
 
-struct GgufFile::Mapping {
-  void* base = nullptr;
-  size_t size = 0;
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (base) ::munmap(base, size);
-  }
-};
-
-GgufFile::GgufFile(const fs::path& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) file_fail(path_, "cannot open: ", errno_text());
-  try {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) file_fail(path_, "cannot stat: ", errno_text());
-    if (!S_ISREG(st.st_mode)) file_fail(path_, "not a regular file");
-    const uint64_t size = uint64_t(st.st_size);
-    mapping_ = std::make_shared<Mapping>();
-    if (size > 0) {  // mmap refuses empty files; the parser reports them as truncated
-      void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd_, 0);
-      if (base == MAP_FAILED) file_fail(path_, "cannot mmap ", size, " bytes: ", errno_text());
-      mapping_->base = base;
-      mapping_->size = size;
-    }
-    parse();
-  } catch (...) {
-    ::close(fd_);
-    fd_ = -1;
-    throw;
-  }
-}
-
-GgufFile::~GgufFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-GgufFile::GgufFile(GgufFile&& o) noexcept
-    : path_(std::move(o.path_)),
-      fd_(std::exchange(o.fd_, -1)),
-      mapping_(std::move(o.mapping_)),
-      version_(o.version_),
-      alignment_(o.alignment_),
-      data_offset_(o.data_offset_),
-      tensors_(std::move(o.tensors_)),
-      by_name_(std::move(o.by_name_)),
-      metadata_(std::move(o.metadata_)) {}
-
-GgufFile& GgufFile::operator=(GgufFile&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    path_ = std::move(o.path_);
-    fd_ = std::exchange(o.fd_, -1);
-    mapping_ = std::move(o.mapping_);
-    version_ = o.version_;
-    alignment_ = o.alignment_;
-    data_offset_ = o.data_offset_;
-    tensors_ = std::move(o.tensors_);
-    by_name_ = std::move(o.by_name_);
-    metadata_ = std::move(o.metadata_);
-  }
-  return *this;
-}
+GgufFile::GgufFile(const fs::path& path) : file_(path, kWhere) { parse(); }
 
 void GgufFile::parse() {
-  const uint64_t file_size = mapping_->size;
-  Reader in(path_, static_cast<const unsigned char*>(mapping_->base), file_size);
+  const uint64_t file_size = file_.size();
+  Reader in(path(), reinterpret_cast<const unsigned char*>(file_.bytes().data()), file_size);
 
   // ---- header
   const unsigned char* magic = in.take(4, "the magic 'GGUF'");
   if (std::memcmp(magic, "GGUF", 4) != 0) {
     std::string got;
     for (int i = 0; i < 4; ++i) got += std::isprint(magic[i]) ? char(magic[i]) : '?';
-    file_fail(path_, "not a GGUF file: it starts with '", got, "', expected the magic 'GGUF'");
+    file_.fail("not a GGUF file: it starts with '", got, "', expected the magic 'GGUF'");
   }
   version_ = in.get<uint32_t>("the version");
   if (version_ != 2 && version_ != 3) {
     if (version_ == 1)
-      file_fail(path_, "GGUF version 1 is not supported (kiln reads versions 2 and 3)");
-    file_fail(path_, "unsupported GGUF version ", version_, " (kiln reads versions 2 and 3)",
-              (version_ & 0xffff) == 0 ? "; is it a big-endian file? kiln reads little-endian GGUF"
-                                       : "");
+      file_.fail("GGUF version 1 is not supported (kiln reads versions 2 and 3)");
+    file_.fail(
+        "unsupported GGUF version ", version_, " (kiln reads versions 2 and 3)",
+        (version_ & 0xffff) == 0 ? "; is it a big-endian file? kiln reads little-endian GGUF" : "");
   }
   const uint64_t tensor_count = in.get<uint64_t>("the tensor count");
   const uint64_t kv_count = in.get<uint64_t>("the metadata count");
@@ -465,36 +325,35 @@ void GgufFile::parse() {
   // tensor info a name length, a name byte, n_dims, a type and an offset.
   constexpr uint64_t kMinKv = 8 + 1 + 4 + 1, kMinTensor = 8 + 1 + 4 + 4 + 8;
   if (kv_count > in.left() / kMinKv)
-    file_fail(path_, "metadata count ", kv_count, " cannot fit in the ", in.left(),
-              " bytes left in the file (an entry takes at least ", kMinKv, " bytes)");
+    file_.fail("metadata count ", kv_count, " cannot fit in the ", in.left(),
+               " bytes left in the file (an entry takes at least ", kMinKv, " bytes)");
   if (tensor_count > in.left() / kMinTensor ||
       kv_count * kMinKv + tensor_count * kMinTensor > in.left())
-    file_fail(path_, "tensor count ", tensor_count, " (with ", kv_count,
-              " metadata entries) cannot fit in the ", in.left(),
-              " bytes left in the file (a tensor info takes at least ", kMinTensor, " bytes)");
+    file_.fail("tensor count ", tensor_count, " (with ", kv_count,
+               " metadata entries) cannot fit in the ", in.left(),
+               " bytes left in the file (a tensor info takes at least ", kMinTensor, " bytes)");
 
   // ---- metadata
-  ValueParser values(path_, in);
+  ValueParser values(path(), in);
   for (uint64_t i = 0; i < kv_count; ++i) {
     const std::string key = in.string("metadata key " + std::to_string(i), kMaxKeyBytes);
-    if (key.empty()) file_fail(path_, "metadata key ", i, " is empty");
+    if (key.empty()) file_.fail("metadata key ", i, " is empty");
     const std::string what = "metadata '" + shown(key) + "'";
-    if (metadata_.count(key)) file_fail(path_, "duplicate metadata key '", shown(key), "'");
+    if (metadata_.count(key)) file_.fail("duplicate metadata key '", shown(key), "'");
     const uint64_t at = in.pos();
     const uint32_t type_id = in.get<uint32_t>(what + " (its value type)");
     if (!valid_type_id(type_id))
-      file_fail(path_, what, " has unknown value type ", type_id, " at byte ", at,
-                " (value types are 0..12)");
+      file_.fail(what, " has unknown value type ", type_id, " at byte ", at,
+                 " (value types are 0..12)");
     metadata_.emplace(key, values.value(GgufType(type_id), what));
   }
   if (const GgufValue* a = find_metadata("general.alignment")) {
     const uint32_t* v = std::get_if<uint32_t>(&a->value);
     if (!v)
-      file_fail(path_, "metadata 'general.alignment' is ", gguf_type_name(a->type()), " ",
-                a->to_string(), ", expected a u32");
+      file_.fail("metadata 'general.alignment' is ", gguf_type_name(a->type()), " ", a->to_string(),
+                 ", expected a u32");
     if (*v == 0 || (*v & (*v - 1)) != 0)
-      file_fail(path_, "metadata 'general.alignment' is ", *v,
-                ", expected a nonzero power of two");
+      file_.fail("metadata 'general.alignment' is ", *v, ", expected a nonzero power of two");
     alignment_ = *v;
   }
 
@@ -503,45 +362,43 @@ void GgufFile::parse() {
   for (uint64_t i = 0; i < tensor_count; ++i) {
     GgufTensorInfo ti;
     ti.name = in.string("the name of tensor " + std::to_string(i));
-    if (ti.name.empty()) file_fail(path_, "tensor ", i, " has an empty name");
+    if (ti.name.empty()) file_.fail("tensor ", i, " has an empty name");
     const std::string what = "tensor '" + shown(ti.name) + "'";
-    if (by_name_.count(ti.name)) file_fail(path_, "duplicate tensor name '", shown(ti.name), "'");
+    if (by_name_.count(ti.name)) file_.fail("duplicate tensor name '", shown(ti.name), "'");
     const uint32_t n_dims = in.get<uint32_t>(what + " (its number of dims)");
     if (n_dims > kMaxDims)
-      file_fail(path_, what, " has ", n_dims, " dims; GGUF tensors have at most ", kMaxDims);
+      file_.fail(what, " has ", n_dims, " dims; GGUF tensors have at most ", kMaxDims);
     Shape ne;
     int64_t numel = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t v = in.get<uint64_t>(what + " (dim " + std::to_string(d) + ")");
       if (v == 0 || v > uint64_t(std::numeric_limits<int64_t>::max()))
-        file_fail(path_, what, " dim ", d, " is ", v, ", expected a positive size");
+        file_.fail(what, " dim ", d, " is ", v, ", expected a positive size");
       if (__builtin_mul_overflow(numel, int64_t(v), &numel))
-        file_fail(path_, what, " has too many elements: its dims overflow 64 bits");
+        file_.fail(what, " has too many elements: its dims overflow 64 bits");
       ne.push_back(int64_t(v));
     }
     ti.shape.assign(ne.rbegin(), ne.rend());
     ti.ggml_type = in.get<uint32_t>(what + " (its type)");
     const std::optional<DType> dt = dtype_of_ggml_type(ti.ggml_type);
     if (!dt)
-      file_fail(path_, what, " has ",
-                ti.ggml_type < std::size(kGgmlTypeNames) ? "unsupported" : "unknown",
-                " ggml type ", ti.ggml_type, " (", ggml_type_name(ti.ggml_type),
-                "): kiln reads ", kSupportedTypes);
+      file_.fail(what, " has ",
+                 ti.ggml_type < std::size(kGgmlTypeNames) ? "unsupported" : "unknown",
+                 " ggml type ", ti.ggml_type, " (", ggml_type_name(ti.ggml_type), "): kiln reads ",
+                 kSupportedTypes);
     ti.dtype = *dt;
     const int64_t block = dtype_block_elems(ti.dtype);
     const int64_t row = ne.empty() ? 1 : ne[0];
     if (row % block != 0)
-      file_fail(path_, what, " (", ggml_type_name(ti.ggml_type), ") has rows of ", row,
-                " elements (its innermost dim), not a multiple of the ", block,
-                "-element block");
+      file_.fail(what, " (", ggml_type_name(ti.ggml_type), ") has rows of ", row,
+                 " elements (its innermost dim), not a multiple of the ", block, "-element block");
     uint64_t nbytes = 0;
     if (__builtin_mul_overflow(uint64_t(numel / block), uint64_t(dtype_block_bytes(ti.dtype)),
                                &nbytes))
-      file_fail(path_, what, " is too large: its size in bytes overflows 64 bits");
+      file_.fail(what, " is too large: its size in bytes overflows 64 bits");
     ti.offset = in.get<uint64_t>(what + " (its offset)");
     if (ti.offset % alignment_ != 0)
-      file_fail(path_, what, " has offset ", ti.offset, ", not a multiple of the alignment ",
-                alignment_);
+      file_.fail(what, " has offset ", ti.offset, ", not a multiple of the alignment ", alignment_);
     ti.byte_end = nbytes;  // the size for now; made absolute below
     by_name_.emplace(ti.name, tensors_.size());
     tensors_.push_back(std::move(ti));
@@ -553,9 +410,9 @@ void GgufFile::parse() {
     const uint64_t nbytes = ti.byte_end;
     if (data_offset_ > file_size || ti.offset > file_size - data_offset_ ||
         nbytes > file_size - data_offset_ - ti.offset)
-      file_fail(path_, "tensor '", shown(ti.name), "' (", nbytes, " bytes at offset ", ti.offset,
-                " of the data section, which starts at byte ", data_offset_,
-                ") runs past the end of the file (", file_size, " bytes)");
+      file_.fail("tensor '", shown(ti.name), "' (", nbytes, " bytes at offset ", ti.offset,
+                 " of the data section, which starts at byte ", data_offset_,
+                 ") runs past the end of the file (", file_size, " bytes)");
     ti.byte_begin = data_offset_ + ti.offset;
     ti.byte_end = ti.byte_begin + nbytes;
   }
@@ -567,10 +424,9 @@ void GgufFile::parse() {
   });
   for (size_t i = 1; i < order.size(); ++i)
     if (order[i]->byte_begin < order[i - 1]->byte_end)
-      file_fail(path_, "tensors '", shown(order[i - 1]->name), "' (bytes [",
-                order[i - 1]->byte_begin, ", ", order[i - 1]->byte_end, ")) and '",
-                shown(order[i]->name), "' (bytes [", order[i]->byte_begin, ", ",
-                order[i]->byte_end, ")) overlap");
+      file_.fail("tensors '", shown(order[i - 1]->name), "' (bytes [", order[i - 1]->byte_begin,
+                 ", ", order[i - 1]->byte_end, ")) and '", shown(order[i]->name), "' (bytes [",
+                 order[i]->byte_begin, ", ", order[i]->byte_end, ")) overlap");
 }
 
 std::vector<std::string> GgufFile::names() const {
@@ -585,8 +441,7 @@ bool GgufFile::contains(const std::string& name) const { return by_name_.count(n
 const GgufTensorInfo& GgufFile::info(const std::string& name) const {
   const auto it = by_name_.find(name);
   if (it == by_name_.end())
-    file_fail(path_, "no tensor '", shown(name), "' in the file (it has ", tensors_.size(),
-              " tensors)");
+    file_.fail("no tensor '", shown(name), "' in the file (it has ", tensors_.size(), " tensors)");
   return tensors_[it->second];
 }
 
@@ -595,108 +450,21 @@ const GgufValue* GgufFile::find_metadata(const std::string& key) const {
   return it == metadata_.end() ? nullptr : &it->second;
 }
 
-std::span<const std::byte> GgufFile::mapped_range() const {
-  if (!mapping_) return {};
-  return {static_cast<const std::byte*>(mapping_->base), mapping_->size};
-}
-
-Tensor GgufFile::load_uncounted(const GgufTensorInfo& ti) const {
-  auto* src = static_cast<std::byte*>(mapping_->base) + ti.byte_begin;
-  const size_t bytes = size_t(ti.nbytes());
-  // Kernels read through typed pointers: an alignment below the element size (legal, never
-  // written in practice) gets a copy.
-  if (reinterpret_cast<uintptr_t>(src) % natural_alignment(ti.dtype) == 0) {
-    auto keep_mapped = mapping_;
-    auto buf = std::make_shared<Buffer>(src, bytes, Device::cpu(), [keep_mapped] {});
-    buf->mark_file_mapping();
-    return Tensor::view_of(std::move(buf), ti.shape, ti.dtype);
-  }
-  BufferPtr buf = host_allocate(bytes);
-  std::memcpy(buf->data(), src, bytes);
-  return Tensor::view_of(std::move(buf), ti.shape, ti.dtype);
-}
-
 Tensor GgufFile::load(const std::string& name) const {
-  Tensor t = load_uncounted(info(name));
-  count_bytes_read(t.nbytes());
-  return t;
+  const GgufTensorInfo& ti = info(name);
+  return file_.view(ti.byte_begin, ti.shape, ti.dtype);
 }
 
 Tensor GgufFile::load(const std::string& name, DType want) const {
-  Tensor t = load(name);
-  if (t.dtype() == want) return t;
-  Tensor converted = convert_tensor(t, want);
-  // The converted copy is what stays in memory: the mapped pages read for it leave the
-  // process's resident set (a later read would fault them in from the file again).
-  if (t.buffer()->maps_file()) release_mapped_pages(t.data_ptr(), t.nbytes());
-  return converted;
-}
-
-void GgufFile::pread_exact(void* dst, size_t bytes, uint64_t offset,
-                           const std::string& name) const {
-  size_t done = 0;
-  while (done < bytes) {
-    const ssize_t r =
-        ::pread(fd_, static_cast<char*>(dst) + done, bytes - done, off_t(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      file_fail(path_, "tensor '", shown(name), "': reading ", bytes, " bytes at offset ", offset,
-                " failed: ", errno_text());
-    if (r == 0)
-      file_fail(path_, "tensor '", shown(name), "': file ended at byte ", offset + done,
-                " while reading ", bytes, " bytes at offset ", offset,
-                " (was it truncated after opening?)");
-    done += size_t(r);
-    count_bytes_read(uint64_t(r));
-  }
+  const GgufTensorInfo& ti = info(name);
+  return file_.load(ti.byte_begin, ti.shape, ti.dtype, want);
 }
 
 Tensor GgufFile::load_slice(const std::string& name, int dim, int64_t start, int64_t length,
                             DType want) const {
   const GgufTensorInfo& ti = info(name);
-  const DType dt = ti.dtype;
-  const std::string what = "tensor '" + shown(name) + "'";
-  const bool vector = ti.shape.size() == 1 && dim == 0;
-  if (ti.shape.size() != 2 && !vector)
-    file_fail(path_, what, " has shape ", to_string(ti.shape),
-              "; load_slice needs a 2-D tensor (or elements of a 1-D one)");
-  if (dim != 0 && dim != 1)
-    file_fail(path_, what, ": slice dim ", dim, " must be 0 (rows) or 1 (columns)");
-  const int64_t size = ti.shape[size_t(dim)];
-  if (start < 0 || length < 0 || start > size || length > size - start)
-    file_fail(path_, what, ": slice ", range_text(start, length), " of dim ", dim,
-              " is out of range: dim ", dim, " has size ", size);
-  // Rows of a 2-D tensor are whole rows; otherwise the slice cuts inside rows.
-  const int64_t block = dtype_block_elems(dt);
-  if ((vector || dim == 1) && (start % block != 0 || length % block != 0))
-    file_fail(path_, what, " (", dtype_name(dt), ", ", block, "-element blocks): slice ",
-              range_text(start, length), " of dim ", dim,
-              " must start and end on a block boundary");
-
-  Tensor t;
-  if (vector) {
-    BufferPtr buf = host_allocate(storage_bytes(dt, length));
-    pread_exact(buf->data(), buf->bytes(), ti.byte_begin + storage_bytes(dt, start), name);
-    t = Tensor::view_of(std::move(buf), Shape{length}, dt);
-  } else {
-    const int64_t rows = dim == 0 ? length : ti.shape[0];
-    const int64_t cols = dim == 0 ? ti.shape[1] : length;
-    const size_t row_bytes = storage_bytes(dt, ti.shape[1]);  // a full row in the file
-    const size_t out_row_bytes = storage_bytes(dt, cols);
-    BufferPtr buf = host_allocate(size_t(rows) * out_row_bytes);
-    auto* dst = static_cast<char*>(buf->data());
-    if (dim == 0) {
-      pread_exact(dst, size_t(rows) * out_row_bytes, ti.byte_begin + uint64_t(start) * row_bytes,
-                  name);
-    } else if (out_row_bytes > 0) {
-      const size_t col_offset = storage_bytes(dt, start);
-      for (int64_t r = 0; r < rows; ++r)
-        pread_exact(dst + size_t(r) * out_row_bytes, out_row_bytes,
-                    ti.byte_begin + uint64_t(r) * row_bytes + col_offset, name);
-    }
-    t = Tensor::view_of(std::move(buf), Shape{rows, cols}, dt);
-  }
-  return dt == want ? t : convert_tensor(t, want);
+  return file_.load_slice(ti.byte_begin, ti.shape, ti.dtype, "tensor '" + shown(name) + "'", dim,
+                          start, length, want);
 }
 
 }  // namespace kiln::io

@@ -18,7 +18,7 @@
 // blocks, so a row's length is a multiple of the block size (checked at open).
 //
 // Full loads are zero-copy views of a read-only mapping; slice loads pread() exactly the bytes
-// needed and are counted in io::bytes_read() (io/safetensors.h) as safetensors loads are.
+// needed and are counted in io::bytes_read() as safetensors loads are (io/mapped_file.h).
 // Truncating or rewriting a file while it is mapped is not supported (the OS may SIGBUS).
 #pragma once
 #include <cstdint>
@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/mapped_file.h"
 
 namespace kiln::io {
 
@@ -90,13 +91,10 @@ class GgufFile {
  public:
   // Maps and validates the file; throws kiln::Error naming `path` on any problem.
   explicit GgufFile(const std::filesystem::path& path);
-  ~GgufFile();
-  GgufFile(GgufFile&&) noexcept;
-  GgufFile& operator=(GgufFile&&) noexcept;
-  GgufFile(const GgufFile&) = delete;
-  GgufFile& operator=(const GgufFile&) = delete;
+  GgufFile(GgufFile&&) noexcept = default;
+  GgufFile& operator=(GgufFile&&) noexcept = default;
 
-  const std::filesystem::path& path() const { return path_; }
+  const std::filesystem::path& path() const { return file_.path(); }
   uint32_t version() const { return version_; }
   uint32_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }  // absolute start of the data section
@@ -122,17 +120,12 @@ class GgufFile {
                     DType want) const;
 
   // The mapped bytes (whole file), so callers and tests can tell zero-copy tensors apart.
-  std::span<const std::byte> mapped_range() const;
+  std::span<const std::byte> mapped_range() const { return file_.bytes(); }
 
  private:
-  struct Mapping;
   void parse();
-  Tensor load_uncounted(const GgufTensorInfo& ti) const;
-  void pread_exact(void* dst, size_t bytes, uint64_t offset, const std::string& name) const;
 
-  std::filesystem::path path_;
-  int fd_ = -1;
-  std::shared_ptr<Mapping> mapping_;
+  MappedFile file_;
   uint32_t version_ = 0;
   uint32_t alignment_ = 32;
   uint64_t data_offset_ = 0;

@@ -1,8 +1,6 @@
 #include "io/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,8 +16,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/mapped_pages.h"
-#include "devices/runtime.h"
 #include "io/json_config.h"
 #include "io/relative_name.h"
 #include "io/safetensors_header.h"
@@ -33,8 +29,6 @@ constexpr const char* kWhere = "safetensors";
 // Real headers are kilobytes to a few MiB; anything larger is a corrupt length field, and
 // parsing it would only burn memory.
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
-
-std::atomic<uint64_t> g_bytes_read{0};
 
 struct DTypeEntry {
   const char* name;
@@ -70,19 +64,6 @@ template <typename... Parts>
   fail(kWhere, file.string(), ": ", parts...);
 }
 
-// "[a, b)" without overflowing when a + b does not fit.
-std::string range_text(int64_t start, int64_t length) {
-  std::ostringstream os;
-  int64_t end = 0;
-  os << '[' << start << ", ";
-  if (__builtin_add_overflow(start, length, &end))
-    os << start << '+' << length;
-  else
-    os << end;
-  os << ')';
-  return os.str();
-}
-
 // A JSON value as a non-negative int64, or nullopt with `why` set.
 std::optional<int64_t> json_to_count(const nlohmann::json& v, std::string* why) {
   if (v.is_number_unsigned()) {
@@ -108,61 +89,7 @@ std::string short_text(const nlohmann::json& v) {
   return s;
 }
 
-// Integer conversion kept in 64 bits so that large i64 values survive i64 <-> i32/bool.
-int64_t load_int(const void* data, DType t, int64_t i) {
-  switch (t) {
-    case DType::i32: return static_cast<const int32_t*>(data)[i];
-    case DType::i64: return static_cast<const int64_t*>(data)[i];
-    case DType::boolean: return static_cast<const uint8_t*>(data)[i] != 0;
-    default: return 0;
-  }
-}
-
-void store_int(void* data, DType t, int64_t i, int64_t v) {
-  switch (t) {
-    case DType::i32: static_cast<int32_t*>(data)[i] = int32_t(v); return;
-    case DType::i64: static_cast<int64_t*>(data)[i] = v; return;
-    case DType::boolean: static_cast<uint8_t*>(data)[i] = v != 0; return;
-    default: return;
-  }
-}
-
-void convert_elements(const void* src, DType from, void* dst, DType to, int64_t n) {
-  if (from == to) {
-    std::memcpy(dst, src, storage_bytes(from, n));
-  } else if (to == DType::f32) {
-    convert_to_f32(src, from, static_cast<float*>(dst), n);
-  } else if (from == DType::f32) {
-    convert_from_f32(static_cast<const float*>(src), dst, to, n);
-  } else if (is_storage_only(from) || is_storage_only(to)) {  // through f32, a chunk at a time
-    constexpr int64_t kChunk = 4096;  // a whole number of blocks of every type
-    std::vector<float> f(size_t(std::min(n, kChunk)));
-    for (int64_t i = 0; i < n; i += kChunk) {
-      const int64_t c = std::min(kChunk, n - i);
-      convert_to_f32(static_cast<const char*>(src) + storage_bytes(from, i), from, f.data(), c);
-      convert_from_f32(f.data(), static_cast<char*>(dst) + storage_bytes(to, i), to, c);
-    }
-  } else if (!is_floating(from) && !is_floating(to)) {
-    for (int64_t i = 0; i < n; ++i) store_int(dst, to, i, load_int(src, from, i));
-  } else {
-    for (int64_t i = 0; i < n; ++i) store_from_double(dst, to, i, load_as_double(src, from, i));
-  }
-}
-
-// Weights that cannot be used in place (converted, misaligned, sliced) live in host memory.
-BufferPtr allocate_cpu(size_t bytes) { return host_allocate(bytes); }
-
-Tensor convert_tensor(const Tensor& src, DType want) {
-  BufferPtr buf = allocate_cpu(storage_bytes(want, src.numel()));
-  convert_elements(src.data_ptr(), src.dtype(), buf->data(), want, src.numel());
-  return Tensor::view_of(std::move(buf), src.shape(), want);
-}
-
 }  // namespace
-
-uint64_t bytes_read() { return g_bytes_read.load(std::memory_order_relaxed); }
-void reset_bytes_read() { g_bytes_read.store(0, std::memory_order_relaxed); }
-void count_bytes_read(uint64_t bytes) { g_bytes_read.fetch_add(bytes, std::memory_order_relaxed); }
 
 const char* safetensors_dtype_name(DType t) {
   for (const DTypeEntry& e : kDTypes)
@@ -173,63 +100,7 @@ const char* safetensors_dtype_name(DType t) {
 // ---------------------------------------------------------------------------------------------
 // SafetensorsFile
 
-struct SafetensorsFile::Mapping {
-  void* base = nullptr;
-  size_t size = 0;
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (base) ::munmap(base, size);
-  }
-};
-
-SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) file_fail(path_, "cannot open: ", errno_text());
-  try {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) file_fail(path_, "cannot stat: ", errno_text());
-    if (!S_ISREG(st.st_mode)) file_fail(path_, "not a regular file");
-    const uint64_t size = uint64_t(st.st_size);
-    if (size < 8)
-      file_fail(path_, "file is truncated: ", size,
-                " bytes, shorter than the 8-byte header length that starts a safetensors file");
-    mapping_ = std::make_shared<Mapping>();
-    void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd_, 0);
-    if (base == MAP_FAILED) file_fail(path_, "cannot mmap ", size, " bytes: ", errno_text());
-    mapping_->base = base;
-    mapping_->size = size;
-    parse_header();
-  } catch (...) {
-    ::close(fd_);
-    fd_ = -1;
-    throw;
-  }
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
-    : path_(std::move(o.path_)),
-      fd_(std::exchange(o.fd_, -1)),
-      mapping_(std::move(o.mapping_)),
-      tensors_(std::move(o.tensors_)),
-      metadata_(std::move(o.metadata_)) {}
-
-SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    path_ = std::move(o.path_);
-    fd_ = std::exchange(o.fd_, -1);
-    mapping_ = std::move(o.mapping_);
-    tensors_ = std::move(o.tensors_);
-    metadata_ = std::move(o.metadata_);
-  }
-  return *this;
-}
+SafetensorsFile::SafetensorsFile(const fs::path& path) : file_(path, kWhere) { parse_header(); }
 
 namespace {
 
@@ -374,31 +245,33 @@ void check_fully_indexed(const fs::path& file, const std::map<std::string, Tenso
 }  // namespace
 
 void SafetensorsFile::parse_header() {
-  const auto* bytes = static_cast<const unsigned char*>(mapping_->base);
-  const uint64_t file_size = mapping_->size;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(file_.bytes().data());
+  const uint64_t file_size = file_.size();
+  if (file_size < 8)
+    file_.fail("file is truncated: ", file_size,
+               " bytes, shorter than the 8-byte header length that starts a safetensors file");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(bytes[i]) << (8 * i);
   if (n > kMaxHeaderBytes)
-    file_fail(path_, "header length ", n, " bytes is absurd (limit ", kMaxHeaderBytes,
-              " bytes); not a safetensors file?");
+    file_.fail("header length ", n, " bytes is absurd (limit ", kMaxHeaderBytes,
+               " bytes); not a safetensors file?");
   if (n > file_size - 8)
-    file_fail(path_, "header length ", n, " bytes runs past the end of the file (", file_size,
-              " bytes leave room for at most ", file_size - 8, ")");
+    file_.fail("header length ", n, " bytes runs past the end of the file (", file_size,
+               " bytes leave room for at most ", file_size - 8, ")");
 
   const char* text = reinterpret_cast<const char*>(bytes + 8);
-  const nlohmann::json header = parse_json(text, text + n, kWhere, path_.string() + " header");
-  if (!header.is_object())
-    file_fail(path_, "header is ", json_kind(header), ", expected a JSON object");
+  const nlohmann::json header = parse_json(text, text + n, kWhere, path().string() + " header");
+  if (!header.is_object()) file_.fail("header is ", json_kind(header), ", expected a JSON object");
 
   const uint64_t data_begin = 8 + n;
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__")
-      metadata_ = parse_metadata(path_, value);
+      metadata_ = parse_metadata(path(), value);
     else
-      tensors_.emplace(key, parse_entry(path_, key, value, data_begin, file_size - data_begin));
+      tensors_.emplace(key, parse_entry(path(), key, value, data_begin, file_size - data_begin));
   }
-  check_no_overlaps(path_, tensors_, data_begin);
-  check_fully_indexed(path_, tensors_, data_begin, file_size);
+  check_no_overlaps(path(), tensors_, data_begin);
+  check_fully_indexed(path(), tensors_, data_begin, file_size);
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
@@ -413,111 +286,32 @@ bool SafetensorsFile::contains(const std::string& name) const { return tensors_.
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   const auto it = tensors_.find(name);
   if (it == tensors_.end())
-    file_fail(path_, "no tensor '", name, "' in the file (it has ", tensors_.size(), " tensors)");
+    file_.fail("no tensor '", name, "' in the file (it has ", tensors_.size(), " tensors)");
   return it->second;
 }
 
-std::span<const std::byte> SafetensorsFile::mapped_range() const {
-  if (!mapping_) return {};
-  return {static_cast<const std::byte*>(mapping_->base), mapping_->size};
-}
-
-const TensorInfo& SafetensorsFile::supported_info(const std::string& name, DType* stored) const {
-  const TensorInfo& ti = info(name);
+DType SafetensorsFile::supported_dtype(const TensorInfo& ti, const std::string& name) const {
   if (!ti.dtype)
-    file_fail(path_, "tensor '", name, "' has dtype ", ti.dtype_string,
-              ", which is not supported by kiln (supported: F32, BF16, F16, F8_E4M3, F8_E5M2, I32, I64, BOOL)");
-  *stored = *ti.dtype;
-  return ti;
-}
-
-Tensor SafetensorsFile::load_uncounted(const std::string& name) const {
-  DType dt;
-  const TensorInfo& ti = supported_info(name, &dt);
-  auto* src = static_cast<std::byte*>(mapping_->base) + ti.byte_begin;
-  const size_t bytes = ti.nbytes();
-  // Kernels read elements through typed pointers, which must be aligned; headers whose length
-  // is not a multiple of 8 can leave data misaligned, and then the tensor gets a copy.
-  if (bytes == 0 || reinterpret_cast<uintptr_t>(src) % dtype_size(dt) == 0) {
-    auto keep_mapped = mapping_;
-    auto buf = std::make_shared<Buffer>(src, bytes, Device::cpu(), [keep_mapped] {});
-    buf->mark_file_mapping();
-    return Tensor::view_of(std::move(buf), ti.shape, dt);
-  }
-  BufferPtr buf = allocate_cpu(bytes);
-  std::memcpy(buf->data(), src, bytes);
-  return Tensor::view_of(std::move(buf), ti.shape, dt);
+    file_.fail("tensor '", name, "' has dtype ", ti.dtype_string,
+               ", which is not supported by kiln (supported: F32, BF16, F16, F8_E4M3, F8_E5M2, I32, I64, BOOL)");
+  return *ti.dtype;
 }
 
 Tensor SafetensorsFile::load(const std::string& name) const {
-  Tensor t = load_uncounted(name);
-  g_bytes_read.fetch_add(t.nbytes(), std::memory_order_relaxed);
-  return t;
+  const TensorInfo& ti = info(name);
+  return file_.view(ti.byte_begin, ti.shape, supported_dtype(ti, name));
 }
 
 Tensor SafetensorsFile::load(const std::string& name, DType want) const {
-  Tensor t = load(name);
-  if (t.dtype() == want) return t;
-  Tensor converted = convert_tensor(t, want);
-  // The converted copy is what stays in memory: the mapped pages read for it (wholly inside this
-  // tensor) leave the process's resident set. The mapping is read-only, so a later read of them
-  // (none is expected) would fault them in from the file again.
-  if (t.buffer()->maps_file()) release_mapped_pages(t.data_ptr(), t.nbytes());
-  return converted;
-}
-
-void SafetensorsFile::pread_exact(void* dst, size_t bytes, uint64_t offset,
-                                  const std::string& name) const {
-  size_t done = 0;
-  while (done < bytes) {
-    const ssize_t r =
-        ::pread(fd_, static_cast<char*>(dst) + done, bytes - done, off_t(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      file_fail(path_, "tensor '", name, "': reading ", bytes, " bytes at offset ", offset,
-                " failed: ", errno_text());
-    if (r == 0)
-      file_fail(path_, "tensor '", name, "': file ended at byte ", offset + done, " while reading ",
-                bytes, " bytes at offset ", offset, " (was it truncated after opening?)");
-    done += size_t(r);
-    g_bytes_read.fetch_add(uint64_t(r), std::memory_order_relaxed);
-  }
+  const TensorInfo& ti = info(name);
+  return file_.load(ti.byte_begin, ti.shape, supported_dtype(ti, name), want);
 }
 
 Tensor SafetensorsFile::load_slice(const std::string& name, int dim, int64_t start, int64_t length,
                                    DType want) const {
-  DType dt;
-  const TensorInfo& ti = supported_info(name, &dt);
-  // A 1-D tensor (a bias) is sliced as the rows of an [N, 1] matrix.
-  const bool vector = ti.shape.size() == 1 && dim == 0;
-  if (ti.shape.size() != 2 && !vector)
-    file_fail(path_, "tensor '", name, "' has shape ", to_string(ti.shape),
-              "; load_slice needs a 2-D tensor (or rows of a 1-D one)");
-  if (dim != 0 && dim != 1)
-    file_fail(path_, "tensor '", name, "': slice dim ", dim, " must be 0 (rows) or 1 (columns)");
-  const Shape shape = vector ? Shape{ti.shape[0], 1} : ti.shape;
-  const int64_t size = shape[size_t(dim)];
-  if (start < 0 || length < 0 || start > size || length > size - start)
-    file_fail(path_, "tensor '", name, "': slice ", range_text(start, length), " of dim ", dim,
-              " is out of range: dim ", dim, " has size ", size);
-
-  const size_t elem = dtype_size(dt);
-  const int64_t rows = dim == 0 ? length : shape[0];
-  const int64_t cols = dim == 0 ? shape[1] : length;
-  const size_t row_bytes = size_t(shape[1]) * elem;  // a full row in the file
-  const size_t out_row_bytes = size_t(cols) * elem;
-  BufferPtr buf = allocate_cpu(size_t(rows) * out_row_bytes);
-  auto* dst = static_cast<char*>(buf->data());
-  if (dim == 0) {
-    pread_exact(dst, size_t(rows) * out_row_bytes, ti.byte_begin + uint64_t(start) * row_bytes,
-                name);
-  } else if (out_row_bytes > 0) {
-    for (int64_t r = 0; r < rows; ++r)
-      pread_exact(dst + size_t(r) * out_row_bytes, out_row_bytes,
-                  ti.byte_begin + uint64_t(r) * row_bytes + uint64_t(start) * elem, name);
-  }
-  Tensor t = Tensor::view_of(std::move(buf), vector ? Shape{rows} : Shape{rows, cols}, dt);
-  return dt == want ? t : convert_tensor(t, want);
+  const TensorInfo& ti = info(name);
+  return file_.load_slice(ti.byte_begin, ti.shape, supported_dtype(ti, name),
+                          "tensor '" + name + "'", dim, start, length, want);
 }
 
 // ---------------------------------------------------------------------------------------------

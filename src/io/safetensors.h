@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/mapped_file.h"  // also io::bytes_read()
 
 namespace kiln::io {
 
@@ -34,24 +35,14 @@ struct TensorInfo {
   uint64_t nbytes() const { return byte_end - byte_begin; }
 };
 
-// Bytes brought in from checkpoint files, process wide: a slice load counts the bytes it
-// pread()s, a full load counts the tensor's stored size (zero-copy or not).
-uint64_t bytes_read();
-void reset_bytes_read();
-// Adds to the counter (the GGUF reader's loads, io/gguf.h).
-void count_bytes_read(uint64_t bytes);
-
 class SafetensorsFile {
  public:
   // Maps and validates the file; throws kiln::Error naming `path` on any problem.
   explicit SafetensorsFile(const std::filesystem::path& path);
-  ~SafetensorsFile();
-  SafetensorsFile(SafetensorsFile&&) noexcept;
-  SafetensorsFile& operator=(SafetensorsFile&&) noexcept;
-  SafetensorsFile(const SafetensorsFile&) = delete;
-  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  SafetensorsFile(SafetensorsFile&&) noexcept = default;
+  SafetensorsFile& operator=(SafetensorsFile&&) noexcept = default;
 
-  const std::filesystem::path& path() const { return path_; }
+  const std::filesystem::path& path() const { return file_.path(); }
   // Tensor names sorted by name (not file order: the header is a JSON object).
   std::vector<std::string> names() const;
   bool contains(const std::string& name) const;
@@ -64,24 +55,21 @@ class SafetensorsFile {
   Tensor load(const std::string& name) const;
   // As load(name), converted to `want` (into a new buffer) when the stored dtype differs.
   Tensor load(const std::string& name, DType want) const;
-  // Rows (dim 0) or columns (dim 1) [start, start+length) of a 2-D tensor, read with pread()
-  // (one read for rows, one per row for columns) into a new buffer, converted to `want`.
+  // Rows (dim 0) or columns (dim 1) [start, start+length) of a 2-D tensor, or rows of a 1-D one,
+  // read with pread() (one read for rows, one per row for columns) into a new buffer, converted
+  // to `want`.
   Tensor load_slice(const std::string& name, int dim, int64_t start, int64_t length,
                     DType want) const;
 
   // The mapped bytes (whole file), so callers and tests can tell zero-copy tensors apart.
-  std::span<const std::byte> mapped_range() const;
+  std::span<const std::byte> mapped_range() const { return file_.bytes(); }
 
  private:
-  struct Mapping;
   void parse_header();
-  const TensorInfo& supported_info(const std::string& name, DType* stored) const;
-  Tensor load_uncounted(const std::string& name) const;
-  void pread_exact(void* dst, size_t bytes, uint64_t offset, const std::string& name) const;
+  // The tensor's kiln dtype; throws naming it when kiln has none (F64, I8, ...).
+  DType supported_dtype(const TensorInfo& ti, const std::string& name) const;
 
-  std::filesystem::path path_;
-  int fd_ = -1;
-  std::shared_ptr<Mapping> mapping_;
+  MappedFile file_;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };

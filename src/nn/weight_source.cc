@@ -2,61 +2,29 @@
 
 #include <cstring>
 #include <map>
-#include <mutex>
-#include <set>
 
 #include "core/error.h"
 #include "exec/host.h"
 #include "io/safetensors.h"
+#include "nn/file_source.h"
 #include "nn/gguf_source.h"
 
 namespace kiln::nn {
 
 namespace {
 
-class SafetensorsSource final : public WeightSource {
+class SafetensorsSource final : public FileSource<io::SafetensorsIndex> {
  public:
-  explicit SafetensorsSource(const std::filesystem::path& path) : index_(path) {}
-  std::string describe() const override { return index_.path().string(); }
-  bool contains(const std::string& key) const override { return index_.contains(key); }
-  Shape shape(const std::string& key) const override { return index_.info(key).shape; }
-  std::optional<DType> stored_dtype(const std::string& key) const override { return index_.info(key).dtype; }
-  Tensor load(const std::string& key, DType dtype) const override {
-    check_dtype(key, dtype);
-    Tensor t = index_.load(key, dtype);
-    read(key);
-    return t;
-  }
-  Tensor load_slice(const std::string& key, int dim, int64_t start, int64_t length, DType dtype) const override {
-    check_dtype(key, dtype);
-    Tensor t = index_.load_slice(key, dim, start, length, dtype);
-    read(key);
-    return t;
-  }
-  std::vector<std::string> names() const override { return index_.names(); }
-  std::vector<std::string> unread() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<std::string> out;
-    for (const std::string& k : index_.names())
-      if (!read_.count(k)) out.push_back(k);
-    return out;
-  }
+  using FileSource::FileSource;
 
  private:
-  // A float weight stored as integers (or bools) would be converted into another model.
-  void check_dtype(const std::string& key, DType want) const {
-    const io::TensorInfo info = index_.info(key);
-    KILN_CHECK(!is_floating(want) || !info.dtype || is_floating(*info.dtype), "weights", index_.shard_path(key).string(),
-               ": tensor '", key, "' is stored as ", info.dtype_string,
+  // Named by the shard, which says more than the index when a checkpoint is split.
+  void check_dtype(const std::string& key, DType want) const override {
+    const io::TensorInfo info = reader().info(key);
+    KILN_CHECK(!is_floating(want) || !info.dtype || is_floating(*info.dtype), "weights",
+               reader().shard_path(key).string(), ": tensor '", key, "' is stored as ", info.dtype_string,
                ", expected a floating-point dtype (F32, BF16 or F16) for this weight");
   }
-  void read(const std::string& key) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    read_.insert(key);
-  }
-  io::SafetensorsIndex index_;
-  mutable std::mutex mu_;
-  mutable std::set<std::string> read_;
 };
 
 thread_local CheckpointAudit* t_audit = nullptr;
