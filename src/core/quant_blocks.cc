@@ -1,13 +1,12 @@
-// fp8 conversions, decoding of every block type, the q8_0 / q4_0 quantizers and the public entry
-// points (the k-quant quantizers are in quant_k_blocks.cc).
+// The scalar reference: fp8 conversions, decoding of every block type, the q8_0 / q4_0 quantizers
+// and the public entry points (the k-quant quantizers are in quant_k_blocks.cc; the SIMD row
+// decoders the kernels use are devices/cpu/kernels/dequantize.cc).
 #include "core/quant_blocks.h"
 
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
-
-#include <hwy/highway.h>
 
 #include "core/error.h"
 
@@ -51,6 +50,46 @@ constexpr std::array<float, 256> fp8_table(F value) {
 
 constexpr auto kE4m3Values = fp8_table(e4m3_value);
 constexpr auto kE5m2Values = fp8_table(e5m2_value);
+
+// The same values in integer arithmetic without branches, for bulk decoding: GCC vectorises a
+// loop of these (a table lookup per element would be a gather; a float operation under a
+// condition stays a branch, as it might trap).
+//
+// The f32 bits of the magnitude code `magnitude` (sign bit clear; not inf/NaN) of an fp8 format
+// with kMbits mantissa bits and exponent bias kBias: a normal value's exponent and mantissa move
+// into place and are rebiased; a subnormal one, m * 2^(1 - bias - mbits), is normalised by its
+// bit width.
+template <int kMbits, int kBias>
+constexpr uint32_t fp8_magnitude_bits(uint32_t magnitude) {
+  const uint32_t normal = (magnitude << (23 - kMbits)) + (uint32_t(127 - kBias) << 23);
+  const uint32_t width = uint32_t(std::bit_width(magnitude));  // a subnormal's: 1..kMbits
+  const uint32_t subnormal =
+      (width + uint32_t(127 - kBias - kMbits)) << 23 | ((magnitude << (24 - width)) & 0x7fffffu);
+  const uint32_t r = magnitude < (1u << kMbits) ? subnormal : normal;
+  return magnitude ? r : 0u;
+}
+
+constexpr float e4m3_value_branch_free(uint8_t v) {
+  const uint32_t magnitude = v & 0x7fu;
+  const uint32_t r = magnitude == 0x7f ? 0x7ff00000u : fp8_magnitude_bits<3, 7>(magnitude);
+  return std::bit_cast<float>(r | uint32_t(v & 0x80) << 24);
+}
+
+constexpr float e5m2_value_branch_free(uint8_t v) {
+  const uint32_t magnitude = v & 0x7fu, mant = v & 3u;
+  const uint32_t inf_nan = 0x7f800000u | mant << 21 | (mant ? 0x00400000u : 0u);
+  const uint32_t r = magnitude > 0x7b ? inf_nan : fp8_magnitude_bits<2, 15>(magnitude);
+  return std::bit_cast<float>(r | uint32_t(v & 0x80) << 24);
+}
+
+template <class F>
+constexpr bool same_bits_as(F value, const std::array<float, 256>& table) {
+  for (int v = 0; v < 256; ++v)
+    if (std::bit_cast<uint32_t>(value(uint8_t(v))) != std::bit_cast<uint32_t>(table[size_t(v)])) return false;
+  return true;
+}
+static_assert(same_bits_as(e4m3_value_branch_free, kE4m3Values));
+static_assert(same_bits_as(e5m2_value_branch_free, kE5m2Values));
 
 // An fp8 format with `mbits` mantissa bits and exponent bias `bias`. Encoding uses integer
 // arithmetic only, so the floating-point environment (flush-to-zero, denormals-are-zero) cannot
@@ -101,81 +140,49 @@ constexpr uint8_t encode_fp8(float f, Fp8Format fmt) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// block helpers
+// decoding (scalar; GCC vectorises the fixed-trip per-block loops)
 
-// f16 bits to f32 (as kiln::f16_to_f32), inline and branch-light: one call per 32 elements.
-// Subnormals are renormalised by subtracting two normal floats, so flush-to-zero modes do not
-// matter.
-inline float half_value(const uint8_t* p) {
-  const uint32_t h = uint32_t(p[0]) | uint32_t(p[1]) << 8;
-  uint32_t o = (h & 0x7fffu) << 13;
-  const uint32_t exp = o & 0x0f800000u;
-  o += uint32_t(127 - 15) << 23;
-  float f;
-  if (exp == 0x0f800000u) {  // inf / NaN
-    o += uint32_t(128 - 16) << 23;
-    f = std::bit_cast<float>(o);
-  } else if (exp == 0) {  // zero / subnormal: (1 + m * 2^-10) * 2^-14 - 2^-14
-    f = std::bit_cast<float>(o + (1u << 23)) - std::bit_cast<float>(uint32_t(113) << 23);
-  } else {
-    f = std::bit_cast<float>(o);
-  }
-  return (h & 0x8000u) ? -f : f;
+KILN_QUANT_NO_FP_CONTRACT_BEGIN
+
+// A block's f32 values y[0..N) into dst: as they are, or each rounded to bf16 as kiln::f32_to_bf16.
+template <int N>
+inline void put_block(const float* y, float* dst) {
+  std::copy(y, y + N, dst);
+}
+template <int N>
+inline void put_block(const float* y, uint16_t* dst) {
+  for (int j = 0; j < N; ++j) dst[j] = f32_to_bf16(y[j]);
 }
 
-// Decoding kernels: Highway vectors of at most 16 f32 lanes (a q4_0 half-block), so every target
-// (SSE2's 4 lanes to AVX-512's 16) steps through a block in whole vectors. Each lane computes
-// what ggml's scalar loop computes for its element, so every target gives the same bits.
-namespace hn = hwy::HWY_NAMESPACE;
-using DF = hn::CappedTag<float, 16>;
-using VF = hn::Vec<DF>;
-using DI = hn::RebindToSigned<DF>;
-using DU = hn::RebindToUnsigned<DF>;
-using DU8 = hn::Rebind<uint8_t, DF>;
-using DI8 = hn::Rebind<int8_t, DF>;
-using DU16 = hn::Rebind<uint16_t, DF>;
-
-HWY_INLINE void store(VF v, float* p) { hn::StoreU(v, DF(), p); }
-
-// kiln::f32_to_bf16 on each lane: round to nearest even; NaN kept quiet.
-HWY_INLINE void store(VF v, uint16_t* p) {
-  const DU du;
-  const auto bits = hn::BitCast(du, v);
-  const auto is_nan = hn::Gt(hn::And(bits, hn::Set(du, 0x7fffffffu)), hn::Set(du, 0x7f800000u));
-  const auto rounding = hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u)));
-  const auto rounded = hn::ShiftRight<16>(hn::Add(bits, rounding));
-  const auto quiet_nan = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
-  const auto r = hn::IfThenElse(is_nan, quiet_nan, rounded);  // each lane <= 0xffff
-  hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(DI(), r)), DU16(), p);
-}
+using quant_detail::f16_scale;
 
 // q8_0: [f16 d][int8 q x 32]; x = q * d (one rounding, as ggml's `qs[j]*d`).
 template <class Out>
-void dequantize_q8_0(const uint8_t* HWY_RESTRICT src, Out* HWY_RESTRICT dst, int64_t blocks) {
-  const size_t lanes = hn::Lanes(DF());
+void dequantize_q8_0(const uint8_t* src, Out* dst, int64_t blocks) {
   for (int64_t b = 0; b < blocks; ++b, src += 34, dst += 32) {
-    const VF d = hn::Set(DF(), half_value(src));
+    const float d = f16_scale(src);
     const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
-    for (size_t i = 0; i < 32; i += lanes)
-      store(hn::Mul(hn::ConvertTo(DF(), hn::PromoteTo(DI(), hn::LoadU(DI8(), q + i))), d), dst + i);
+    float y[32];
+    for (int j = 0; j < 32; ++j) y[j] = float(q[j]) * d;
+    put_block<32>(y, dst);
   }
 }
 
 // q4_0: [f16 d][16 bytes]; element j < 16 is byte j's low nibble, element j + 16 its high one;
 // x = (q - 8) * d.
 template <class Out>
-void dequantize_q4_0(const uint8_t* HWY_RESTRICT src, Out* HWY_RESTRICT dst, int64_t blocks) {
-  const size_t lanes = hn::Lanes(DF());
-  const auto eight = hn::Set(DI(), 8);
+void dequantize_q4_0(const uint8_t* src, Out* dst, int64_t blocks) {
   for (int64_t b = 0; b < blocks; ++b, src += 18, dst += 32) {
-    const VF d = hn::Set(DF(), half_value(src));
-    for (size_t i = 0; i < 16; i += lanes) {
-      const auto q = hn::LoadU(DU8(), src + 2 + i);
-      const auto lo = hn::Sub(hn::PromoteTo(DI(), hn::And(q, hn::Set(DU8(), 0xf))), eight);
-      const auto hi = hn::Sub(hn::PromoteTo(DI(), hn::ShiftRight<4>(q)), eight);
-      store(hn::Mul(hn::ConvertTo(DF(), lo), d), dst + i);
-      store(hn::Mul(hn::ConvertTo(DF(), hi), d), dst + 16 + i);
+    const float d = f16_scale(src);
+    const uint8_t* q = src + 2;
+    float y[32];
+    // Not unrolled: fully unrolled, GCC vectorises only parts of it (about 2x slower).
+#pragma GCC unroll 1
+    for (int j = 0; j < 16; ++j) {
+      y[j] = float(int(q[j] & 0xf) - 8) * d;
+      y[j + 16] = float(int(q[j] >> 4) - 8) * d;
     }
+    put_block<32>(y, dst);
   }
 }
 
@@ -185,99 +192,59 @@ void dequantize_q4_0(const uint8_t* HWY_RESTRICT src, Out* HWY_RESTRICT dst, int
 //   q5_k (176 B): the same header, 32 bytes qh, 128 bytes of nibbles
 // Elements come in four groups of 64: group g's elements 0..31 (sub-block 2g) are the low nibbles
 // of qs[32g..32g+31], elements 32..63 (sub-block 2g+1) the high nibbles; q5_k's fifth bit of
-// element l of sub-block s is bit s of qh[l]. x = (d * scale) * q - dmin * min, in f32 as ggml
-// computes it. d * scale (11 x 6 significant bits) and its product with q (at most 5 bits) are
-// exact, so a fused multiply-add (which C++ lets GCC form) gives the same bits.
+// element l of sub-block s is bit s of qh[l]. x = (d * scale) * q - dmin * min, each product and
+// the difference rounded separately, as ggml's dequantize_row_q4_K / _q5_K compute it.
 template <bool kFifthBit, class Out>
-void dequantize_k(const uint8_t* HWY_RESTRICT src, Out* HWY_RESTRICT dst, int64_t blocks) {
+void dequantize_k(const uint8_t* src, Out* dst, int64_t blocks) {
   constexpr size_t bytes = kFifthBit ? 176 : 144;
-  const size_t lanes = hn::Lanes(DF());
-  const auto low4 = hn::Set(DU8(), 0xf);
-  const auto one = hn::Set(DI(), 1);
   for (int64_t b = 0; b < blocks; ++b, src += bytes, dst += 256) {
-    const float d = half_value(src), dmin = half_value(src + 2);
+    const float d = f16_scale(src), dmin = f16_scale(src + 2);
     const uint8_t* packed = src + 4;
     const uint8_t* qh = src + 16;  // q5_k only
     const uint8_t* qs = src + (kFifthBit ? 48 : 16);
+    float y[256];
     for (int g = 0; g < 4; ++g) {
       int sc0, m0, sc1, m1;
       quant_detail::k_scale_min(packed, 2 * g, sc0, m0);
       quant_detail::k_scale_min(packed, 2 * g + 1, sc1, m1);
-      const VF d0 = hn::Set(DF(), d * float(sc0)), min0 = hn::Set(DF(), dmin * float(m0));
-      const VF d1 = hn::Set(DF(), d * float(sc1)), min1 = hn::Set(DF(), dmin * float(m1));
+      const float d0 = d * float(sc0), min0 = dmin * float(m0);
+      const float d1 = d * float(sc1), min1 = dmin * float(m1);
       const uint8_t* q = qs + 32 * g;
-      Out* y = dst + 64 * g;
-      for (size_t i = 0; i < 32; i += lanes) {
-        const auto bytes_i = hn::LoadU(DU8(), q + i);
-        auto lo = hn::PromoteTo(DI(), hn::And(bytes_i, low4));
-        auto hi = hn::PromoteTo(DI(), hn::ShiftRight<4>(bytes_i));
+      float* yg = y + 64 * g;
+      for (int l = 0; l < 32; ++l) {
+        int lo = q[l] & 0xf, hi = q[l] >> 4;
         if constexpr (kFifthBit) {
-          const auto h = hn::PromoteTo(DI(), hn::LoadU(DU8(), qh + i));
-          lo = hn::Or(lo, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * g), one)));
-          hi = hn::Or(hi, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * g + 1), one)));
+          lo |= (qh[l] >> (2 * g) & 1) << 4;
+          hi |= (qh[l] >> (2 * g + 1) & 1) << 4;
         }
-        store(hn::Sub(hn::Mul(d0, hn::ConvertTo(DF(), lo)), min0), y + i);
-        store(hn::Sub(hn::Mul(d1, hn::ConvertTo(DF(), hi)), min1), y + 32 + i);
+        yg[l] = d0 * float(lo) - min0;
+        yg[32 + l] = d1 * float(hi) - min1;
       }
     }
+    put_block<256>(y, dst);
   }
 }
 
-// fp8 bytes as f32 lanes, computed as the tables above are (torch's values and NaN bits): a
-// normal value's exponent and mantissa move into place and are rebiased, a subnormal one is its
-// integer mantissa times the smallest subnormal.
-HWY_INLINE VF e4m3_lanes(hn::Vec<DU8> v) {
-  const DU du;
-  const auto u = hn::PromoteTo(du, v);
-  const auto magnitude = hn::And(u, hn::Set(du, 0x7fu));
-  const auto normal = hn::Add(hn::ShiftLeft<20>(magnitude), hn::Set(du, uint32_t(127 - 7) << 23));
-  const auto subnormal =
-      hn::BitCast(du, hn::Mul(hn::ConvertTo(DF(), hn::BitCast(DI(), magnitude)), hn::Set(DF(), 1.0f / 512.0f)));
-  auto r = hn::IfThenElse(hn::Lt(magnitude, hn::Set(du, 8u)), subnormal, normal);
-  r = hn::IfThenElse(hn::Eq(magnitude, hn::Set(du, 0x7fu)), hn::Set(du, 0x7ff00000u), r);  // NaN
-  return hn::BitCast(DF(), hn::Or(r, hn::ShiftLeft<24>(hn::And(u, hn::Set(du, 0x80u)))));
-}
+KILN_QUANT_NO_FP_CONTRACT_END
 
-HWY_INLINE VF e5m2_lanes(hn::Vec<DU8> v) {
-  const DU du;
-  const auto u = hn::PromoteTo(du, v);
-  const auto magnitude = hn::And(u, hn::Set(du, 0x7fu));
-  const auto normal = hn::Add(hn::ShiftLeft<21>(magnitude), hn::Set(du, uint32_t(127 - 15) << 23));
-  const auto subnormal =
-      hn::BitCast(du, hn::Mul(hn::ConvertTo(DF(), hn::BitCast(DI(), magnitude)), hn::Set(DF(), 1.0f / 65536.0f)));
-  const auto mant = hn::And(u, hn::Set(du, 3u));
-  const auto quiet = hn::IfThenElseZero(hn::Ne(mant, hn::Zero(du)), hn::Set(du, 0x00400000u));
-  const auto inf_nan = hn::Or(hn::Set(du, 0x7f800000u), hn::Or(hn::ShiftLeft<21>(mant), quiet));
-  auto r = hn::IfThenElse(hn::Lt(magnitude, hn::Set(du, 4u)), subnormal, normal);
-  r = hn::IfThenElse(hn::Gt(magnitude, hn::Set(du, 0x7bu)), inf_nan, r);
-  return hn::BitCast(DF(), hn::Or(r, hn::ShiftLeft<24>(hn::And(u, hn::Set(du, 0x80u)))));
-}
-
-inline void put(float* dst, float v) { *dst = v; }
-inline void put(uint16_t* dst, float v) { *dst = f32_to_bf16(v); }
-
+// fp8: in runs of 32, the tail by lookup.
 template <bool kIsE5m2, class Out>
-void dequantize_fp8(const uint8_t* HWY_RESTRICT src, Out* HWY_RESTRICT dst, int64_t n) {
-  const int64_t lanes = int64_t(hn::Lanes(DF()));
+void dequantize_fp8(const uint8_t* src, Out* dst, int64_t n) {
   int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto v = hn::LoadU(DU8(), src + i);
-    store(kIsE5m2 ? e5m2_lanes(v) : e4m3_lanes(v), dst + i);
+  for (; i + 32 <= n; i += 32) {
+    float y[32];
+    for (int j = 0; j < 32; ++j) {
+      const uint8_t v = src[i + j];
+      y[j] = kIsE5m2 ? e5m2_value_branch_free(v) : e4m3_value_branch_free(v);
+    }
+    put_block<32>(y, dst + i);
   }
-  for (; i < n; ++i) put(dst + i, kIsE5m2 ? kE5m2Values[src[i]] : kE4m3Values[src[i]]);
-}
-
-void check_count(const char* where, DType t, int64_t n) {
-  KILN_CHECK(is_storage_only(t), where, dtype_name(t),
-             " is not a quantized storage type (f8_e4m3, f8_e5m2, q8_0, q4_0, q4_k, q5_k)");
-  const int64_t block = dtype_block_elems(t);
-  KILN_CHECK(n >= 0 && n % block == 0, where, dtype_name(t), ": ", n, " elements are not a whole number of its ",
-             block, "-element blocks");
+  for (; i < n; ++i) put_block<1>(&(kIsE5m2 ? kE5m2Values : kE4m3Values)[src[i]], dst + i);
 }
 
 template <class Out>
 void dequantize_any(const char* where, DType t, const void* src, Out* dst, int64_t n) {
-  check_count(where, t, n);
+  check_storage_count(where, t, n);
   const auto* s = static_cast<const uint8_t*>(src);
   switch (t) {
     case DType::f8_e4m3: dequantize_fp8<false>(s, dst, n); return;
@@ -357,6 +324,14 @@ void check_finite(DType t, const float* src, int64_t n) {
 
 }  // namespace
 
+void check_storage_count(const char* where, DType t, int64_t n) {
+  KILN_CHECK(is_storage_only(t), where, dtype_name(t),
+             " is not a quantized storage type (f8_e4m3, f8_e5m2, q8_0, q4_0, q4_k, q5_k)");
+  const int64_t block = dtype_block_elems(t);
+  KILN_CHECK(n >= 0 && n % block == 0, where, dtype_name(t), ": ", n, " elements are not a whole number of its ",
+             block, "-element blocks");
+}
+
 float f8_e4m3_to_f32(uint8_t v) { return kE4m3Values[v]; }
 float f8_e5m2_to_f32(uint8_t v) { return kE5m2Values[v]; }
 uint8_t f32_to_f8_e4m3(float f) { return encode_fp8(f, kE4m3Format); }
@@ -369,7 +344,7 @@ void dequantize_to_bf16(DType t, const void* src, uint16_t* dst, int64_t n) {
 }
 
 void quantize_from_f32(DType t, const float* src, void* dst, int64_t n) {
-  check_count("quantize", t, n);
+  check_storage_count("quantize", t, n);
   auto* d = static_cast<uint8_t*>(dst);
   if (is_block_quantized(t)) check_finite(t, src, n);
   switch (t) {

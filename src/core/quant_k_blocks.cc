@@ -1,6 +1,6 @@
 // ggml's reference quantizers for the k-quants q4_k and q5_k (quantize_row_q4_K_ref /
 // quantize_row_q5_K_ref): the same f32 operations in the same order, no fused multiply-adds, so
-// that kiln's blocks equal ggml's. The block layouts are described at the decoding kernels
+// that kiln's blocks equal ggml's. The block layouts are described at the reference decoders
 // (core/quant_blocks.cc).
 #include <algorithm>
 #include <cmath>

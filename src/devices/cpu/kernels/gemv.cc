@@ -5,7 +5,7 @@
 #include <hwy/highway.h>
 
 #include "core/error.h"
-#include "core/quant_blocks.h"
+#include "devices/cpu/kernels/dequantize.h"
 #include "devices/cpu/kernels/f32_io.h"
 
 namespace kiln::cpu {
@@ -92,7 +92,7 @@ void columns_quantized(const float* x, int64_t k, const RowProduct& pr, int64_t 
   float s[4];
   for (int64_t j = j0; j < j1;) {
     const int n = j + 4 <= j1 ? 4 : 1;
-    for (int r = 0; r < n; ++r) dequantize_to_f32(pr.w_type, w + size_t(j + r) * row_bytes, rows.data() + r * k, k);
+    for (int r = 0; r < n; ++r) dequantize_row_f32(pr.w_type, w + size_t(j + r) * row_bytes, rows.data() + r * k, k);
     if (n == 4) {
       dots<4>(x, rows.data(), k, s);
     } else {

@@ -12,8 +12,8 @@
 
 #include "core/buffer.h"
 #include "core/error.h"
-#include "core/quant_blocks.h"
 #include "devices/cpu/allocator.h"
+#include "devices/cpu/kernels/dequantize.h"
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/onednn.h"
@@ -243,6 +243,18 @@ void linear_bf16_widened(const void* x, const void* w, const void* bias, DType b
   }
 }
 
+// Weight rows per dequantized panel: up to ~16M elements (32 MiB of bf16) and never the whole
+// weight (at least two panels), of equal widths that are multiples of 64. Fewer, larger panels
+// re-read x fewer times, which decides the speed at FLUX.1's large-K shapes
+// (bench/bench_quantized_linear).
+int64_t quantized_panel_rows(int64_t N, int64_t K) {
+  constexpr int64_t kPanelElems = int64_t(16) << 20;
+  if (N <= 64) return N;
+  const int64_t most = std::max<int64_t>(64, std::min(kPanelElems / K, (N + 1) / 2) / 64 * 64);
+  const int64_t panels = (N + most - 1) / most;
+  return std::min(N, ((N + panels - 1) / panels + 63) / 64 * 64);
+}
+
 // The quantized path (see the header): each panel of w's rows dequantized into a plain panel
 // of the compute type, then the plain primitive on it.
 void linear_quantized_panels(const void* x, DType x_type, const void* w, DType w_type, const void* bias,
@@ -267,7 +279,7 @@ void linear_quantized_panels(const void* x, DType x_type, const void* w, DType w
     bias = bf.data();
     bias_type = DType::f32;
   }
-  const int64_t rows = panel_rows(N, K);
+  const int64_t rows = quantized_panel_rows(N, K);
   const bool direct = y_type == DType::f32 && rows == N;
   const Scratch out(direct ? 0 : size_t(M * rows) * sizeof(float));
   const size_t es = dtype_size(ct);
@@ -279,9 +291,9 @@ void linear_quantized_panels(const void* x, DType x_type, const void* w, DType w
     for (int64_t r = 0; r < n; ++r) {
       const char* src = static_cast<const char*>(w) + size_t(j + r) * row_bytes;
       if (ct == DType::bf16) {
-        dequantize_to_bf16(w_type, src, panel.as<uint16_t>() + r * K, K);
+        dequantize_row_bf16(w_type, src, panel.as<uint16_t>() + r * K, K);
       } else {
-        dequantize_to_f32(w_type, src, panel.as<float>() + r * K, K);
+        dequantize_row_f32(w_type, src, panel.as<float>() + r * K, K);
       }
     }
     const auto plan = get_plan({M, n, K, ct, bias != nullptr, bias_type, DType::f32, false});

@@ -100,7 +100,7 @@ void linear_bf16(const void* x, const void* w, const PackedLinearWeight* packed,
 
 // y = x · dequant(w)ᵀ + bias for a weight held in a storage type (fp8 or ggml blocks,
 // core/quant_blocks.h), x f32 or bf16, bias none/f32/bf16, y f32 or bf16. The weight is
-// dequantized a panel of rows at a time (the widened path's panels, at most ~16 MiB of f32) into
+// dequantized a panel of rows at a time (up to ~16M elements, never the whole weight) into
 // the GEMM's operand type, which the plain primitive then reads: bf16 panels for bf16 x on the
 // dot path (bf16 dot products summed in f32; each weight value rounded once to bf16), f32 panels
 // otherwise. No copy of the whole weight is made, and the bits do not depend on the mode.
