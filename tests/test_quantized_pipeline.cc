@@ -95,7 +95,8 @@ TEST_P(QuantizedModes, EveryModeGivesTheSameImageByteForByte) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, QuantizedModes, testing::Values(DType::q8_0, DType::q4_k, DType::f8_e4m3),
+INSTANTIATE_TEST_SUITE_P(Types, QuantizedModes,
+                         testing::Values(DType::q8_0, DType::q4_0, DType::q4_k, DType::q5_k, DType::f8_e4m3, DType::f8_e5m2),
                          [](const testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
 TEST(QuantizedFluxPipelineErrors, UnknownComponentAndTensorParallelAreRefusedBeforeLoading) {
