@@ -26,21 +26,29 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The transformer of the folder, built as a pipeline would build it under --quantize (only this
-// component is loaded), with its weights under their state-dict keys.
-nn::NamedParameters load_transformer(const fs::path& model, std::optional<DType> dtype, DType type,
-                                     std::string& class_name) {
-  const fs::path dir = io::resolve_model_folder(model);
-  const io::JsonConfig config(dir / "transformer" / "config.json");
-  class_name = config.get_string("_class_name", "");
-  const nn::ComponentLoad quantized(nullptr, type);
-  if (class_name == "FluxTransformer2DModel")
-    return FluxTransformer2DModel::from_pretrained(dir / "transformer", dtype).named_parameters();
-  if (class_name == "SD3Transformer2DModel")
-    return SD3Transformer2DModel::from_pretrained(dir / "transformer", dtype).named_parameters();
-  if (class_name == "Flux2Transformer2DModel")
-    return Flux2Transformer2DModel::from_pretrained(dir / "transformer", dtype).named_parameters();
-  fail("cli", (dir / "transformer" / "config.json").string(), ": _class_name '", class_name,
+// The transformer classes kiln converts: how each is built and the original layout it has.
+struct TransformerClass {
+  const char* name;
+  io::Layout original;
+  nn::NamedParameters (*load)(const fs::path& dir, std::optional<DType> dtype);
+};
+
+const TransformerClass kTransformers[] = {
+    {"FluxTransformer2DModel", io::Layout::flux1_bfl,
+     [](const fs::path& d, std::optional<DType> t) { return FluxTransformer2DModel::from_pretrained(d, t).named_parameters(); }},
+    {"SD3Transformer2DModel", io::Layout::sd3_stability,
+     [](const fs::path& d, std::optional<DType> t) { return SD3Transformer2DModel::from_pretrained(d, t).named_parameters(); }},
+    {"Flux2Transformer2DModel", io::Layout::flux2_bfl,
+     [](const fs::path& d, std::optional<DType> t) { return Flux2Transformer2DModel::from_pretrained(d, t).named_parameters(); }},
+};
+
+// The class of the folder's transformer (its config.json's _class_name), checked before any load.
+const TransformerClass& transformer_class(const fs::path& dir) {
+  const fs::path config = dir / "transformer" / "config.json";
+  const std::string name = io::JsonConfig(config).get_string("_class_name", "");
+  for (const TransformerClass& c : kTransformers)
+    if (name == c.name) return c;
+  fail("cli", config.string(), ": _class_name '", name,
        "' is not a transformer kiln converts (FluxTransformer2DModel, SD3Transformer2DModel, Flux2Transformer2DModel)");
 }
 
@@ -79,24 +87,24 @@ int convert(const std::vector<std::string>& args) {
   KILN_CHECK(ext == ".gguf" || !is_block_quantized(type), "cli", "--out ", out.string(), ": safetensors has no ",
              dtype_name(type), " (ggml block types are written as .gguf)");
 
-  std::fprintf(stderr, "kiln: loading %s/transformer quantized to %s\n", model.c_str(), dtype_name(type));
-  std::string class_name;
+  KILN_CHECK(layout == "diffusers" || ext == ".gguf", "cli", "--layout original writes GGUF (.gguf)");
+  const fs::path dir = io::resolve_model_folder(model);
+  const TransformerClass& cls = transformer_class(dir);
   const auto per = options.component_dtype.find("transformer");
+  std::fprintf(stderr, "kiln: loading %s/transformer quantized to %s\n", model.c_str(), dtype_name(type));
+  // Built as a pipeline builds it under --quantize; only this component is loaded.
+  const nn::ComponentLoad quantizing(nullptr, type);
   const nn::NamedParameters params =
-      load_transformer(model, per != options.component_dtype.end() ? per->second : options.dtype, type, class_name);
+      cls.load(dir / "transformer", per != options.component_dtype.end() ? per->second : options.dtype);
   uint64_t bytes = 0;
   io::GgufMetadata metadata{{"general.architecture", io::GgufValue{std::string("kiln")}},
-                            {"kiln.class_name", io::GgufValue{class_name}},
+                            {"kiln.class_name", io::GgufValue{std::string(cls.name)}},
                             {"kiln.component", io::GgufValue{std::string("transformer")}},
                             {"kiln.quantization", io::GgufValue{std::string(dtype_name(type))}},
                             {"kiln.layout", io::GgufValue{layout}}};
   if (layout == "original") {
-    KILN_CHECK(ext == ".gguf", "cli", "--layout original writes GGUF (.gguf)");
-    const io::Layout original = class_name == "FluxTransformer2DModel"   ? io::Layout::flux1_bfl
-                                : class_name == "Flux2Transformer2DModel" ? io::Layout::flux2_bfl
-                                                                          : io::Layout::sd3_stability;
     std::map<std::string, Tensor> tensors(params.begin(), params.end());
-    bytes = nn::write_original_layout_gguf(nn::TensorMapSource(std::move(tensors)), original_key_map(original), out,
+    bytes = nn::write_original_layout_gguf(nn::TensorMapSource(std::move(tensors)), original_key_map(cls.original), out,
                                            metadata);
   } else if (ext == ".gguf") {
     std::vector<std::pair<std::string, Tensor>> tensors(params.begin(), params.end());
