@@ -1,7 +1,5 @@
 // The KILN_* environment (core/env.h): values are checked strictly, unknown names are reported.
 #include <algorithm>
-#include <cstdlib>
-#include <optional>
 
 #include "core/env.h"
 #include "test_util.h"
@@ -9,22 +7,7 @@
 namespace kiln {
 namespace {
 
-// Sets a variable for one test and restores the previous value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test::ScopedEnv;
 
 TEST(Env, FlagsAreOneOrZero) {
   {

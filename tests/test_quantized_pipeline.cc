@@ -126,5 +126,59 @@ TEST(QuantizedFluxPipelineOffload, ModelOffloadGivesTheSameImage) {
   EXPECT_EQ(moved, held);
 }
 
+std::map<std::string, size_t> bytes_by_place(const FluxPipeline& pipe) {
+  std::map<std::string, size_t> n;
+  for (const DiffusionPipeline::WeightBytes& w : pipe.weight_bytes())
+    for (const auto& [place, bytes] : w.by_place) n[place] += bytes;
+  return n;
+}
+
+// A transformer quantized at load has no checkpoint pages to fall back on: model offload moves
+// its bytes (and every other copy made at load) into a spill file instead of holding them in
+// memory beside the device copy. The image is unchanged, and again on a second call (the spilled
+// bytes came back from the file).
+TEST(QuantizedFluxPipelineOffload, ModelOffloadMovesHostCopiesIntoASpillFile) {
+  const test::ScopedTempDir dir("spill");
+  const test::ScopedEnv spill_dir("KILN_SPILL_DIR", dir.path().c_str());
+  const FluxPipeline in_place = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), bf16(DType::q8_0));
+  const PipelineOutput want = in_place(call());
+  FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), bf16(DType::q8_0));
+  const std::map<std::string, size_t> before = bytes_by_place(pipe);
+  ASSERT_GT(before.count("host_copy"), 0u);
+  EXPECT_EQ(before.count("spill_file"), 0u);
+  pipe.enable_model_cpu_offload();
+  const std::map<std::string, size_t> after = bytes_by_place(pipe);
+  EXPECT_EQ(after.count("host_copy"), 0u);
+  EXPECT_EQ(after.at("spill_file"), before.at("host_copy"));
+  EXPECT_EQ(pipe(call()).image, want.image);
+  EXPECT_EQ(pipe(call()).image, want.image);
+  EXPECT_EQ(bytes_by_place(pipe), after);  // back in the file after each call
+}
+
+// KILN_SPILL_DIR=none, or a folder that cannot take the bytes, keeps them in memory as before:
+// the latter says so in a warning naming the folder, and the image is the same.
+TEST(QuantizedFluxPipelineOffload, WithoutASpillFolderHostCopiesStayInMemory) {
+  const FluxPipeline in_place = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), bf16(DType::q8_0));
+  const PipelineOutput want = in_place(call());
+  {
+    const test::ScopedEnv off("KILN_SPILL_DIR", "none");
+    FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), bf16(DType::q8_0));
+    pipe.enable_model_cpu_offload();
+    EXPECT_EQ(bytes_by_place(pipe).count("spill_file"), 0u);
+    EXPECT_EQ(pipe(call()).image, want.image);
+  }
+  const test::ScopedEnv missing("KILN_SPILL_DIR", "/proc/kiln-no-such-folder");
+  std::vector<std::string> warnings;
+  PipelineOptions o = bf16(DType::q8_0);
+  o.on_warning = [&](const std::string& w) { warnings.push_back(w); };
+  FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), o);
+  pipe.enable_model_cpu_offload();
+  EXPECT_EQ(bytes_by_place(pipe).count("spill_file"), 0u);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("in memory"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("/proc/kiln-no-such-folder"), std::string::npos) << warnings[0];
+  EXPECT_EQ(pipe(call()).image, want.image);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -42,6 +42,17 @@ class Buffer {
     derived_.clear();
   }
   bool here_for_one_call() const { return for_one_call_; }
+  // Replaces the bytes this buffer owns by an equal copy elsewhere, which `keep` owns from now on
+  // (model offload moves a host copy into a spill file: core/spill_file.h). The old bytes are
+  // released at once. Only call it when no queued work uses the buffer and it is not relocated.
+  void rehome(void* data, std::shared_ptr<void> keep, bool maps_file) {
+    std::function<void()> old = std::move(release_);
+    data_ = data;
+    release_ = nullptr;
+    home_owner_ = std::move(keep);
+    maps_file_ = maps_file;
+    if (old) old();
+  }
   // Whether the bytes it was made with are a view of a mapped checkpoint file (zero-copy
   // weights), so reports can say where a weight lives. Set once, by the loader that made it.
   void mark_file_mapping() { maps_file_ = true; }
@@ -86,6 +97,7 @@ class Buffer {
  private:
   void* data_;
   std::shared_ptr<void> relocated_owner_;  // the device copy while relocated
+  std::shared_ptr<void> home_owner_;       // its own bytes, once rehome() moved them
   bool maps_file_ = false;
   bool for_one_call_ = false;  // read on the queue: written only by relocate(), with no work queued
   size_t bytes_;

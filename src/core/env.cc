@@ -32,6 +32,10 @@ const std::vector<Variable>& variables() {
       {"KILN_LAUNCH_BLOCKING", Kind::flag, {}, "1", "debug eager: wait for every kernel, so errors name the op"},
       {"KILN_CACHE_DIR", Kind::text, {}, "DIR",
        "persistent compile cache (default $XDG_CACHE_HOME/kiln or ~/.cache/kiln; 'none' turns it off)"},
+      {"KILN_SPILL_DIR", Kind::text, {}, "DIR",
+       "model offload: folder for the nameless file that holds weights quantized or converted at load while "
+       "they wait for their turn (default: the cache folder, else the system's temporary folder; 'none' keeps "
+       "them in memory)"},
       {"KILN_COLLECTIVE_TIMEOUT", Kind::positive_number, {}, "S",
        "--tp: seconds a collective waits for the other ranks before the job is aborted (default 300)"},
       {"KILN_DEFER_MAX_NODES", Kind::positive_int, {}, "N", "deferred mode: flush a pending graph at N nodes (20000)"},

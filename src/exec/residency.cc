@@ -2,9 +2,11 @@
 
 #include <cstring>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/mapped_pages.h"
 #include "devices/runtime.h"
+#include "exec/executable_store.h"
 #include "exec/host.h"
 
 namespace kiln {
@@ -21,6 +23,7 @@ void ComponentWeights::add(const Tensor& weight) {
   buffers_.push_back(b);
   host_data_.push_back(b->data());
   dtypes_.push_back(weight.dtype());
+  spilled_.push_back(false);
   bytes_ += b->bytes();
 }
 
@@ -36,7 +39,11 @@ ComponentWeights::Bytes ComponentWeights::bytes_by() const {
   for (size_t i = 0; i < buffers_.size(); ++i) {
     const size_t n = buffers_[i]->bytes();
     b.by_dtype[dtype_name(dtypes_[i])] += n;
-    b.by_place[resident_ ? "device" : buffers_[i]->maps_file() ? "mapped_file" : "host_copy"] += n;
+    const char* place = resident_                  ? "device"
+                        : spilled_[i]                ? "spill_file"
+                        : buffers_[i]->maps_file()   ? "mapped_file"
+                                                     : "host_copy";
+    b.by_place[place] += n;
   }
   return b;
 }
@@ -70,6 +77,31 @@ void ComponentWeights::offload() {
   for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i]->relocate(host_data_[i], nullptr);
   resident_ = false;
   runtime(device_).release_cached_memory();
+}
+
+size_t ComponentWeights::host_copy_bytes() const {
+  size_t n = 0;
+  for (const BufferPtr& b : buffers_) n += b->maps_file() ? 0 : b->bytes();
+  return n;
+}
+
+void ComponentWeights::spill_host_copies(SpillFile& file) {
+  KILN_CHECK(!resident_, "offload", name_, ": weights are spilled from the host, not from the device");
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    Buffer& b = *buffers_[i];
+    if (b.maps_file() || b.bytes() == 0) continue;
+    synchronize(b.device());  // its bytes must be final before they are copied
+    SpillFile::Mapping m = file.write(b.data(), b.bytes());
+    b.rehome(m.data, std::move(m.owner), /*maps_file=*/true);
+    host_data_[i] = m.data;
+    spilled_[i] = true;
+  }
+}
+
+std::filesystem::path offload_spill_dir() {
+  if (const auto v = env::text("KILN_SPILL_DIR")) return *v == "none" ? std::filesystem::path() : std::filesystem::path(*v);
+  const std::filesystem::path cache = executable_cache_dir();
+  return cache.empty() ? std::filesystem::temp_directory_path() : cache;
 }
 
 WeightCollector::WeightCollector(ComponentWeights& component) : previous_(t_collector) { t_collector = &component; }

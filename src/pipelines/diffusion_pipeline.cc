@@ -113,6 +113,40 @@ DiffusionPipeline& DiffusionPipeline::to(const Device& device) {
   return *this;
 }
 
+namespace {
+
+// Model offload holds a component in host memory only while it is not on the device, and then a
+// copy made at load has no checkpoint pages to fall back on: its bytes move into a spill file
+// (exec/residency.h), so a transformer quantized at load is held once, not twice, and not at
+// all while the text encoders run. A folder without room keeps them in memory, with a warning.
+void spill_host_copies(PipelineState& s) {
+  size_t total = 0;
+  for (const PipelineComponent& c : s.components) total += c.weights.host_copy_bytes();
+  const std::filesystem::path dir = offload_spill_dir();
+  if (total == 0 || dir.empty()) return;
+  const auto keep = [&](const std::string& why) {
+    if (s.options.on_warning)
+      s.options.on_warning("model offload keeps " + format_bytes(total) +
+                           " of weights made at load in memory: " + why +
+                           " (KILN_SPILL_DIR names a folder on disk for them)");
+  };
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const FolderSpace space = folder_space(dir);
+  constexpr size_t kLeaveFree = size_t(1) << 30;
+  if (space.in_memory) return keep(dir.string() + " is in memory (tmpfs)");
+  if (space.free_bytes < total + kLeaveFree)
+    return keep(dir.string() + " has " + format_bytes(space.free_bytes) + " free");
+  try {
+    const std::shared_ptr<SpillFile> file = SpillFile::create(dir);
+    for (PipelineComponent& c : s.components) c.weights.spill_host_copies(*file);
+  } catch (const Error& e) {  // what was spilled stays spilled; the rest stays in memory
+    keep(e.what());
+  }
+}
+
+}  // namespace
+
 DiffusionPipeline& DiffusionPipeline::enable_model_cpu_offload(const Device& device) {
   std::lock_guard<std::mutex> lock(s_->call_mu);
   runtime(device);
@@ -123,6 +157,7 @@ DiffusionPipeline& DiffusionPipeline::enable_model_cpu_offload(const Device& dev
     for (size_t i = 0; i < s_->components.size(); ++i) offload(i);
   s_->placement = Placement::model_offload;
   s_->device = device;
+  spill_host_copies(*s_);
   return *this;
 }
 
