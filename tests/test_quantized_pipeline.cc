@@ -138,7 +138,8 @@ std::map<std::string, size_t> bytes_by_place(const FluxPipeline& pipe) {
 // memory beside the device copy. The image is unchanged, and again on a second call (the spilled
 // bytes came back from the file).
 TEST(QuantizedFluxPipelineOffload, ModelOffloadMovesHostCopiesIntoASpillFile) {
-  const test::ScopedTempDir dir("spill");
+  // Under the working folder (the build tree), which is on disk where /tmp may be in memory.
+  const test::ScopedTempDir dir("spill", std::filesystem::current_path());
   const test::ScopedEnv spill_dir("KILN_SPILL_DIR", dir.path().c_str());
   const FluxPipeline in_place = FluxPipeline::from_pretrained(test::pipeline_dir(kSet), bf16(DType::q8_0));
   const PipelineOutput want = in_place(call());

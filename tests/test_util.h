@@ -19,11 +19,13 @@
 
 namespace kiln::test {
 
-// A fresh folder under the system's temporary folder, removed with everything in it at the end.
+// A fresh folder under `parent` (the system's temporary folder unless given), removed with
+// everything in it at the end.
 class ScopedTempDir {
  public:
-  explicit ScopedTempDir(const std::string& name)
-      : path_(std::filesystem::temp_directory_path() / ("kiln_" + name + "_" + std::to_string(::getpid()))) {
+  explicit ScopedTempDir(const std::string& name,
+                         const std::filesystem::path& parent = std::filesystem::temp_directory_path())
+      : path_(parent / ("kiln_" + name + "_" + std::to_string(::getpid()))) {
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }
