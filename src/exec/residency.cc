@@ -1,5 +1,7 @@
 #include "exec/residency.h"
 
+#include <malloc.h>
+
 #include <cstring>
 
 #include "core/env.h"
@@ -96,6 +98,11 @@ void ComponentWeights::spill_host_copies(SpillFile& file) {
     host_data_[i] = m.data;
     spilled_[i] = true;
   }
+#if defined(__GLIBC__)
+  // Host copies under malloc's mmap threshold (which rises to the largest block freed: a 16 MiB
+  // load panel) came from the heap, whose freed middle glibc keeps unless asked: give it back.
+  malloc_trim(0);
+#endif
 }
 
 std::filesystem::path offload_spill_dir() {
