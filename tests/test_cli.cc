@@ -230,6 +230,32 @@ TEST_F(Cli, ModelOffloadFitsABudgetThatAllWeightsOnTheDeviceDoNot) {
   EXPECT_LE(j["memory"]["device_peak_bytes"].get<int64_t>(), 21 << 20);
 }
 
+// kiln convert writes the transformer quantized as --quantize holds it: the GGUF (Diffusers or
+// original BFL names) passed with --transformer gives the PNG that quantizing at load gives.
+TEST_F(Cli, ConvertWritesTheTransformerThatQuantizingAtLoadHolds) {
+  const std::string model = (fs::path(KILN_FIXTURES_DIR) / "flux1_tiny_arch" / "pipeline").string();
+  const std::string call =
+      "generate --model " + model + " --prompt 'a red fox' --dtype bf16 --height 64 --width 64 --steps 2 --seed 1";
+  const fs::path want = dir_ / "quantize.png";
+  const CliRun q = kiln_cli(call + " --quantize q8_0 --out " + want.string());
+  ASSERT_EQ(q.exit_code, 0) << q.output;
+  for (const std::string layout : {"diffusers", "original"}) {
+    const fs::path gguf = dir_ / (layout + ".gguf"), png = dir_ / (layout + ".png");
+    const CliRun c = kiln_cli("convert --model " + model + " --dtype bf16 --quantize q8_0 --layout " + layout +
+                              " --out " + gguf.string());
+    ASSERT_EQ(c.exit_code, 0) << c.output;
+    EXPECT_NE(c.output.find("in q8_0)"), std::string::npos) << c.output;
+    const CliRun g = kiln_cli(call + " --transformer " + gguf.string() + " --out " + png.string());
+    ASSERT_EQ(g.exit_code, 0) << g.output;
+    EXPECT_EQ(io::read_png(png).rgb, io::read_png(want).rgb) << layout;
+  }
+  const fs::path bad = dir_ / "bad.gguf";
+  const CliRun b = kiln_cli("convert --model " + model + " --out " + bad.string());
+  EXPECT_NE(b.exit_code, 0);
+  EXPECT_NE(b.output.find("convert needs --quantize"), std::string::npos) << b.output;
+  EXPECT_FALSE(fs::exists(bad));
+}
+
 TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
   const fs::path png = dir_ / "out.png";
   struct Case {
