@@ -7,6 +7,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "io/png.h"
+
 namespace kiln {
 class DiffusionPipeline;
 struct PipelineOptions;
@@ -48,5 +50,10 @@ nlohmann::json quantization_report(const PipelineOptions& options);
 // activations, and what its placement needs, to read beside the measured peaks.
 nlohmann::json estimate_report(const DiffusionPipeline& pipe, const PipelineCallArgs& call, const PipelineOutput& result);
 void compile_transformer(DiffusionPipeline& pipe, const std::string& how, bool prepack_weights = true);   // --compile full|blocks
+// The PNG text of an image (generate and serve write the same): prompt, seed (as given), steps,
+// size "HxW", model (as given) and the software.
+io::PngText image_metadata(const PipelineCallArgs& call, const std::string& seed, const PipelineOutput& result,
+                           const std::string& model);
+int serve(const std::vector<std::string>& args);        // serve.cc
 
 }  // namespace kiln::cli

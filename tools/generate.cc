@@ -240,6 +240,16 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
   return out;
 }
 
+io::PngText image_metadata(const PipelineCallArgs& call, const std::string& seed, const PipelineOutput& result,
+                           const std::string& model) {
+  return {{"prompt", call.prompt},
+          {"seed", seed},
+          {"steps", std::to_string(call.num_inference_steps)},
+          {"size", std::to_string(result.height) + "x" + std::to_string(result.width)},  // HxW, as every message
+          {"model", model},
+          {"software", std::string("kiln ") + KILN_VERSION}};
+}
+
 void compile_transformer(DiffusionPipeline& pipe, const std::string& how, bool prepack_weights) {
   CompileOptions options;
   options.fullgraph = true;  // the transformers' forwards have no graph break; any would be a bug worth an error
@@ -344,13 +354,9 @@ int generate(const std::vector<std::string>& args) {
   const PipelineOutput result = pipe(o.call);
   set_profiling(false);
 
-  const std::vector<std::pair<std::string, std::string>> meta = {
-      {"prompt", o.call.prompt},
-      {"seed", o.latents_file.empty() ? std::to_string(o.call.seed) : "latents from " + o.latents_file.string()},
-      {"steps", std::to_string(o.call.num_inference_steps)},
-      {"size", std::to_string(result.height) + "x" + std::to_string(result.width)},  // HxW, as every message
-      {"model", o.model.string()},
-      {"software", std::string("kiln ") + KILN_VERSION}};
+  const io::PngText meta = image_metadata(
+      o.call, o.latents_file.empty() ? std::to_string(o.call.seed) : "latents from " + o.latents_file.string(), result,
+      o.model.string());
   // Per-rank figures for the report (every rank takes part in the gather).
   struct RankFigures {
     uint64_t bytes_read, device_peak, host_rss;

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -117,14 +118,12 @@ bool is_ascii(const std::string& s) {
 
 }  // namespace
 
-void write_png(const std::filesystem::path& path, const uint8_t* rgb, int64_t height, int64_t width,
-               const PngText& text_metadata) {
-  auto fail_write = [&](const std::string& reason) { fail("png", "cannot write ", path.string(), ": ", reason); };
-  if (height <= 0 || width <= 0 || height > 0x7fffffff || width > 0x7fffffff / 3)
-    fail_write("image size " + std::to_string(height) + "x" + std::to_string(width) + " is not supported");
-  if (!rgb) fail_write("no pixel data");
-  if (path.filename().empty()) fail_write("not a file name");
+namespace {
 
+// The text chunks of `text_metadata`, pointing into it; `fail_write` is called with the reason
+// of a keyword or text PNG cannot hold.
+template <typename Fail>
+std::vector<png_text> text_chunks(const PngText& text_metadata, Fail fail_write) {
   std::vector<png_text> texts(text_metadata.size());
   for (size_t i = 0; i < text_metadata.size(); ++i) {
     const auto& [key, value] = text_metadata[i];
@@ -146,6 +145,24 @@ void write_png(const std::filesystem::path& path, const uint8_t* rgb, int64_t he
       t.lang_key = const_cast<char*>("");
     }
   }
+  return texts;
+}
+
+template <typename Fail>
+void check_image(const uint8_t* rgb, int64_t height, int64_t width, Fail fail_write) {
+  if (height <= 0 || width <= 0 || height > 0x7fffffff || width > 0x7fffffff / 3)
+    fail_write("image size " + std::to_string(height) + "x" + std::to_string(width) + " is not supported");
+  if (!rgb) fail_write("no pixel data");
+}
+
+}  // namespace
+
+void write_png(const std::filesystem::path& path, const uint8_t* rgb, int64_t height, int64_t width,
+               const PngText& text_metadata) {
+  auto fail_write = [&](const std::string& reason) { fail("png", "cannot write ", path.string(), ": ", reason); };
+  check_image(rgb, height, width, fail_write);
+  if (path.filename().empty()) fail_write("not a file name");
+  std::vector<png_text> texts = text_chunks(text_metadata, fail_write);
 
   // Through a temporary next to the final target, fsynced and renamed onto it (io/output_file.h):
   // `path` never holds a partial file, and a symlink is written through, not replaced.
@@ -154,6 +171,24 @@ void write_png(const std::filesystem::path& path, const uint8_t* rgb, int64_t he
     if (!encode(f, rgb, png_uint_32(height), png_uint_32(width), texts.data(), int(texts.size()), &sink))
       fail_write(sink.message);
   });
+}
+
+std::string encode_png(const uint8_t* rgb, int64_t height, int64_t width, const PngText& text_metadata) {
+  auto fail_encode = [&](const std::string& reason) { fail("png", "cannot encode the image: ", reason); };
+  check_image(rgb, height, width, fail_encode);
+  std::vector<png_text> texts = text_chunks(text_metadata, fail_encode);
+  char* data = nullptr;
+  size_t size = 0;
+  FILE* f = ::open_memstream(&data, &size);  // the same encoder as write_png, into memory
+  if (!f) fail_encode(std::strerror(errno));
+  ErrorSink sink;
+  const bool ok = encode(f, rgb, png_uint_32(height), png_uint_32(width), texts.data(), int(texts.size()), &sink);
+  const bool closed = std::fclose(f) == 0;
+  std::string bytes = ok && closed ? std::string(data, size) : std::string();
+  std::free(data);
+  if (!ok) fail_encode(sink.message);
+  if (!closed) fail_encode("out of memory");
+  return bytes;
 }
 
 PngImage read_png(const std::filesystem::path& path) {

@@ -21,6 +21,10 @@ using PngText = std::vector<std::pair<std::string, std::string>>;
 void write_png(const std::filesystem::path& path, const uint8_t* rgb, int64_t height, int64_t width,
                const PngText& text_metadata = {});
 
+// The same PNG as write_png writes, as bytes (a server's answer). Errors are kiln::Error
+// "[png] cannot encode the image: <reason>".
+std::string encode_png(const uint8_t* rgb, int64_t height, int64_t width, const PngText& text_metadata = {});
+
 struct PngImage {
   int64_t height = 0, width = 0;
   std::vector<uint8_t> rgb;  // height * width * 3, HWC
