@@ -15,6 +15,7 @@ packages=(
   libsentencepiece-dev   # T5 tokenizer (spiece.model)
   libpcre2-dev           # CLIP pre-tokenisation pattern (Unicode classes)
   libopenmpi-dev openmpi-bin  # tensor parallelism: ProcessGroup on MPI, mpirun
+  libcpp-httplib-dev     # kiln serve: HTTP server (and the client its tests use)
 )
 
 missing=()

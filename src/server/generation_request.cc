@@ -1,0 +1,158 @@
+#include "server/generation_request.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+namespace kiln::server {
+
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void refuse(const std::string& field, const std::string& message, int status = 400) {
+  throw RequestError(status, field, field + ": " + message);
+}
+
+const char* type_name(const json& v) {
+  return v.is_string() ? "a string" : v.is_boolean() ? "a boolean" : v.is_number() ? "a number"
+         : v.is_array()  ? "an array"
+         : v.is_object() ? "an object"
+                         : "null";
+}
+
+std::string read_text(const json& body, const char* field, const RequestLimits& limits) {
+  const json& v = body.at(field);
+  if (!v.is_string()) refuse(field, std::string("expected a string, got ") + type_name(v));
+  const std::string s = v.get<std::string>();
+  if (s.size() > limits.max_prompt_chars)
+    refuse(field, "is " + std::to_string(s.size()) + " bytes long; this server takes at most " +
+                      std::to_string(limits.max_prompt_chars),
+           413);
+  return s;
+}
+
+int64_t read_int(const json& body, const char* field, int64_t lo, int64_t hi) {
+  const json& v = body.at(field);
+  if (!v.is_number_integer())
+    refuse(field, std::string("expected an integer in [") + std::to_string(lo) + ", " + std::to_string(hi) +
+                      "], got " + (v.is_number() ? v.dump() : type_name(v)));
+  // Unsigned values beyond int64 read as negative here, so they fail the range check too.
+  const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())
+                        ? std::numeric_limits<int64_t>::min()
+                        : v.get<int64_t>();
+  if (x < lo || x > hi)
+    refuse(field, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+  return x;
+}
+
+double read_number(const json& body, const char* field, double lo, double hi) {
+  const json& v = body.at(field);
+  if (!v.is_number()) refuse(field, std::string("expected a number, got ") + type_name(v));
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    refuse(field, "expected a number in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " + v.dump());
+  return x;
+}
+
+std::vector<int64_t> read_int_list(const json& body, const char* field) {
+  const json& v = body.at(field);
+  if (!v.is_array() || v.size() > 256) refuse(field, "expected an array of at most 256 integers");
+  std::vector<int64_t> out;
+  for (const json& e : v) {
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > 4096)
+      refuse(field, "expected layer indices in [0, 4096], got " + e.dump());
+    out.push_back(e.get<int64_t>());
+  }
+  return out;
+}
+
+// "1024x768" (OpenAI's WIDTHxHEIGHT) -> (height, width).
+std::pair<int64_t, int64_t> read_size(const json& body, const RequestLimits& limits) {
+  const json& v = body.at("size");
+  const std::string expected = "expected \"WIDTHxHEIGHT\" with sides that are multiples of 16 in [16, " +
+                               std::to_string(limits.max_side) + "]";
+  if (!v.is_string()) refuse("size", expected + ", got " + type_name(v));
+  const std::string s = v.get<std::string>();
+  const size_t x = s.find('x');
+  auto side = [&](const std::string& digits) -> int64_t {
+    if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos)
+      refuse("size", expected + ", got \"" + s.substr(0, 40) + "\"");
+    const int64_t n = std::stoll(digits);
+    if (n < 16 || n > limits.max_side || n % 16 != 0) refuse("size", expected + ", got \"" + s + "\"");
+    return n;
+  };
+  if (x == std::string::npos) refuse("size", expected + ", got \"" + s.substr(0, 40) + "\"");
+  const int64_t width = side(s.substr(0, x)), height = side(s.substr(x + 1));
+  return {height, width};
+}
+
+}  // namespace
+
+GenerationRequest parse_generation_request(const std::string& body_text, const RequestLimits& limits,
+                                           const PipelineCallArgs& defaults) {
+  json body;
+  try {
+    body = json::parse(body_text);
+  } catch (const json::parse_error& e) {
+    refuse("body", std::string("is not valid JSON (") + e.what() + ")");
+  }
+  if (!body.is_object()) refuse("body", std::string("expected a JSON object, got ") + type_name(body));
+
+  static const std::set<std::string> known = {
+      "prompt", "n", "size", "response_format", "negative_prompt", "prompt_2", "prompt_3", "negative_prompt_2",
+      "negative_prompt_3", "seed", "steps", "num_inference_steps", "guidance_scale", "max_sequence_length",
+      "skip_guidance_layers", "skip_layer_guidance_scale", "skip_layer_guidance_start", "skip_layer_guidance_stop",
+      "text_encoder_out_layers", "model", "user", "quality", "style"};
+  for (const auto& [key, value] : body.items())
+    if (!known.count(key)) refuse(key.substr(0, 64), "is not a field this server takes (see docs/server.md)");
+
+  GenerationRequest r;
+  r.call = defaults;
+  PipelineCallArgs& c = r.call;
+  if (!body.contains("prompt")) refuse("prompt", "is required");
+  c.prompt = read_text(body, "prompt", limits);
+  if (c.prompt.empty()) refuse("prompt", "expected a non-empty string");
+  for (const auto& [field, target] : {std::pair{"prompt_2", &c.prompt_2}, std::pair{"prompt_3", &c.prompt_3},
+                                      std::pair{"negative_prompt", &c.negative_prompt},
+                                      std::pair{"negative_prompt_2", &c.negative_prompt_2},
+                                      std::pair{"negative_prompt_3", &c.negative_prompt_3}})
+    if (body.contains(field)) *target = read_text(body, field, limits);
+  if (body.contains("n")) r.n = read_int(body, "n", 1, limits.max_n);
+  if (body.contains("size")) {
+    const auto [height, width] = read_size(body, limits);
+    c.height = height;
+    c.width = width;
+    r.size_given = true;
+  }
+  if (body.contains("response_format")) {
+    const json& v = body["response_format"];
+    if (!v.is_string() || v.get<std::string>() != "b64_json")
+      refuse("response_format", "expected \"b64_json\" (the image travels in the answer; a job's image is at "
+                                "GET /v1/jobs/{id}/image), got " + v.dump().substr(0, 64));
+  }
+  if (body.contains("steps") && body.contains("num_inference_steps"))
+    refuse("steps", "give steps or num_inference_steps, not both");
+  for (const char* field : {"steps", "num_inference_steps"})
+    if (body.contains(field)) c.num_inference_steps = read_int(body, field, 1, limits.max_steps);
+  if (body.contains("seed")) c.seed = uint64_t(read_int(body, "seed", 0, std::numeric_limits<int64_t>::max()));
+  if (body.contains("guidance_scale")) c.guidance_scale = read_number(body, "guidance_scale", 0, 100);
+  if (body.contains("max_sequence_length")) c.max_sequence_length = read_int(body, "max_sequence_length", 1, 512);
+  if (body.contains("skip_guidance_layers")) c.skip_guidance_layers = read_int_list(body, "skip_guidance_layers");
+  if (body.contains("text_encoder_out_layers"))
+    c.text_encoder_out_layers = read_int_list(body, "text_encoder_out_layers");
+  if (body.contains("skip_layer_guidance_scale"))
+    c.skip_layer_guidance_scale = read_number(body, "skip_layer_guidance_scale", 0, 100);
+  if (body.contains("skip_layer_guidance_start"))
+    c.skip_layer_guidance_start = read_number(body, "skip_layer_guidance_start", 0, 1);
+  if (body.contains("skip_layer_guidance_stop"))
+    c.skip_layer_guidance_stop = read_number(body, "skip_layer_guidance_stop", 0, 1);
+  for (const char* field : {"model", "user", "quality", "style"})
+    if (body.contains(field) && !body[field].is_string())
+      refuse(field, std::string("expected a string, got ") + type_name(body[field]));
+  return r;
+}
+
+}  // namespace kiln::server
