@@ -80,6 +80,37 @@ const std::vector<CommandDoc>& commands() {
                                                          "and ComfyUI loaders read"},
            {"--help", "", "", "this text"},
        }},
+      {"serve",
+       "Serve image generation over HTTP with the pipeline loaded (and compiled) once: the OpenAI images API "
+       "(POST /v1/images/generations), jobs with progress events and cancellation (/v1/jobs), /health, /v1/models, "
+       "Prometheus /metrics and a page at /. Runs until SIGTERM or SIGINT (docs/server.md).",
+       {
+           {"--model", "DIR", "the bundled checkpoint", "as for generate"},
+           {"--host", "ADDRESS", "127.0.0.1", "the address to listen on; one other machines reach needs --api-key"},
+           {"--port", "N", "7860", "the port; 0: any free one (printed at start)"},
+           {"--api-key", "KEY", "none", "every route but / and /health needs Authorization: Bearer KEY"},
+           {"--max-queue", "N", "16", "jobs that may wait; more are refused with 429 and Retry-After"},
+           {"--keep-jobs", "N", "64", "finished jobs kept readable (state, events, images); older ones are forgotten"},
+           {"--max-n", "N", "4", "images per request"},
+           {"--max-size", "PIXELS", "2048", "the largest image side a request may ask for"},
+           {"--max-steps", "N", "100", "the most steps a request may ask for"},
+           {"--max-prompt-bytes", "N", "4096", "the longest prompt (each prompt field)"},
+           {"--max-body", "SIZE", "1MiB", "the largest request body (413 above)"},
+           {"--timeout", "SECONDS", "30", "a client that sends or reads nothing for this long is dropped"},
+           {"--on-stop", "finish|cancel", "finish", "SIGTERM/SIGINT: the running job finishes, or stops at its next "
+                                                   "step; queued jobs are answered as cancelled either way"},
+           {"--warmup", "WxH[,WxH...]", "none", "run one step at each size before listening (compiled mode: the "
+                                               "executables are built before the first request)"},
+           {"--mode", "eager|defer|compile", "eager", "as for generate"},
+           {"--compile", "full|blocks", "full", "as for generate"},
+           {"--offload", "none|model", "weights read in place", "as for generate"},
+           {"--device-memory", "SIZE", "unlimited", "as for generate: a job that cannot fit fails alone"},
+           {"--dtype", "auto|bf16|f16|f32[,COMPONENT=DTYPE...]", "auto", "as for generate"},
+           {"--quantize", "TYPE|COMPONENT=TYPE[,...]", "off", "as for generate"},
+           {"--transformer", "FILE", "the folder's", "as for generate (also --vae, --text-encoder[-2|-3])"},
+           {"--strict", "", "off", "as for generate"},
+           {"--help", "", "", "this text"},
+       }},
       {"warmup",
        "Compile the transformer for each size without running it and store the executables in the persistent "
        "cache, so later runs at those sizes compile nothing.",

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
     if (command == "compare") return kiln::cli::compare(args);
     if (command == "make-random") return kiln::cli::make_random(args);
     if (command == "convert") return kiln::cli::convert(args);
+    if (command == "serve") return kiln::cli::serve(args);
     std::fprintf(stderr, "kiln: unknown command '%s' (see kiln --help)\n", command.c_str());
     return 2;
   } catch (const kiln::Error& e) {

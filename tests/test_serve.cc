@@ -1,0 +1,475 @@
+// `kiln serve` as clients see it: the real server process on an ephemeral loopback port, real
+// HTTP requests (cpp-httplib's client). Its images equal `kiln generate`'s PNG byte for byte,
+// events arrive one per step in order, cancellation works for queued and running jobs, a full
+// queue answers 429, bad requests get the right status naming the field, concurrent clients
+// lose no job, and SIGTERM ends the process with 0 after answering everyone.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "tokenizers/precompiled_charsmap.h"
+
+extern char** environ;
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// One `kiln serve` process (the bundled checkpoint unless the flags say otherwise); its
+// stderr goes to a file, where the port it bound is read.
+class ServerProcess {
+ public:
+  explicit ServerProcess(const fs::path& dir, std::vector<std::string> flags = {}) : log_(dir / "serve.log") {
+    std::vector<std::string> argv = {KILN_CLI_PATH, "serve", "--port", "0"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    EXPECT_EQ(posix_spawn(&pid_, argv[0].c_str(), &actions, nullptr, args.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    const std::regex serving(R"(serving .* on http://[^:]+:(\d+))");
+    for (int i = 0; i < 600 && port_ == 0; ++i) {  // up to a minute for load and warm-up
+      std::smatch m;
+      const std::string log = read_file(log_);
+      if (std::regex_search(log, m, serving)) port_ = std::stoi(m[1]);
+      else if (exited()) break;
+      else std::this_thread::sleep_for(100ms);
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ > 0 && !exited()) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  int port() const { return port_; }
+  std::string log() const { return read_file(log_); }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120s);
+    return c;
+  }
+  // SIGTERM, then the exit status (-1 when it did not exit normally within a minute).
+  int terminate() {
+    ::kill(pid_, SIGTERM);
+    return wait_exit();
+  }
+  int wait_exit() {
+    for (int i = 0; i < 600; ++i) {
+      if (exited()) return WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
+      std::this_thread::sleep_for(100ms);
+    }
+    return -1;
+  }
+
+ private:
+  bool exited() {
+    if (done_) return true;
+    if (::waitpid(pid_, &status_, WNOHANG) == pid_) done_ = true;
+    return done_;
+  }
+  fs::path log_;
+  pid_t pid_ = -1;
+  int port_ = 0, status_ = 0;
+  bool done_ = false;
+};
+
+class Serve : public testing::Test {
+ protected:
+  fs::path dir() const { return tmp_.path(); }
+  // `kiln generate` on the bundled checkpoint: its PNG bytes.
+  std::string generate_png(const std::string& flags) {
+    const fs::path out = dir() / "generate.png";
+    const std::string cmd = std::string(KILN_CLI_PATH) + " generate " + flags + " --out " + out.string() + " 2>/dev/null";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return read_file(out);
+  }
+  test::ScopedTempDir tmp_{"serve_" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name())};
+};
+
+std::string b64_png(const json& answer, size_t i = 0) {
+  return tokenizers::PrecompiledCharsmap::base64_decode(answer.at("data").at(i).at("b64_json").get<std::string>(), "b64_json");
+}
+
+json post_json(httplib::Client& c, const std::string& path, const json& body, int expected_status) {
+  const auto res = c.Post(path.c_str(), body.dump(), "application/json");
+  EXPECT_TRUE(res) << path;
+  if (!res) return nullptr;
+  EXPECT_EQ(res->status, expected_status) << path << " " << body.dump() << " -> " << res->body;
+  return json::parse(res->body, nullptr, false);
+}
+
+// Polls GET /v1/jobs/{id} until `done(status)` holds (or ~60 s pass).
+json wait_status(httplib::Client& c, const std::string& id, const std::function<bool(const json&)>& done) {
+  json status;
+  for (int i = 0; i < 6000; ++i) {
+    const auto res = c.Get(("/v1/jobs/" + id).c_str());
+    if (!res) break;
+    status = json::parse(res->body);
+    if (done(status)) return status;
+    std::this_thread::sleep_for(10ms);
+  }
+  ADD_FAILURE() << "job " << id << " never reached the state; last: " << status.dump();
+  return status;
+}
+
+TEST_F(Serve, ImagesEqualGeneratesPngByteForByte) {
+  ServerProcess server(dir());
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c = server.client();
+  const json body{{"prompt", "a red fox in the snow"}, {"size", "128x96"}, {"steps", 3}, {"seed", 7}};
+  const std::string expected = generate_png("--prompt \"a red fox in the snow\" --width 128 --height 96 --steps 3 --seed 7");
+  ASSERT_FALSE(expected.empty());
+
+  const json answer = post_json(c, "/v1/images/generations", body, 200);
+  ASSERT_EQ(answer["data"].size(), 1u);
+  EXPECT_EQ(b64_png(answer), expected) << "POST /v1/images/generations";
+
+  const json queued = post_json(c, "/v1/jobs", body, 202);
+  const std::string id = queued["id"];
+  wait_status(c, id, [](const json& s) { return s["state"] == "done"; });
+  const auto image = c.Get(("/v1/jobs/" + id + "/image").c_str());
+  ASSERT_TRUE(image);
+  EXPECT_EQ(image->status, 200);
+  EXPECT_EQ(image->get_header_value("Content-Type"), "image/png");
+  EXPECT_EQ(image->body, expected) << "GET /v1/jobs/{id}/image";
+
+  // n images: seeds seed, seed + 1, ... each the image generate makes from that seed.
+  const json two = post_json(c, "/v1/images/generations",
+                             {{"prompt", "a red fox in the snow"}, {"size", "128x96"}, {"steps", 3}, {"seed", 7}, {"n", 2}},
+                             200);
+  ASSERT_EQ(two["data"].size(), 2u);
+  EXPECT_EQ(b64_png(two, 0), expected);
+  EXPECT_EQ(b64_png(two, 1),
+            generate_png("--prompt \"a red fox in the snow\" --width 128 --height 96 --steps 3 --seed 8"));
+  EXPECT_EQ(server.terminate(), 0) << server.log();
+}
+
+// The body of an SSE stream as (event, data) pairs.
+std::vector<std::pair<std::string, json>> read_events(httplib::Client& c, const std::string& id) {
+  std::string text;
+  const auto res = c.Get(("/v1/jobs/" + id + "/events").c_str(), [&](const char* data, size_t n) {
+    text.append(data, n);
+    return true;
+  });
+  EXPECT_TRUE(res);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  std::vector<std::pair<std::string, json>> events;
+  const std::regex event(R"(event: (\w+)\ndata: ([^\n]*)\n\n)");
+  for (std::sregex_iterator it(text.begin(), text.end(), event), end; it != end; ++it)
+    events.emplace_back((*it)[1], json::parse((*it)[2].str()));
+  return events;
+}
+
+TEST_F(Serve, EventsArriveOnePerStepInOrderThenDone) {
+  ServerProcess server(dir());
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c = server.client();
+  const json job = post_json(c, "/v1/jobs", {{"prompt", "a lighthouse"}, {"steps", 5}, {"n", 2}}, 202);
+  const auto events = read_events(c, job["id"]);
+  ASSERT_EQ(events.size(), 11u);  // 2 images x 5 steps, then done
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(events[i].first, "step");
+    EXPECT_EQ(events[i].second["image"], int(i / 5));
+    EXPECT_EQ(events[i].second["step"], int(i % 5 + 1));
+    EXPECT_EQ(events[i].second["steps"], 5);
+    EXPECT_GT(events[i].second["seconds"].get<double>(), 0);
+  }
+  EXPECT_EQ(events[10].first, "done");
+  // A finished job's stream replays its events.
+  EXPECT_EQ(read_events(c, job["id"]).size(), 11u);
+}
+
+TEST_F(Serve, CancelsQueuedAndRunningJobsAndKeepsServing) {
+  ServerProcess server(dir(), {"--max-steps", "100000"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c = server.client();
+  const json long_job{{"prompt", "a long job"}, {"steps", 100000}};
+  const std::string running = post_json(c, "/v1/jobs", long_job, 202)["id"];
+  const std::string queued = post_json(c, "/v1/jobs", long_job, 202)["id"];
+  wait_status(c, running, [](const json& s) { return s["state"] == "running" && s["step"] >= 1; });
+  EXPECT_EQ(json::parse(c.Get(("/v1/jobs/" + queued).c_str())->body)["state"], "queued");
+
+  // Queued: it leaves the queue at once.
+  const auto cancel_queued = c.Delete(("/v1/jobs/" + queued).c_str());
+  ASSERT_TRUE(cancel_queued);
+  EXPECT_EQ(cancel_queued->status, 200);
+  EXPECT_EQ(json::parse(cancel_queued->body)["state"], "cancelled");
+  EXPECT_EQ(json::parse(c.Get(("/v1/jobs/" + queued).c_str())->body)["step"], 0);
+
+  // Running: it stops at the next step boundary, long before its 100000 steps.
+  ASSERT_EQ(c.Delete(("/v1/jobs/" + running).c_str())->status, 200);
+  const json ended = wait_status(c, running, [](const json& s) { return s["state"] != "running"; });
+  EXPECT_EQ(ended["state"], "cancelled");
+  EXPECT_LT(ended["step"].get<int>(), 100000);
+  const auto events = read_events(c, running);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().first, "cancelled");
+  EXPECT_EQ(c.Get(("/v1/jobs/" + running + "/image").c_str())->status, 409);
+
+  // The pipeline is intact: the next job's image is generate's.
+  const json answer = post_json(c, "/v1/images/generations", {{"prompt", "after"}, {"steps", 2}}, 200);
+  EXPECT_EQ(b64_png(answer), generate_png("--prompt after --steps 2"));
+  EXPECT_EQ(server.terminate(), 0) << server.log();
+}
+
+TEST_F(Serve, FullQueueAnswers429WithRetryAfter) {
+  ServerProcess server(dir(), {"--max-queue", "1", "--max-steps", "100000"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c = server.client();
+  const json long_job{{"prompt", "a long job"}, {"steps", 100000}};
+  const std::string running = post_json(c, "/v1/jobs", long_job, 202)["id"];
+  wait_status(c, running, [](const json& s) { return s["state"] == "running" && s["step"] >= 1; });
+  const std::string queued = post_json(c, "/v1/jobs", long_job, 202)["id"];
+  const auto full = c.Post("/v1/jobs", long_job.dump(), "application/json");
+  ASSERT_TRUE(full);
+  EXPECT_EQ(full->status, 429);
+  EXPECT_GE(std::stol(full->get_header_value("Retry-After")), 1);
+  EXPECT_EQ(json::parse(full->body)["error"]["param"], "server");
+  const std::string metrics = c.Get("/metrics")->body;
+  EXPECT_NE(metrics.find("kiln_jobs_total{outcome=\"rejected\"} 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("kiln_queue_depth 1\n"), std::string::npos) << metrics;
+  c.Delete(("/v1/jobs/" + queued).c_str());
+  c.Delete(("/v1/jobs/" + running).c_str());
+  EXPECT_EQ(server.terminate(), 0) << server.log();
+}
+
+TEST_F(Serve, BadRequestsGetTheirStatusNamingTheField) {
+  ServerProcess server(dir(), {"--max-body", "4096"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c = server.client();
+  struct Case {
+    std::string method, path, body;
+    int status;
+    std::string field;
+  };
+  const std::string big(5000, 'x');
+  const std::vector<Case> cases = {
+      {"POST", "/v1/images/generations", "{\"prompt\": ", 400, "body"},
+      {"POST", "/v1/images/generations", "[1, 2]", 400, "body"},
+      {"POST", "/v1/images/generations", "{}", 400, "prompt"},
+      {"POST", "/v1/images/generations", R"({"prompt": 5})", 400, "prompt"},
+      {"POST", "/v1/images/generations", R"({"prompt": ""})", 400, "prompt"},
+      {"POST", "/v1/images/generations", R"({"prompt": "x", "size": "0x0"})", 400, "size"},
+      {"POST", "/v1/images/generations", R"({"prompt": "x", "size": "99999x99999"})", 400, "size"},
+      {"POST", "/v1/images/generations", R"({"prompt": "x", "size": "100x100"})", 400, "size"},
+      {"POST", "/v1/images/generations", R"({"prompt": "x", "size": 512})", 400, "size"},
+      {"POST", "/v1/images/generations", R"({"prompt": "x", "steps": 0})", 400, "steps"},
+      {"POST", "/v1/images/generations", R"({"prompt": "x", "steps": "4"})", 400, "steps"},
+      {"POST", "/v1/images/generations", R"({"prompt": "x", "steps": 1.5})", 400, "steps"},
+      {"POST", "/v1/jobs", R"({"prompt": "x", "n": 99})", 400, "n"},
+      {"POST", "/v1/jobs", R"({"prompt": "x", "seed": -1})", 400, "seed"},
+      {"POST", "/v1/jobs", R"({"prompt": "x", "guidance_scale": "high"})", 400, "guidance_scale"},
+      {"POST", "/v1/jobs", R"({"prompt": "x", "response_format": "url"})", 400, "response_format"},
+      {"POST", "/v1/jobs", R"({"prompt": "x", "colour": "red"})", 400, "colour"},
+      {"POST", "/v1/jobs", R"({"prompt": "x", "max_sequence_length": 513})", 400, "max_sequence_length"},
+      {"POST", "/v1/jobs", "{\"prompt\": \"" + big + "\"}", 413, "body"},
+      {"GET", "/v1/jobs/0123456789abcdef", "", 404, "id"},
+      {"GET", "/v1/jobs/..%2F..%2Fetc%2Fpasswd", "", 404, "path"},  // decoded before routing: no such route
+      {"GET", "/v1/jobs/../../etc/passwd/image", "", 404, "path"},
+      {"GET", "/v1/jobs/%2e%2e/image", "", 400, "id"},
+      {"DELETE", "/v1/jobs/ABCDEF0123456789", "", 400, "id"},
+      {"GET", "/v1/nothing", "", 404, "path"},
+      {"DELETE", "/health", "", 405, "method"},
+      {"GET", "/v1/images/generations", "", 405, "method"},
+  };
+  for (const Case& k : cases) {
+    httplib::Result res = k.method == "POST"  ? c.Post(k.path.c_str(), k.body, "application/json")
+                          : k.method == "GET" ? c.Get(k.path.c_str())
+                                              : c.Delete(k.path.c_str());
+    ASSERT_TRUE(res) << k.method << " " << k.path;
+    EXPECT_EQ(res->status, k.status) << k.method << " " << k.path << " " << k.body.substr(0, 80) << " -> " << res->body;
+    const json error = json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(error.is_object() && error.contains("error")) << res->body;
+    EXPECT_EQ(error["error"]["param"], k.field) << k.method << " " << k.path << " " << k.body.substr(0, 80);
+    EXPECT_FALSE(error["error"]["message"].get<std::string>().empty());
+    if (k.status == 405) {
+      EXPECT_FALSE(res->get_header_value("Allow").empty());
+    }
+    ASSERT_EQ(c.Get("/health")->status, 200) << "after " << k.method << " " << k.path;
+  }
+  // Nothing bad was queued.
+  EXPECT_NE(c.Get("/metrics")->body.find("kiln_jobs_total{outcome=\"submitted\"} 0\n"), std::string::npos);
+  EXPECT_EQ(server.terminate(), 0) << server.log();
+}
+
+TEST_F(Serve, ApiKeyIsRequiredWhereGivenAndForOtherMachines) {
+  ServerProcess server(dir(), {"--api-key", "s3cret-key"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c = server.client();
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  EXPECT_EQ(c.Get("/v1/models")->status, 401);
+  const httplib::Headers wrong = {{"Authorization", "Bearer s3cret-kez"}}, right = {{"Authorization", "Bearer s3cret-key"}};
+  const auto refused = c.Get("/v1/models", wrong);
+  EXPECT_EQ(refused->status, 401);
+  EXPECT_EQ(json::parse(refused->body)["error"]["param"], "Authorization");
+  EXPECT_EQ(c.Post("/v1/jobs", wrong, R"({"prompt": "x"})", "application/json")->status, 401);
+  const auto models = c.Get("/v1/models", right);
+  EXPECT_EQ(models->status, 200);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["pipeline"], "FluxPipeline");
+  EXPECT_EQ(server.terminate(), 0) << server.log();
+
+  // Listening where other machines reach it without a key is refused before loading.
+  ServerProcess open(dir(), {"--host", "0.0.0.0"});
+  EXPECT_EQ(open.wait_exit(), 1);
+  EXPECT_NE(open.log().find("--host 0.0.0.0 is reachable from other machines: it needs --api-key"), std::string::npos)
+      << open.log();
+}
+
+// What 16 clients sending 3 requests each at once saw: answers by status, images by prompt.
+struct LoadRun {
+  std::map<int, int> statuses;
+  std::map<std::string, std::set<std::string>> images_by_prompt;
+};
+
+LoadRun run_load(const ServerProcess& server, int clients_n, int requests) {
+  LoadRun run;
+  std::mutex mu;
+  std::vector<std::thread> clients;
+  for (int t = 0; t < clients_n; ++t)
+    clients.emplace_back([&, t] {
+      httplib::Client c = server.client();
+      for (int r = 0; r < requests; ++r) {
+        const std::string prompt = "prompt " + std::to_string((t + r) % 3);
+        const auto res = c.Post("/v1/images/generations", json{{"prompt", prompt}, {"steps", 2}}.dump(), "application/json");
+        std::lock_guard<std::mutex> lock(mu);
+        ++run.statuses[res ? res->status : -1];
+        if (!res) ADD_FAILURE() << "client " << t << " request " << r << ": " << httplib::to_string(res.error());
+        if (res && res->status == 200) run.images_by_prompt[prompt].insert(b64_png(json::parse(res->body)));
+      }
+    });
+  for (std::thread& t : clients) t.join();
+  return run;
+}
+
+TEST_F(Serve, ConcurrentClientsLoseNoJobAndMetricsAgree) {
+  // Few finished jobs kept, so what the server keeps by design is full before RSS is measured.
+  ServerProcess server(dir(), {"--max-queue", "4", "--keep-jobs", "4"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c = server.client();
+  auto rss = [&] {
+    const std::string m = c.Get("/metrics")->body;
+    std::smatch match;
+    EXPECT_TRUE(std::regex_search(m, match, std::regex(R"(kiln_host_resident_bytes (\d+))")));
+    return std::stod(match[1]);
+  };
+  constexpr int kClients = 16, kRequests = 3;
+  // The same load twice before RSS is read: what the server's threads allocate the first times
+  // they serve (their stacks, glibc's per-thread malloc arenas) is not a leak; it levels off
+  // after two such runs.
+  LoadRun warm = run_load(server, kClients, kRequests);
+  const LoadRun warm2 = run_load(server, kClients, kRequests);
+  for (const auto& [status, n] : warm2.statuses) warm.statuses[status] += n;
+  for (const auto& [prompt, images] : warm2.images_by_prompt)
+    warm.images_by_prompt[prompt].insert(images.begin(), images.end());
+  const double rss_before = rss();
+  const LoadRun run = run_load(server, kClients, kRequests);
+  const double rss_after = rss();
+
+  int done = 0, rejected = 0;
+  for (const LoadRun* r : std::initializer_list<const LoadRun*>{&warm, &run}) {
+    int answered = 0;
+    for (const auto& [status, n] : r->statuses) {
+      EXPECT_TRUE(status == 200 || status == 429) << "status " << status << " x" << n;
+      answered += n;
+    }
+    EXPECT_EQ(answered, (r == &warm ? 2 : 1) * kClients * kRequests);  // every request answered
+    EXPECT_GT(r->statuses.at(200), 0);
+    done += r->statuses.at(200);
+    rejected += r->statuses.count(429) ? r->statuses.at(429) : 0;
+  }
+  // Identical arguments, identical images, in both runs.
+  for (const auto& [prompt, images] : run.images_by_prompt) {
+    std::set<std::string> all = images;
+    if (warm.images_by_prompt.count(prompt)) all.insert(warm.images_by_prompt.at(prompt).begin(), warm.images_by_prompt.at(prompt).end());
+    EXPECT_EQ(all.size(), 1u) << prompt;
+  }
+  // The counters are what the clients saw: no job lost or run twice.
+  const std::string m = c.Get("/metrics")->body;
+  EXPECT_NE(m.find("kiln_jobs_total{outcome=\"submitted\"} " + std::to_string(done) + "\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("kiln_jobs_total{outcome=\"done\"} " + std::to_string(done) + "\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("kiln_jobs_total{outcome=\"rejected\"} " + std::to_string(rejected) + "\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("kiln_jobs_total{outcome=\"failed\"} 0\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("kiln_step_seconds_count " + std::to_string(2 * done) + "\n"), std::string::npos) << m;
+  EXPECT_LT(std::abs(rss_after - rss_before) / rss_before, 0.05) << "RSS before " << rss_before << ", after " << rss_after;
+  EXPECT_EQ(server.terminate(), 0) << server.log();
+}
+
+TEST_F(Serve, SigtermFinishesTheRunningJobAnswersQueuedOnesAndExitsZero) {
+  ServerProcess server(dir(), {"--max-steps", "100000"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c = server.client();
+  const std::string running = post_json(c, "/v1/jobs", {{"prompt", "finishes"}, {"steps", 300}}, 202)["id"];
+  wait_status(c, running, [](const json& s) { return s["state"] == "running" && s["step"] >= 1; });
+  // A queued request waits for its answer on its own connection.
+  std::optional<int> queued_status;
+  std::thread queued_client([&] {
+    httplib::Client q = server.client();
+    const auto res = q.Post("/v1/images/generations", R"({"prompt": "queued", "steps": 300})", "application/json");
+    queued_status = res ? res->status : -1;
+  });
+  for (int i = 0; i < 500 && c.Get("/metrics")->body.find("kiln_queue_depth 1\n") == std::string::npos; ++i)
+    std::this_thread::sleep_for(10ms);
+  std::string events_text;
+  std::thread events_client([&] {
+    httplib::Client e = server.client();
+    e.Get(("/v1/jobs/" + running + "/events").c_str(), [&](const char* data, size_t n) {
+      events_text.append(data, n);
+      return true;
+    });
+  });
+  EXPECT_EQ(server.terminate(), 0) << server.log();
+  queued_client.join();
+  events_client.join();
+  EXPECT_EQ(queued_status, 503);
+  // The running job ran to its end: its stream ends with done after step 300.
+  const std::regex event(R"(event: (\w+)\ndata: ([^\n]*)\n\n)");
+  std::vector<std::pair<std::string, json>> events;
+  for (std::sregex_iterator it(events_text.begin(), events_text.end(), event), end; it != end; ++it)
+    events.emplace_back((*it)[1], json::parse((*it)[2].str()));
+  ASSERT_EQ(events.size(), 301u);
+  EXPECT_EQ(events[299].second["step"], 300);
+  EXPECT_EQ(events.back().first, "done");
+}
+
+TEST_F(Serve, OnStopCancelStopsTheRunningJob) {
+  ServerProcess server(dir(), {"--max-steps", "100000", "--on-stop", "cancel"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c = server.client();
+  const std::string running = post_json(c, "/v1/jobs", {{"prompt", "long"}, {"steps", 100000}}, 202)["id"];
+  wait_status(c, running, [](const json& s) { return s["state"] == "running" && s["step"] >= 1; });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(server.terminate(), 0) << server.log();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  EXPECT_NE(server.log().find("SIGTERM: stopping (cancelling the running job)"), std::string::npos) << server.log();
+}
+
+}  // namespace
+}  // namespace kiln

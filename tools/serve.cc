@@ -1,0 +1,197 @@
+// `kiln serve`: loads a pipeline once (and compiles it, with --mode compile) and answers
+// image-generation requests over HTTP (docs/server.md): the OpenAI images API, jobs with
+// progress events and cancellation, health and Prometheus metrics. The jobs run one at a time
+// on one worker thread (server/job_queue.h); the HTTP side is serve_http.cc.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.h"
+#include "core/error.h"
+#include "devices/runtime.h"
+#include "exec/mode.h"
+#include "io/png.h"
+#include "pipelines/diffusion_pipeline.h"
+#include "serve_http.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct Size {
+  int64_t height = 0, width = 0;
+};
+
+struct ServeFlags {
+  std::filesystem::path model;
+  bool bundled = false;
+  ServeSettings http;
+  std::string mode = "eager", compile = "full", offload;
+  bool compile_given = false;
+  size_t device_memory = 0;
+  bool strict = false;
+  PipelineOptions dtypes;
+  std::vector<Size> warmup;
+  bool cancel_on_stop = false;
+};
+
+// "512x512,1024x1024" (WIDTHxHEIGHT, as the API's size).
+std::vector<Size> parse_sizes(const std::string& flag, const std::string& v) {
+  std::vector<Size> out;
+  size_t at = 0;
+  while (at <= v.size()) {
+    const size_t comma = std::min(v.find(',', at), v.size());
+    const std::string item = v.substr(at, comma - at);
+    const size_t x = item.find('x');
+    KILN_CHECK(x != std::string::npos, "cli", flag, " expects WIDTHxHEIGHT[,WIDTHxHEIGHT...], got '", item, "'");
+    Size s;
+    s.width = parse_int(flag, item.substr(0, x));
+    s.height = parse_int(flag, item.substr(x + 1));
+    KILN_CHECK(s.height >= 16 && s.width >= 16, "cli", flag, ": ", item, " is smaller than 16x16");
+    out.push_back(s);
+    at = comma + 1;
+  }
+  return out;
+}
+
+ServeFlags parse(const std::vector<std::string>& args) {
+  ServeFlags f;
+  int64_t tp = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    auto value = [&]() -> std::string {
+      KILN_CHECK(i + 1 < args.size(), "cli", "flag ", flag, " needs a value");
+      return args[++i];
+    };
+    if (flag == "--model") f.model = parse_model(value());
+    else if (flag == "--host") f.http.host = value();
+    else if (flag == "--port") f.http.port = int(parse_int(flag, value()));
+    else if (flag == "--api-key") f.http.api_key = value();
+    else if (flag == "--max-queue") f.http.max_queue = size_t(parse_int(flag, value()));
+    else if (flag == "--keep-jobs") f.http.keep_jobs = size_t(parse_int(flag, value()));
+    else if (flag == "--max-n") f.http.limits.max_n = parse_int(flag, value());
+    else if (flag == "--max-steps") f.http.limits.max_steps = parse_int(flag, value());
+    else if (flag == "--max-size") f.http.limits.max_side = parse_int(flag, value());
+    else if (flag == "--max-prompt-bytes") f.http.limits.max_prompt_chars = size_t(parse_int(flag, value()));
+    else if (flag == "--max-body") f.http.max_body_bytes = parse_bytes(flag, value());
+    else if (flag == "--timeout") f.http.timeout_seconds = parse_int(flag, value());
+    else if (flag == "--on-stop") {
+      const std::string v = value();
+      KILN_CHECK(v == "finish" || v == "cancel", "cli", "--on-stop ", v,
+                 ": expected finish (the running job ends before the server exits) or cancel (it stops at its next "
+                 "step)");
+      f.cancel_on_stop = v == "cancel";
+    } else if (flag == "--warmup") f.warmup = parse_sizes(flag, value());
+    else if (flag == "--mode") f.mode = value();
+    else if (flag == "--compile") f.compile = value(), f.compile_given = true;
+    else if (flag == "--offload") f.offload = value();
+    else if (flag == "--device-memory") f.device_memory = parse_bytes(flag, value());
+    else if (flag == "--strict") f.strict = true;
+    else if (flag == "--dtype") parse_dtype(value(), f.dtypes);
+    else if (flag == "--quantize") parse_quantize(value(), f.dtypes);
+    else if (flag == "--tp") tp = parse_int(flag, value());
+    else if (flag == "--transformer" || flag == "--vae" || flag == "--text-encoder" || flag == "--text-encoder-2" ||
+             flag == "--text-encoder-3") {
+      std::string c = flag.substr(2);
+      for (char& ch : c)
+        if (ch == '-') ch = '_';
+      f.dtypes.component_files[c] = value();
+    } else fail("cli", "unknown flag '", flag, "' for serve (see kiln serve --help)");
+  }
+  KILN_CHECK(tp <= 1, "cli", "--tp ", tp, " is not supported by serve yet: run one server per process group with "
+             "kiln generate --tp, or serve on one process");
+  KILN_CHECK(f.http.port >= 0 && f.http.port <= 65535, "cli", "--port must be in [0, 65535] (0: any free port), got ",
+             f.http.port);
+  KILN_CHECK(f.http.max_queue >= 1 && f.http.max_queue <= 100000, "cli", "--max-queue must be in [1, 100000], got ",
+             f.http.max_queue);
+  KILN_CHECK(f.http.keep_jobs >= 1 && f.http.keep_jobs <= 100000, "cli", "--keep-jobs must be in [1, 100000], got ",
+             f.http.keep_jobs);
+  KILN_CHECK(f.http.limits.max_n >= 1 && f.http.limits.max_n <= 64, "cli", "--max-n must be in [1, 64], got ",
+             f.http.limits.max_n);
+  KILN_CHECK(f.http.limits.max_steps >= 1, "cli", "--max-steps must be at least 1, got ", f.http.limits.max_steps);
+  KILN_CHECK(f.http.limits.max_side >= 16, "cli", "--max-size must be at least 16, got ", f.http.limits.max_side);
+  KILN_CHECK(f.http.timeout_seconds >= 1, "cli", "--timeout must be at least 1 second, got ", f.http.timeout_seconds);
+  KILN_CHECK(f.mode == "eager" || f.mode == "defer" || f.mode == "compile", "cli", "--mode ", f.mode,
+             ": expected eager, defer or compile");
+  check_compile_flag(f.compile);
+  KILN_CHECK(!f.compile_given || f.mode == "compile", "cli", "--compile ", f.compile, " needs --mode compile");
+  KILN_CHECK(f.offload.empty() || f.offload == "none" || f.offload == "model", "cli", "--offload ", f.offload,
+             ": expected none or model");
+  // A server others can reach answers only those who hold the key.
+  KILN_CHECK(is_loopback_host(f.http.host) || !f.http.api_key.empty(), "cli", "--host ", f.http.host,
+             " is reachable from other machines: it needs --api-key KEY (clients send Authorization: Bearer KEY)");
+  if (f.model.empty()) {
+    f.model = KILN_BUNDLED_MODEL;
+    f.bundled = true;
+  }
+  return f;
+}
+
+}  // namespace
+
+int serve(const std::vector<std::string>& args) {
+  ServeFlags f = parse(args);
+  // SIGTERM and SIGINT are taken by one thread (serve_http.cc), so every thread started from
+  // here on leaves them blocked.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  set_default_eager_mode(f.mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
+  if (f.device_memory) runtime(Device::cpu()).set_memory_capacity(f.device_memory);
+  PipelineOptions options;
+  options.strict = f.strict;
+  options.dtype = f.dtypes.dtype;
+  options.component_dtype = f.dtypes.component_dtype;
+  options.quantize = f.dtypes.quantize;
+  options.component_files = f.dtypes.component_files;
+  options.on_warning = [](const std::string& w) { std::fprintf(stderr, "kiln: warning: %s\n", w.c_str()); };
+  std::fprintf(stderr, "kiln: loading %s\n", f.model.c_str());
+  const std::unique_ptr<DiffusionPipeline> pipe = DiffusionPipeline::from_pretrained(f.model, options);
+  std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe->load_seconds());
+  if (f.offload == "none") pipe->to(Device::cpu());
+  if (f.offload == "model") pipe->enable_model_cpu_offload(Device::cpu());
+  if (f.mode == "compile") compile_transformer(*pipe, f.compile);
+
+  // What a request leaves out: the pipeline's defaults, or the bundled checkpoint's call.
+  PipelineCallArgs defaults;
+  if (f.bundled) {
+    defaults.height = defaults.width = kBundledSize;
+    defaults.num_inference_steps = kBundledSteps;
+    defaults.max_sequence_length = kBundledMaxSequenceLength;
+  }
+  const std::string model = f.model.string();
+  DiffusionPipeline& p = *pipe;
+  const server::ImageRunner runner = [&p, model](const PipelineCallArgs& job_call,
+                                                 const std::function<void(int64_t, int64_t, double)>& on_step) {
+    PipelineCallArgs call = job_call;
+    call.on_step = on_step;
+    call.on_warning = [](const std::string& w) { std::fprintf(stderr, "kiln: warning: %s\n", w.c_str()); };
+    const PipelineOutput result = p(call);
+    return io::encode_png(result.image.data(), result.height, result.width,
+                          image_metadata(call, std::to_string(call.seed), result, model));
+  };
+  // Warm-up: one step at each size, so compiled executables exist before the first request.
+  for (const Size& s : f.warmup) {
+    PipelineCallArgs call = defaults;
+    call.prompt = "warm-up";
+    call.height = s.height;
+    call.width = s.width;
+    call.num_inference_steps = 1;
+    std::fprintf(stderr, "kiln: warming up at %lldx%lld\n", static_cast<long long>(s.width),
+                 static_cast<long long>(s.height));
+    runner(call, [](int64_t, int64_t, double) {});
+  }
+  f.http.model_id = f.bundled ? "kiln-bundled-flux1-tiny" : f.model.filename().string();
+  if (f.http.model_id.empty()) f.http.model_id = f.model.parent_path().filename().string();
+  f.http.pipeline_class = pipe->class_name();
+  f.http.defaults = defaults;
+  f.http.cancel_on_stop = f.cancel_on_stop;
+  return serve_http(f.http, runner, stop_signals);
+}
+
+}  // namespace kiln::cli
