@@ -125,6 +125,9 @@ using BufferPtr = std::shared_ptr<Buffer>;
 // Host memory (64-byte aligned, freed with the buffer): weights that cannot be used in place
 // from their checkpoint (converted, sliced, packed). Not device memory: the device allocator
 // does not count it (exec/residency.h copies weights to the device when they must be there).
+// Blocks of kHostMappingBytes and more are mappings of their own, whose pages leave the process
+// when the buffer is freed.
 BufferPtr host_allocate(size_t bytes);
+inline constexpr size_t kHostMappingBytes = size_t(1) << 20;
 
 }  // namespace kiln

@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <new>
@@ -106,6 +108,15 @@ std::string Tensor::describe() const {
 BufferPtr host_allocate(size_t bytes) {
   // A zero-byte request still gets a real block so every tensor has a valid base pointer.
   const size_t size = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  if (size >= kHostMappingBytes) {
+    // Large blocks are their own mappings, not malloc's: once malloc's mmap threshold has risen
+    // (it does, to the largest block freed), long-lived weights made at load and the panels freed
+    // between them would share its heap, whose holes it keeps; quantizing FLUX.1's transformer
+    // held 3.9 GB of such holes. A mapping's pages go back to the system when it is freed.
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return std::make_shared<Buffer>(p, bytes, Device::cpu(), [p, size] { ::munmap(p, size); });
+  }
   void* p = std::aligned_alloc(64, size);
   if (p == nullptr) throw std::bad_alloc();
   return std::make_shared<Buffer>(p, bytes, Device::cpu(), [p] { std::free(p); });
