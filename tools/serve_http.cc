@@ -37,12 +37,15 @@ void send_error(httplib::Response& res, int status, const std::string& field, co
                      : status == 429 ? "rate_limit_error"
                      : status >= 500 ? "server_error"
                                      : "invalid_request_error";
-  res.set_content(json{{"error", {{"message", message}, {"type", type}, {"param", field}}}}.dump(), "application/json");
+  // A message quoting the request may hold a cut UTF-8 sequence: replaced, never a throw.
+  res.set_content(json{{"error", {{"message", message}, {"type", type}, {"param", field}}}}.dump(
+                      -1, ' ', false, json::error_handler_t::replace),
+                  "application/json");
 }
 
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 // Compares in time that depends on the lengths only, not on where the strings differ.
@@ -199,7 +202,8 @@ class Routes {
           return sink.write(keep_alive.data(), keep_alive.size());
         }
         for (const server::JobEvent& e : events) {
-          const std::string text = "event: " + e.type + "\ndata: " + e.data.dump() + "\n\n";
+          const std::string data = e.data.dump(-1, ' ', false, json::error_handler_t::replace);
+          const std::string text = "event: " + e.type + "\ndata: " + data + "\n\n";
           if (!sink.write(text.data(), text.size())) return false;
           ++seen;
           if (e.type != "step") {

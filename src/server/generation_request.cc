@@ -96,7 +96,7 @@ GenerationRequest parse_generation_request(const std::string& body_text, const R
   json body;
   try {
     body = json::parse(body_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number beyond double's range
     refuse("body", std::string("is not valid JSON (") + e.what() + ")");
   }
   if (!body.is_object()) refuse("body", std::string("expected a JSON object, got ") + type_name(body));
@@ -107,7 +107,8 @@ GenerationRequest parse_generation_request(const std::string& body_text, const R
       "skip_guidance_layers", "skip_layer_guidance_scale", "skip_layer_guidance_start", "skip_layer_guidance_stop",
       "text_encoder_out_layers", "model", "user", "quality", "style"};
   for (const auto& [key, value] : body.items())
-    if (!known.count(key)) refuse(key.substr(0, 64), "is not a field this server takes (see docs/server.md)");
+    if (!known.count(key))
+      refuse(key.empty() ? "\"\"" : key.substr(0, 64), "is not a field this server takes (see docs/server.md)");
 
   GenerationRequest r;
   r.call = defaults;
