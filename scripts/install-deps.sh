@@ -16,6 +16,7 @@ packages=(
   libpcre2-dev           # CLIP pre-tokenisation pattern (Unicode classes)
   libopenmpi-dev openmpi-bin  # tensor parallelism: ProcessGroup on MPI, mpirun
   libcpp-httplib-dev     # kiln serve: HTTP server (and the client its tests use)
+  chromium               # tests: kiln serve's page in a headless browser
 )
 
 missing=()

@@ -3,8 +3,11 @@
 // events arrive one per step in order, cancellation works for queued and running jobs, a full
 // queue answers 429, bad requests get the right status naming the field, concurrent clients
 // lose no job, and SIGTERM ends the process with 0 after answering everyone.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -469,6 +472,93 @@ TEST_F(Serve, OnStopCancelStopsTheRunningJob) {
   EXPECT_EQ(server.terminate(), 0) << server.log();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
   EXPECT_NE(server.log().find("SIGTERM: stopping (cancelling the running job)"), std::string::npos) << server.log();
+}
+
+// The memory check runs when a job starts: one that cannot fit fails alone, naming the memory,
+// and the next request is served.
+TEST_F(Serve, AJobThatCannotFitFailsAloneAndTheServerKeepsServing) {
+  ServerProcess server(dir(), {"--device-memory", "64MiB"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c = server.client();
+  const json failed = post_json(c, "/v1/images/generations", {{"prompt", "too big"}, {"size", "2048x2048"}}, 422);
+  EXPECT_EQ(failed["error"]["param"], "job");
+  EXPECT_NE(failed["error"]["message"].get<std::string>().find("[memory] 2048x2048"), std::string::npos) << failed;
+  const json ok = post_json(c, "/v1/images/generations", {{"prompt", "fits"}, {"steps", 2}}, 200);
+  EXPECT_EQ(b64_png(ok), generate_png("--prompt fits --steps 2"));
+  const std::string m = c.Get("/metrics")->body;
+  EXPECT_NE(m.find("kiln_jobs_total{outcome=\"failed\"} 1\n"), std::string::npos) << m;
+  EXPECT_EQ(server.terminate(), 0) << server.log();
+}
+
+// A client that connects and sends nothing (or half a request) is dropped after --timeout;
+// meanwhile other clients are answered at once.
+TEST_F(Serve, SlowClientsTimeOutWithoutHoldingUpOthers) {
+  ServerProcess server(dir(), {"--timeout", "1"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  std::vector<int> slow;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(server.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    if (i % 2) {
+      const std::string half = "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"";
+      ASSERT_EQ(::send(fd, half.data(), half.size(), 0), ssize_t(half.size()));
+    }
+    slow.push_back(fd);
+  }
+  httplib::Client c = server.client();
+  const auto start = std::chrono::steady_clock::now();
+  const auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 500ms);
+  // Within a few seconds the server closes each slow connection: silently when nothing came, with
+  // a 400 when the body stopped short; never with a job.
+  for (size_t i = 0; i < slow.size(); ++i) {
+    timeval wait{10, 0};
+    ::setsockopt(slow[i], SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string answer;
+    char buf[512];
+    for (ssize_t n; (n = ::recv(slow[i], buf, sizeof buf, 0)) > 0;) answer.append(buf, size_t(n));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 9s) << "connection " << i << " was not dropped";
+    if (i % 2) {
+      EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
+    } else {
+      EXPECT_EQ(answer, "");
+    }
+    ::close(slow[i]);
+  }
+  EXPECT_NE(c.Get("/metrics")->body.find("kiln_jobs_total{outcome=\"submitted\"} 0\n"), std::string::npos);
+  EXPECT_EQ(server.terminate(), 0) << server.log();
+}
+
+// The page at / in a real browser (Debian's chromium, headless): a link fills the prompt and
+// submits it; the page follows the job's events and shows its image, which the browser decodes.
+TEST_F(Serve, ThePageShowsTheImageInHeadlessChromium) {
+  ServerProcess server(dir());
+  ASSERT_GT(server.port(), 0) << server.log();
+  const std::string url = "http://127.0.0.1:" + std::to_string(server.port()) + "/?prompt=a%20red%20fox&steps=3&submit=1";
+  const std::string cmd = "timeout 120 chromium --headless --no-sandbox --disable-gpu --user-data-dir=" +
+                          (dir() / "chromium").string() + " --virtual-time-budget=60000 --dump-dom '" + url +
+                          "' 2>/dev/null";
+  std::string dom;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) dom.append(buf, n);
+  ASSERT_EQ(::pclose(p), 0) << "chromium (scripts/install-deps.sh installs it) failed: " << cmd;
+  EXPECT_NE(dom.find("<div id=\"status\">done</div>"), std::string::npos) << dom;
+  EXPECT_TRUE(std::regex_search(dom, std::regex(R"(<img id="image" alt="" src="/v1/jobs/[0-9a-f]{16}/image" data-loaded="128x128">)")))
+      << dom;
+  httplib::Client c = server.client();
+  const std::string m = c.Get("/metrics")->body;
+  EXPECT_NE(m.find("kiln_jobs_total{outcome=\"done\"} 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("kiln_step_seconds_count 3\n"), std::string::npos) << m;
+  EXPECT_EQ(server.terminate(), 0) << server.log();
 }
 
 }  // namespace

@@ -283,9 +283,11 @@ class Routes {
 
   void job_not_done(httplib::Response& res, const std::string& id, server::JobState state) {
     const std::string error = queue_.error(id);
-    if (state == server::JobState::kFailed) send_error(res, 500, "job", "job " + id + " failed: " + error);
+    // 422 and 410, not 500 and 409: OpenAI's clients retry those, and the same call would fail
+    // (e.g. a size that does not fit the memory) or be cancelled again.
+    if (state == server::JobState::kFailed) send_error(res, 422, "job", "job " + id + " failed: " + error);
     else if (stopping_) send_error(res, 503, "server", "job " + id + " was cancelled: the server is shutting down");
-    else send_error(res, 409, "job", "job " + id + " was cancelled");
+    else send_error(res, 410, "job", "job " + id + " was cancelled");
   }
 
   const ServeSettings& s_;

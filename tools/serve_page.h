@@ -71,6 +71,15 @@ $("form").addEventListener("submit", async (event) => {
   events.addEventListener("cancelled", () => end("cancelled"));
 });
 $("cancel").addEventListener("click", () => { if (job) fetch("/v1/jobs/" + job, { method: "DELETE" }); });
+// The image's size once the browser has decoded it (what the page's test reads).
+$("image").addEventListener("load", () => {
+  $("image").dataset.loaded = $("image").naturalWidth + "x" + $("image").naturalHeight;
+});
+// A link can fill the form and start: /?prompt=...&width=...&height=...&steps=...&seed=...&submit=1
+const params = new URLSearchParams(location.search);
+for (const field of ["prompt", "width", "height", "steps", "seed"])
+  if (params.has(field)) $(field).value = params.get(field);
+if (params.get("submit") === "1") $("form").requestSubmit();
 </script>
 </body>
 </html>
