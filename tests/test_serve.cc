@@ -536,6 +536,35 @@ TEST_F(Serve, SlowClientsTimeOutWithoutHoldingUpOthers) {
   EXPECT_EQ(server.terminate(), 0) << server.log();
 }
 
+int metric(httplib::Client& c, const std::string& name) {
+  const std::string m = c.Get("/metrics")->body;
+  std::smatch match;
+  EXPECT_TRUE(std::regex_search(m, match, std::regex(std::regex_replace(name, std::regex(R"([{}])"), R"(\$&)") +
+                                                     R"( (\d+))")))
+      << name << " in " << m;
+  return match.empty() ? -1 : std::stoi(match[1]);
+}
+
+// --warmup compiles (compiled mode) before the server listens: a request at that size traces and
+// compiles nothing, whatever its step count; another size does.
+TEST_F(Serve, WarmupCompilesBeforeTheFirstRequest) {
+  ServerProcess server(dir(), {"--mode", "compile", "--warmup", "64x128"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  EXPECT_NE(server.log().find("kiln: warming up at 64x128"), std::string::npos) << server.log();
+  httplib::Client c = server.client();
+  const int traces = metric(c, "kiln_compile_total{kind=\"traces\"}");
+  const int compiles = metric(c, "kiln_compile_total{kind=\"compiles\"}");
+  EXPECT_GT(traces, 0);
+  EXPECT_GT(compiles, 0);
+  const json answer = post_json(c, "/v1/images/generations", {{"prompt", "warm"}, {"size", "128x64"}, {"steps", 3}}, 200);
+  EXPECT_EQ(b64_png(answer), generate_png("--prompt warm --width 128 --height 64 --steps 3"));
+  EXPECT_EQ(metric(c, "kiln_compile_total{kind=\"traces\"}"), traces);
+  EXPECT_EQ(metric(c, "kiln_compile_total{kind=\"compiles\"}"), compiles);
+  post_json(c, "/v1/images/generations", {{"prompt", "cold"}, {"size", "64x64"}, {"steps", 2}}, 200);
+  EXPECT_GT(metric(c, "kiln_compile_total{kind=\"traces\"}"), traces);
+  EXPECT_EQ(server.terminate(), 0) << server.log();
+}
+
 // The page at / in a real browser (Debian's chromium, headless): a link fills the prompt and
 // submits it; the page follows the job's events and shows its image, which the browser decodes.
 TEST_F(Serve, ThePageShowsTheImageInHeadlessChromium) {

@@ -31,6 +31,11 @@ int make_random(const std::vector<std::string>& args);  // make_random.cc
 int convert(const std::vector<std::string>& args);      // convert.cc
 
 // Shared by generate and warmup (generate.cc).
+struct ImageSize {
+  int64_t height = 0, width = 0;
+};
+// "512x512,1024x768" (HEIGHTxWIDTH, each side at least 16): warmup's --sizes, serve's --warmup.
+std::vector<ImageSize> parse_sizes(const std::string& flag, const std::string& value);  // warmup.cc
 int64_t parse_int(const std::string& flag, const std::string& value);  // "[cli] flag X expects an integer"
 std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& value);  // "7,8,9"
 std::string parse_model(const std::string& value);                      // --model: not "" (no --model = bundled)

@@ -99,8 +99,8 @@ const std::vector<CommandDoc>& commands() {
            {"--timeout", "SECONDS", "30", "a client that sends or reads nothing for this long is dropped"},
            {"--on-stop", "finish|cancel", "finish", "SIGTERM/SIGINT: the running job finishes, or stops at its next "
                                                    "step; queued jobs are answered as cancelled either way"},
-           {"--warmup", "WxH[,WxH...]", "none", "run one step at each size before listening (compiled mode: the "
-                                               "executables are built before the first request)"},
+           {"--warmup", "HxW[,HxW...]", "none", "run one step at each size (HEIGHTxWIDTH, as warmup --sizes) before "
+                                               "listening: compiled executables are built before the first request"},
            {"--mode", "eager|defer|compile", "eager", "as for generate"},
            {"--compile", "full|blocks", "full", "as for generate"},
            {"--offload", "none|model", "weights read in place", "as for generate"},

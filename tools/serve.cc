@@ -20,10 +20,6 @@ namespace kiln::cli {
 
 namespace {
 
-struct Size {
-  int64_t height = 0, width = 0;
-};
-
 struct ServeFlags {
   std::filesystem::path model;
   bool bundled = false;
@@ -33,28 +29,9 @@ struct ServeFlags {
   size_t device_memory = 0;
   bool strict = false;
   PipelineOptions dtypes;
-  std::vector<Size> warmup;
+  std::vector<ImageSize> warmup;
   bool cancel_on_stop = false;
 };
-
-// "512x512,1024x1024" (WIDTHxHEIGHT, as the API's size).
-std::vector<Size> parse_sizes(const std::string& flag, const std::string& v) {
-  std::vector<Size> out;
-  size_t at = 0;
-  while (at <= v.size()) {
-    const size_t comma = std::min(v.find(',', at), v.size());
-    const std::string item = v.substr(at, comma - at);
-    const size_t x = item.find('x');
-    KILN_CHECK(x != std::string::npos, "cli", flag, " expects WIDTHxHEIGHT[,WIDTHxHEIGHT...], got '", item, "'");
-    Size s;
-    s.width = parse_int(flag, item.substr(0, x));
-    s.height = parse_int(flag, item.substr(x + 1));
-    KILN_CHECK(s.height >= 16 && s.width >= 16, "cli", flag, ": ", item, " is smaller than 16x16");
-    out.push_back(s);
-    at = comma + 1;
-  }
-  return out;
-}
 
 ServeFlags parse(const std::vector<std::string>& args) {
   ServeFlags f;
@@ -176,14 +153,14 @@ int serve(const std::vector<std::string>& args) {
                           image_metadata(call, std::to_string(call.seed), result, model));
   };
   // Warm-up: one step at each size, so compiled executables exist before the first request.
-  for (const Size& s : f.warmup) {
+  for (const ImageSize& s : f.warmup) {
     PipelineCallArgs call = defaults;
     call.prompt = "warm-up";
     call.height = s.height;
     call.width = s.width;
     call.num_inference_steps = 1;
-    std::fprintf(stderr, "kiln: warming up at %lldx%lld\n", static_cast<long long>(s.width),
-                 static_cast<long long>(s.height));
+    std::fprintf(stderr, "kiln: warming up at %lldx%lld\n", static_cast<long long>(s.height),
+                 static_cast<long long>(s.width));
     runner(call, [](int64_t, int64_t, double) {});
   }
   f.http.model_id = f.bundled ? "kiln-bundled-flux1-tiny" : f.model.filename().string();

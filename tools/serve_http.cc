@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "devices/runtime.h"
+#include "exec/compile.h"
 #include "io/base64.h"
 #include "serve_page.h"
 
@@ -81,6 +82,7 @@ size_t resident_bytes() {
 
 std::string metrics_text(const server::QueueStats& s, const ServeSettings& settings) {
   const MemoryStats mem = runtime(Device::cpu()).memory();
+  const CompileStats compiled = compile_stats();
   std::ostringstream m;
   m << "# HELP kiln_queue_depth Jobs waiting to start.\n# TYPE kiln_queue_depth gauge\nkiln_queue_depth " << s.queued
     << "\n# HELP kiln_jobs_running Jobs running (0 or 1).\n# TYPE kiln_jobs_running gauge\nkiln_jobs_running "
@@ -92,6 +94,11 @@ std::string metrics_text(const server::QueueStats& s, const ServeSettings& setti
     m << "kiln_jobs_total{outcome=\"" << outcome << "\"} " << n << "\n";
   m << "# HELP kiln_step_seconds Denoising steps run and their seconds.\n# TYPE kiln_step_seconds summary\n"
     << "kiln_step_seconds_sum " << s.step_seconds << "\nkiln_step_seconds_count " << s.steps << "\n"
+    << "# HELP kiln_compile_total Compiled mode: signatures traced, graphs compiled, executables read from the "
+       "disk cache.\n# TYPE kiln_compile_total counter\n"
+    << "kiln_compile_total{kind=\"traces\"} " << compiled.traces << "\n"
+    << "kiln_compile_total{kind=\"compiles\"} " << compiled.compiles << "\n"
+    << "kiln_compile_total{kind=\"disk_hits\"} " << compiled.disk_hits << "\n"
     << "# HELP kiln_device_memory_bytes The device allocator's bytes (in_use, peak, capacity; 0 = unlimited).\n"
     << "# TYPE kiln_device_memory_bytes gauge\n"
     << "kiln_device_memory_bytes{kind=\"in_use\"} " << mem.in_use_bytes << "\n"

@@ -17,21 +17,15 @@
 
 namespace kiln::cli {
 
-namespace {
-
-struct Size {
-  int64_t height = 0, width = 0;
-};
-
-// "512x512,1024x768" -> sizes.
-std::vector<Size> parse_sizes(const std::string& v) {
-  std::vector<Size> out;
+// "512x512,1024x768" (HEIGHTxWIDTH) -> sizes.
+std::vector<ImageSize> parse_sizes(const std::string& flag, const std::string& v) {
+  std::vector<ImageSize> out;
   size_t at = 0;
   while (at <= v.size()) {
     const size_t comma = std::min(v.find(',', at), v.size());
     const std::string item = v.substr(at, comma - at);
     const size_t x = item.find('x');
-    Size s;
+    ImageSize s;
     try {
       size_t used_h = 0, used_w = 0;
       KILN_CHECK(x != std::string::npos, "cli", "");
@@ -39,16 +33,14 @@ std::vector<Size> parse_sizes(const std::string& v) {
       s.width = std::stoll(item.substr(x + 1), &used_w);
       KILN_CHECK(used_h == x && used_w == item.size() - x - 1, "cli", "");
     } catch (const std::exception&) {
-      fail("cli", "--sizes expects HEIGHTxWIDTH[,HEIGHTxWIDTH...], got '", item, "' in '", v, "'");
+      fail("cli", flag, " expects HEIGHTxWIDTH[,HEIGHTxWIDTH...], got '", item, "' in '", v, "'");
     }
-    KILN_CHECK(s.height >= 16 && s.width >= 16, "cli", "--sizes: ", item, " is smaller than 16x16");
+    KILN_CHECK(s.height >= 16 && s.width >= 16, "cli", flag, ": ", item, " is smaller than 16x16");
     out.push_back(s);
     at = comma + 1;
   }
   return out;
 }
-
-}  // namespace
 
 int warmup(const std::vector<std::string>& args) {
   std::filesystem::path model, report;
@@ -71,7 +63,7 @@ int warmup(const std::vector<std::string>& args) {
     else fail("cli", "unknown flag '", flag, "' for warmup (see kiln --help)");
   }
   KILN_CHECK(!sizes_text.empty(), "cli", "warmup needs --sizes HEIGHTxWIDTH[,...] (e.g. --sizes 512x512,1024x1024)");
-  const std::vector<Size> sizes = parse_sizes(sizes_text);
+  const std::vector<ImageSize> sizes = parse_sizes("--sizes", sizes_text);
   check_compile_flag(compile);
   PipelineOptions pipe_options;
   parse_dtype(dtype, pipe_options);
@@ -90,7 +82,7 @@ int warmup(const std::vector<std::string>& args) {
   reset_compile_stats();
   const std::unique_ptr<DiffusionPipeline> pipe = DiffusionPipeline::from_pretrained(model, pipe_options);
   compile_transformer(*pipe, compile);
-  for (const Size& s : sizes) {
+  for (const ImageSize& s : sizes) {
     const CompileStats before = compile_stats();
     const auto t0 = std::chrono::steady_clock::now();
     pipe->warmup(s.height, s.width,
