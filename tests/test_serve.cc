@@ -565,6 +565,43 @@ TEST_F(Serve, WarmupCompilesBeforeTheFirstRequest) {
   EXPECT_EQ(server.terminate(), 0) << server.log();
 }
 
+// Every pipeline class generate runs is served the same way: SD3.5 (with its negative prompt and
+// guidance) and FLUX.2 klein (real classifier-free guidance), each the PNG generate writes.
+TEST_F(Serve, Sd35AndFlux2KleinImagesEqualGenerates) {
+  struct Case {
+    std::string model;
+    json body;
+    std::string flags;
+    std::vector<std::string> serve_flags;
+  };
+  const fs::path fixtures = KILN_FIXTURES_DIR;
+  const std::vector<Case> cases = {
+      {(fixtures / "sd35_tiny_arch" / "pipeline").string(),
+       {{"prompt", "a fox"}, {"negative_prompt", "blur"}, {"size", "128x128"}, {"steps", 2}, {"guidance_scale", 4.5},
+        {"max_sequence_length", 40}, {"seed", 5}},
+       "--prompt \"a fox\" --negative-prompt blur --width 128 --height 128 --steps 2 --guidance 4.5 "
+       "--max-sequence-length 40 --seed 5",
+       {}},
+      {(fixtures / "flux2_klein_tiny" / "pipeline").string(),
+       {{"prompt", "a fox"}, {"size", "32x32"}, {"steps", 2}, {"guidance_scale", 4.0}, {"max_sequence_length", 48},
+        {"seed", 5}},
+       "--prompt \"a fox\" --width 32 --height 32 --steps 2 --guidance 4 --max-sequence-length 48 "
+       "--text-encoder-out-layers 1,2,3 --seed 5",
+       {"--text-encoder-out-layers", "1,2,3"}},
+  };
+  for (const Case& k : cases) {
+    std::vector<std::string> flags = {"--model", k.model};
+    flags.insert(flags.end(), k.serve_flags.begin(), k.serve_flags.end());
+    ServerProcess server(dir(), flags);
+    ASSERT_GT(server.port(), 0) << server.log();
+    httplib::Client c = server.client();
+    const json answer = post_json(c, "/v1/images/generations", k.body, 200);
+    ASSERT_TRUE(answer.contains("data")) << answer;
+    EXPECT_EQ(b64_png(answer), generate_png("--model " + k.model + " " + k.flags)) << k.model;
+    EXPECT_EQ(server.terminate(), 0) << server.log();
+  }
+}
+
 // The page at / in a real browser (Debian's chromium, headless): a link fills the prompt and
 // submits it; the page follows the job's events and shows its image, which the browser decodes.
 TEST_F(Serve, ThePageShowsTheImageInHeadlessChromium) {

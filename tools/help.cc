@@ -108,6 +108,9 @@ const std::vector<CommandDoc>& commands() {
            {"--dtype", "auto|bf16|f16|f32[,COMPONENT=DTYPE...]", "auto", "as for generate"},
            {"--quantize", "TYPE|COMPONENT=TYPE[,...]", "off", "as for generate"},
            {"--transformer", "FILE", "the folder's", "as for generate (also --vae, --text-encoder[-2|-3])"},
+           {"--text-encoder-out-layers", "I,J,K", "FLUX.2-dev 10,20,30; klein 9,18,27",
+            "FLUX.2: the text encoder layers loaded, and the requests' default (a request may name others up to the "
+            "largest)"},
            {"--strict", "", "off", "as for generate"},
            {"--help", "", "", "this text"},
        }},

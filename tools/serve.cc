@@ -30,6 +30,7 @@ struct ServeFlags {
   bool strict = false;
   PipelineOptions dtypes;
   std::vector<ImageSize> warmup;
+  std::vector<int64_t> text_encoder_out_layers;  // FLUX.2: the layers loaded, and requests' default
   bool cancel_on_stop = false;
 };
 
@@ -69,6 +70,7 @@ ServeFlags parse(const std::vector<std::string>& args) {
     else if (flag == "--dtype") parse_dtype(value(), f.dtypes);
     else if (flag == "--quantize") parse_quantize(value(), f.dtypes);
     else if (flag == "--tp") tp = parse_int(flag, value());
+    else if (flag == "--text-encoder-out-layers") f.text_encoder_out_layers = parse_int_list(flag, value());
     else if (flag == "--transformer" || flag == "--vae" || flag == "--text-encoder" || flag == "--text-encoder-2" ||
              flag == "--text-encoder-3") {
       std::string c = flag.substr(2);
@@ -126,6 +128,7 @@ int serve(const std::vector<std::string>& args) {
   options.component_dtype = f.dtypes.component_dtype;
   options.quantize = f.dtypes.quantize;
   options.component_files = f.dtypes.component_files;
+  options.text_encoder_out_layers = f.text_encoder_out_layers;  // only the layers they need are loaded
   options.on_warning = [](const std::string& w) { std::fprintf(stderr, "kiln: warning: %s\n", w.c_str()); };
   std::fprintf(stderr, "kiln: loading %s\n", f.model.c_str());
   const std::unique_ptr<DiffusionPipeline> pipe = DiffusionPipeline::from_pretrained(f.model, options);
@@ -136,6 +139,7 @@ int serve(const std::vector<std::string>& args) {
 
   // What a request leaves out: the pipeline's defaults, or the bundled checkpoint's call.
   PipelineCallArgs defaults;
+  defaults.text_encoder_out_layers = f.text_encoder_out_layers;
   if (f.bundled) {
     defaults.height = defaults.width = kBundledSize;
     defaults.num_inference_steps = kBundledSteps;
