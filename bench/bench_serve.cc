@@ -23,7 +23,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-extern char** environ;
+#include "spawn_util.h"
 
 namespace {
 
@@ -37,24 +37,9 @@ double percentile(std::vector<double> v, double p) {
   return v.empty() ? 0 : v[std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5))];
 }
 
-pid_t spawn(std::vector<std::string> argv, const fs::path& log) {
-  std::vector<char*> args;
-  for (std::string& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
-}
+pid_t spawn(const std::vector<std::string>& argv, const fs::path& log) { return kiln::test::spawn_logged(argv, log); }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
+std::string read_file(const fs::path& p) { return kiln::test::read_text_file(p); }
 
 struct Timed {
   std::vector<double> latencies;

@@ -24,10 +24,10 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "spawn_util.h"
 #include "test_util.h"
 #include "tokenizers/precompiled_charsmap.h"
 
-extern char** environ;
 
 namespace kiln {
 namespace {
@@ -36,10 +36,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
+std::string read_file(const fs::path& p) { return test::read_text_file(p); }
 
 // One `kiln serve` process (the bundled checkpoint unless the flags say otherwise); its
 // stderr goes to a file, where the port it bound is read.
@@ -48,15 +45,8 @@ class ServerProcess {
   explicit ServerProcess(const fs::path& dir, std::vector<std::string> flags = {}) : log_(dir / "serve.log") {
     std::vector<std::string> argv = {KILN_CLI_PATH, "serve", "--port", "0"};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-    EXPECT_EQ(posix_spawn(&pid_, argv[0].c_str(), &actions, nullptr, args.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&actions);
+    pid_ = test::spawn_logged(argv, log_);
+    EXPECT_GT(pid_, 0);
     const std::regex serving(R"(serving .* on http://[^:]+:(\d+))");
     for (int i = 0; i < 600 && port_ == 0; ++i) {  // up to a minute for load and warm-up
       std::smatch m;
