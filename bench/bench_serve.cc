@@ -37,9 +37,8 @@ double percentile(std::vector<double> v, double p) {
   return v.empty() ? 0 : v[std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5))];
 }
 
-pid_t spawn(const std::vector<std::string>& argv, const fs::path& log) { return kiln::test::spawn_logged(argv, log); }
-
-std::string read_file(const fs::path& p) { return kiln::test::read_text_file(p); }
+using kiln::test::read_text_file;
+using kiln::test::spawn_logged;
 
 struct Timed {
   std::vector<double> latencies;
@@ -121,11 +120,11 @@ int main(int argc, char** argv) {
   std::vector<double> fresh;
   for (int r = 0; r < generate_runs; ++r) {
     const auto start = Clock::now();
-    const pid_t pid = spawn(gen, dir / "generate.log");
+    const pid_t pid = spawn_logged(gen, dir / "generate.log");
     int status = 0;
     ::waitpid(pid, &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "bench_serve: kiln generate failed:\n%s", read_file(dir / "generate.log").c_str());
+      std::fprintf(stderr, "bench_serve: kiln generate failed:\n%s", read_text_file(dir / "generate.log").c_str());
       return 1;
     }
     fresh.push_back(seconds_since(start));
@@ -136,18 +135,18 @@ int main(int argc, char** argv) {
   if (!model.empty()) serve.insert(serve.end(), {"--model", model});
   serve.insert(serve.end(), serve_flags.begin(), serve_flags.end());
   const auto start = Clock::now();
-  const pid_t server = spawn(serve, dir / "serve.log");
+  const pid_t server = spawn_logged(serve, dir / "serve.log");
   int port = 0;
   const std::regex serving(R"(serving .* on http://[^:]+:(\d+))");
   while (port == 0 && seconds_since(start) < 3600) {
     std::smatch m;
-    const std::string log = read_file(dir / "serve.log");
+    const std::string log = read_text_file(dir / "serve.log");
     if (std::regex_search(log, m, serving)) port = std::stoi(m[1]);
     else if (::waitpid(server, nullptr, WNOHANG) == server) break;
     else std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (port == 0) {
-    std::fprintf(stderr, "bench_serve: the server did not start:\n%s", read_file(dir / "serve.log").c_str());
+    std::fprintf(stderr, "bench_serve: the server did not start:\n%s", read_text_file(dir / "serve.log").c_str());
     return 1;
   }
   const double startup = seconds_since(start);

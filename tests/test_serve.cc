@@ -36,8 +36,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-std::string read_file(const fs::path& p) { return test::read_text_file(p); }
-
 // One `kiln serve` process (the bundled checkpoint unless the flags say otherwise); its
 // stderr goes to a file, where the port it bound is read.
 class ServerProcess {
@@ -50,7 +48,7 @@ class ServerProcess {
     const std::regex serving(R"(serving .* on http://[^:]+:(\d+))");
     for (int i = 0; i < 600 && port_ == 0; ++i) {  // up to a minute for load and warm-up
       std::smatch m;
-      const std::string log = read_file(log_);
+      const std::string log = test::read_text_file(log_);
       if (std::regex_search(log, m, serving)) port_ = std::stoi(m[1]);
       else if (exited()) break;
       else std::this_thread::sleep_for(100ms);
@@ -63,7 +61,7 @@ class ServerProcess {
     }
   }
   int port() const { return port_; }
-  std::string log() const { return read_file(log_); }
+  std::string log() const { return test::read_text_file(log_); }
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port_);
     c.set_read_timeout(120s);
@@ -102,7 +100,7 @@ class Serve : public testing::Test {
     const fs::path out = dir() / "generate.png";
     const std::string cmd = std::string(KILN_CLI_PATH) + " generate " + flags + " --out " + out.string() + " 2>/dev/null";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    return read_file(out);
+    return test::read_text_file(out);
   }
   test::ScopedTempDir tmp_{"serve_" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name())};
 };

@@ -59,18 +59,6 @@ struct Options {
   PipelineOptions dtypes;  // --dtype (parse_dtype): its dtype and component_dtype
 };
 
-// The component a checkpoint-file flag names ("--text-encoder-2" -> "text_encoder_2"); "" for
-// other flags.
-std::string component_file_flag(const std::string& flag) {
-  for (const char* c : {"transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"}) {
-    std::string f = std::string("--") + c;
-    for (char& ch : f)
-      if (ch == '_') ch = '-';
-    if (flag == f) return c;
-  }
-  return "";
-}
-
 double parse_float(const std::string& flag, const std::string& v) {
   size_t used = 0;
   double x = 0;
@@ -187,6 +175,16 @@ Options parse(const std::vector<std::string>& args) {
 }
 
 }  // namespace
+
+std::string component_file_flag(const std::string& flag) {
+  for (const char* c : {"transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"}) {
+    std::string f = std::string("--") + c;
+    for (char& ch : f)
+      if (ch == '_') ch = '-';
+    if (flag == f) return c;
+  }
+  return "";
+}
 
 std::string parse_model(const std::string& v) {
   KILN_CHECK(!v.empty(), "cli", "--model \"\": expected a model folder (leave --model out for the bundled checkpoint)");

@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "devices/runtime.h"
+#include "exec/host.h"
 #include "exec/mode.h"
 #include "io/png.h"
 #include "pipelines/diffusion_pipeline.h"
@@ -27,12 +28,12 @@ struct ServeFlags {
   std::string mode = "eager", compile = "full", offload;
   bool compile_given = false;
   size_t device_memory = 0;
-  bool strict = false;
-  PipelineOptions dtypes;
+  PipelineOptions pipeline;  // --dtype, --quantize, component files, --strict, --text-encoder-out-layers
   std::vector<ImageSize> warmup;
-  std::vector<int64_t> text_encoder_out_layers;  // FLUX.2: the layers loaded, and requests' default
   bool cancel_on_stop = false;
 };
+
+void print_warning(const std::string& w) { std::fprintf(stderr, "kiln: warning: %s\n", w.c_str()); }
 
 ServeFlags parse(const std::vector<std::string>& args) {
   ServeFlags f;
@@ -66,18 +67,13 @@ ServeFlags parse(const std::vector<std::string>& args) {
     else if (flag == "--compile") f.compile = value(), f.compile_given = true;
     else if (flag == "--offload") f.offload = value();
     else if (flag == "--device-memory") f.device_memory = parse_bytes(flag, value());
-    else if (flag == "--strict") f.strict = true;
-    else if (flag == "--dtype") parse_dtype(value(), f.dtypes);
-    else if (flag == "--quantize") parse_quantize(value(), f.dtypes);
+    else if (flag == "--strict") f.pipeline.strict = true;
+    else if (flag == "--dtype") parse_dtype(value(), f.pipeline);
+    else if (flag == "--quantize") parse_quantize(value(), f.pipeline);
     else if (flag == "--tp") tp = parse_int(flag, value());
-    else if (flag == "--text-encoder-out-layers") f.text_encoder_out_layers = parse_int_list(flag, value());
-    else if (flag == "--transformer" || flag == "--vae" || flag == "--text-encoder" || flag == "--text-encoder-2" ||
-             flag == "--text-encoder-3") {
-      std::string c = flag.substr(2);
-      for (char& ch : c)
-        if (ch == '-') ch = '_';
-      f.dtypes.component_files[c] = value();
-    } else fail("cli", "unknown flag '", flag, "' for serve (see kiln serve --help)");
+    else if (flag == "--text-encoder-out-layers") f.pipeline.text_encoder_out_layers = parse_int_list(flag, value());
+    else if (const std::string c = component_file_flag(flag); !c.empty()) f.pipeline.component_files[c] = value();
+    else fail("cli", "unknown flag '", flag, "' for serve (see kiln serve --help)");
   }
   KILN_CHECK(tp <= 1, "cli", "--tp ", tp, " is not supported by serve yet: run one server per process group with "
              "kiln generate --tp, or serve on one process");
@@ -122,14 +118,8 @@ int serve(const std::vector<std::string>& args) {
 
   set_default_eager_mode(f.mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
   if (f.device_memory) runtime(Device::cpu()).set_memory_capacity(f.device_memory);
-  PipelineOptions options;
-  options.strict = f.strict;
-  options.dtype = f.dtypes.dtype;
-  options.component_dtype = f.dtypes.component_dtype;
-  options.quantize = f.dtypes.quantize;
-  options.component_files = f.dtypes.component_files;
-  options.text_encoder_out_layers = f.text_encoder_out_layers;  // only the layers they need are loaded
-  options.on_warning = [](const std::string& w) { std::fprintf(stderr, "kiln: warning: %s\n", w.c_str()); };
+  PipelineOptions options = f.pipeline;  // FLUX.2 loads only the text encoder layers its out-layers need
+  options.on_warning = print_warning;
   std::fprintf(stderr, "kiln: loading %s\n", f.model.c_str());
   const std::unique_ptr<DiffusionPipeline> pipe = DiffusionPipeline::from_pretrained(f.model, options);
   std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe->load_seconds());
@@ -139,7 +129,7 @@ int serve(const std::vector<std::string>& args) {
 
   // What a request leaves out: the pipeline's defaults, or the bundled checkpoint's call.
   PipelineCallArgs defaults;
-  defaults.text_encoder_out_layers = f.text_encoder_out_layers;
+  defaults.text_encoder_out_layers = f.pipeline.text_encoder_out_layers;
   if (f.bundled) {
     defaults.height = defaults.width = kBundledSize;
     defaults.num_inference_steps = kBundledSteps;
@@ -151,7 +141,7 @@ int serve(const std::vector<std::string>& args) {
                                                  const std::function<void(int64_t, int64_t, double)>& on_step) {
     PipelineCallArgs call = job_call;
     call.on_step = on_step;
-    call.on_warning = [](const std::string& w) { std::fprintf(stderr, "kiln: warning: %s\n", w.c_str()); };
+    call.on_warning = print_warning;
     const PipelineOutput result = p(call);
     return io::encode_png(result.image.data(), result.height, result.width,
                           image_metadata(call, std::to_string(call.seed), result, model));
@@ -159,14 +149,16 @@ int serve(const std::vector<std::string>& args) {
   // Warm-up: one step at each size, so compiled executables exist before the first request.
   for (const ImageSize& s : f.warmup) {
     PipelineCallArgs call = defaults;
+    call.on_warning = print_warning;
     call.prompt = "warm-up";
     call.height = s.height;
     call.width = s.width;
     call.num_inference_steps = 1;
     std::fprintf(stderr, "kiln: warming up at %lldx%lld\n", static_cast<long long>(s.height),
                  static_cast<long long>(s.width));
-    runner(call, [](int64_t, int64_t, double) {});
+    p(call);
   }
+  synchronize(Device::cpu());  // the warm-up's work (and compiles) done before the first request
   f.http.model_id = f.bundled ? "kiln-bundled-flux1-tiny" : f.model.filename().string();
   if (f.http.model_id.empty()) f.http.model_id = f.model.parent_path().filename().string();
   f.http.pipeline_class = pipe->class_name();

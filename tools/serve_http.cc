@@ -150,10 +150,8 @@ class Routes {
       if (id.empty()) return;
       const server::JobState state = queue_.wait(id);
       if (state == server::JobState::kDone) {
-        const std::vector<std::string> pngs = queue_.images(id);
-        const json status = queue_.status(id);
         json data = json::array();
-        for (size_t i = 0; i < pngs.size(); ++i) data.push_back({{"b64_json", io::base64_encode(pngs[i])}});
+        for (const std::string& png : queue_.images(id)) data.push_back({{"b64_json", io::base64_encode(png)}});
         send_json(res, 200, {{"created", int64_t(std::time(nullptr))}, {"id", id}, {"data", data}});
       } else {
         job_not_done(res, id, state);
@@ -230,14 +228,12 @@ class Routes {
         send_error(res, 404, "path", "no route " + req.path.substr(0, 200) + " (see docs/server.md)");
       }
     };
-    for (const char* pattern : {".*"}) {
-      http.Get(pattern, other);
-      http.Post(pattern, other);
-      http.Put(pattern, other);
-      http.Delete(pattern, other);
-      http.Patch(pattern, other);
-      http.Options(pattern, other);
-    }
+    http.Get(".*", other);
+    http.Post(".*", other);
+    http.Put(".*", other);
+    http.Delete(".*", other);
+    http.Patch(".*", other);
+    http.Options(".*", other);
   }
 
  private:

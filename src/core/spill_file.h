@@ -12,7 +12,7 @@
 
 namespace kiln {
 
-class SpillFile : public std::enable_shared_from_this<SpillFile> {
+class SpillFile {
  public:
   // Opens a nameless file in `dir` (an error names the folder and the system's reason).
   static std::shared_ptr<SpillFile> create(const std::filesystem::path& dir);
@@ -21,16 +21,13 @@ class SpillFile : public std::enable_shared_from_this<SpillFile> {
   SpillFile& operator=(const SpillFile&) = delete;
 
   // Appends `bytes` bytes at a page boundary and maps them read-only. The mapping outlives this
-  // object if need be; `release` unmaps it (call it once). Errors (no space left) name the
-  // folder and the bytes asked for; nothing is mapped then.
+  // object if need be. Errors (no space left) name the folder and the bytes asked for; nothing is
+  // mapped then.
   struct Mapping {
     void* data;
     std::shared_ptr<void> owner;  // unmaps when the last copy goes
   };
   Mapping write(const void* data, size_t bytes);
-
-  const std::filesystem::path& dir() const { return dir_; }
-  size_t bytes_written() const { return end_; }
 
  private:
   SpillFile(std::filesystem::path dir, int fd) : dir_(std::move(dir)), fd_(fd) {}

@@ -1,7 +1,5 @@
 #include "exec/residency.h"
 
-#include <malloc.h>
-
 #include <cstring>
 
 #include "core/env.h"
@@ -98,15 +96,11 @@ void ComponentWeights::spill_host_copies(SpillFile& file) {
     host_data_[i] = m.data;
     spilled_[i] = true;
   }
-#if defined(__GLIBC__)
-  // Host copies under malloc's mmap threshold (which rises to the largest block freed: a 16 MiB
-  // load panel) came from the heap, whose freed middle glibc keeps unless asked: give it back.
-  malloc_trim(0);
-#endif
 }
 
 std::filesystem::path offload_spill_dir() {
-  if (const auto v = env::text("KILN_SPILL_DIR")) return *v == "none" ? std::filesystem::path() : std::filesystem::path(*v);
+  if (const auto v = env::text("KILN_SPILL_DIR"))
+    return *v == "none" ? std::filesystem::path() : std::filesystem::path(*v);
   const std::filesystem::path cache = executable_cache_dir();
   return cache.empty() ? std::filesystem::temp_directory_path() : cache;
 }

@@ -97,6 +97,16 @@ bool JobQueue::cancel(const std::string& id) {
 
 double JobQueue::mean_step_seconds() const { return stats_.steps ? stats_.step_seconds / double(stats_.steps) : 0; }
 
+double JobQueue::steps_ahead_of(const Job* job) const {
+  double steps = 0;
+  for (const auto& q : queue_) {
+    if (q.get() == job) break;
+    steps += double(q->request.call.num_inference_steps * q->request.n);
+  }
+  if (running_) steps += double(running_->request.call.num_inference_steps * running_->request.n - running_->steps_done);
+  return steps;
+}
+
 nlohmann::json JobQueue::status(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mu_);
   const std::shared_ptr<Job> job = find(id);
@@ -112,14 +122,7 @@ nlohmann::json JobQueue::status(const std::string& id) const {
                    {"seconds_per_step", per_step}};
   if (!job->finished()) {
     // Steps left in this job, plus the jobs ahead of it when it still waits.
-    double ahead = 0;
-    if (job->state == JobState::kQueued) {
-      for (const auto& q : queue_) {
-        if (q == job) break;
-        ahead += double(q->request.call.num_inference_steps * q->request.n);
-      }
-      if (running_) ahead += double(running_->request.call.num_inference_steps * running_->request.n - running_->steps_done);
-    }
+    const double ahead = job->state == JobState::kQueued ? steps_ahead_of(job.get()) : 0;
     s["eta_seconds"] = per_step * (ahead + double(total - job->steps_done));
   }
   if (!job->error.empty()) s["error"] = job->error;
@@ -157,10 +160,7 @@ std::string JobQueue::error(const std::string& id) const {
 
 double JobQueue::estimated_wait_seconds() const {
   std::lock_guard<std::mutex> lock(mu_);
-  double steps = 0;
-  for (const auto& q : queue_) steps += double(q->request.call.num_inference_steps * q->request.n);
-  if (running_) steps += double(running_->request.call.num_inference_steps * running_->request.n - running_->steps_done);
-  return steps * mean_step_seconds();
+  return steps_ahead_of(nullptr) * mean_step_seconds();
 }
 
 QueueStats JobQueue::stats() const {
@@ -200,7 +200,7 @@ void JobQueue::work() {
     std::vector<std::string> pngs;
     std::string error;
     JobState outcome = JobState::kDone;
-    const GenerationRequest request = job->request;
+    const GenerationRequest& request = job->request;  // never written after submit
     lock.unlock();
     try {
       for (int64_t i = 0; i < request.n; ++i) {

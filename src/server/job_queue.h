@@ -82,6 +82,9 @@ class JobQueue {
   void work();
   void finish(Job& job, JobState state, const std::string& error);  // with mu_ held
   double mean_step_seconds() const;                                  // with mu_ held
+  // Steps still to run before `job` starts (nullptr: before a new job): the queue ahead of it and
+  // the rest of the running job. With mu_ held.
+  double steps_ahead_of(const Job* job) const;
   std::shared_ptr<Job> find(const std::string& id) const;            // with mu_ held
 
   const size_t max_queued_, keep_finished_;
