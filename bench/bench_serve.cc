@@ -3,7 +3,9 @@
 // request, then times sequential requests from one client and concurrent requests from several,
 // and times `kiln generate` for the same call. Run outside CTest (docs/benchmarks.md):
 //   build/bench/bench_serve [--model DIR] [--size WxH] [--steps N] [--requests R] [--clients C]
-//                           [--generate-runs G] [-- SERVE FLAGS...]
+//                           [--generate-runs G] [--launcher "mpirun -np 2"] [-- SERVE FLAGS...]
+// --launcher starts both kiln processes (its words before the kiln path): with --tp N in the
+// serve flags, the server and generate run on N ranks.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -16,6 +18,7 @@
 #include <fstream>
 #include <mutex>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,7 +83,7 @@ void print_row(const char* what, const Timed& t) {
 int main(int argc, char** argv) {
   std::string model, size = "", prompt = "a photograph of an astronaut riding a horse";
   int steps = 0, requests = 8, clients = 4, generate_runs = 3;
-  std::vector<std::string> serve_flags;
+  std::vector<std::string> serve_flags, launcher;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -90,6 +93,10 @@ int main(int argc, char** argv) {
     else if (a == "--requests") requests = std::stoi(next());
     else if (a == "--clients") clients = std::stoi(next());
     else if (a == "--generate-runs") generate_runs = std::stoi(next());
+    else if (a == "--launcher") {
+      std::istringstream words(next());
+      for (std::string w; words >> w;) launcher.push_back(w);
+    }
     else if (a == "--") {
       serve_flags.assign(argv + i + 1, argv + argc);
       break;
@@ -102,7 +109,8 @@ int main(int argc, char** argv) {
   fs::create_directories(dir);
 
   nlohmann::json body{{"prompt", prompt}, {"seed", 0}};
-  std::vector<std::string> gen = {KILN_CLI_PATH, "generate", "--prompt", prompt, "--out", (dir / "g.png").string()};
+  std::vector<std::string> gen = launcher;
+  gen.insert(gen.end(), {KILN_CLI_PATH, "generate", "--prompt", prompt, "--out", (dir / "g.png").string()});
   if (!model.empty()) gen.insert(gen.end(), {"--model", model});
   if (!size.empty()) {
     body["size"] = size;
@@ -122,20 +130,23 @@ int main(int argc, char** argv) {
     const auto start = Clock::now();
     const pid_t pid = spawn_logged(gen, dir / "generate.log");
     int status = 0;
-    ::waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (pid <= 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       std::fprintf(stderr, "bench_serve: kiln generate failed:\n%s", read_text_file(dir / "generate.log").c_str());
       return 1;
     }
     fresh.push_back(seconds_since(start));
   }
 
-  std::vector<std::string> serve = {KILN_CLI_PATH, "serve", "--port", "0", "--max-queue", "100000", "--max-steps",
-                                    "100000"};
+  std::vector<std::string> serve = launcher;
+  serve.insert(serve.end(), {KILN_CLI_PATH, "serve", "--port", "0", "--max-queue", "100000", "--max-steps", "100000"});
   if (!model.empty()) serve.insert(serve.end(), {"--model", model});
   serve.insert(serve.end(), serve_flags.begin(), serve_flags.end());
   const auto start = Clock::now();
   const pid_t server = spawn_logged(serve, dir / "serve.log");
+  if (server <= 0) {
+    std::fprintf(stderr, "bench_serve: cannot start %s\n", serve[0].c_str());
+    return 1;
+  }
   int port = 0;
   const std::regex serving(R"(serving .* on http://[^:]+:(\d+))");
   while (port == 0 && seconds_since(start) < 3600) {
@@ -153,7 +164,7 @@ int main(int argc, char** argv) {
   const Timed first = run_clients(port, 1, 1, body.dump());  // the server's first request (warm-up)
   const Timed sequential = run_clients(port, 1, requests, body.dump());
   const Timed concurrent = run_clients(port, clients, std::max(1, requests / clients), body.dump());
-  ::kill(server, SIGTERM);
+  ::kill(server, launcher.empty() ? SIGTERM : SIGUSR1);  // mpirun forwards SIGUSR1 (docs/server.md)
   ::waitpid(server, nullptr, 0);
   fs::remove_all(dir);
 

@@ -19,7 +19,8 @@ inline std::string read_text_file(const std::filesystem::path& p) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
-// Starts argv[0] with `argv`, stderr into `log` (truncated), stdout to /dev/null; -1 on failure.
+// Starts argv[0] (searched in PATH when it has no slash) with `argv`, stderr into `log`
+// (truncated), stdout to /dev/null; -1 on failure.
 inline pid_t spawn_logged(std::vector<std::string> argv, const std::filesystem::path& log) {
   std::vector<char*> args;
   for (std::string& a : argv) args.push_back(a.data());
@@ -29,7 +30,7 @@ inline pid_t spawn_logged(std::vector<std::string> argv, const std::filesystem::
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ) != 0) pid = -1;
+  if (posix_spawnp(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ) != 0) pid = -1;
   posix_spawn_file_actions_destroy(&actions);
   return pid;
 }

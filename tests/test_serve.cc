@@ -19,6 +19,7 @@
 #include <mutex>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <httplib.h>
@@ -36,12 +37,15 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-// One `kiln serve` process (the bundled checkpoint unless the flags say otherwise); its
-// stderr goes to a file, where the port it bound is read.
+// One `kiln serve` process (the bundled checkpoint unless the flags say otherwise), started
+// by `launcher` when given (mpirun ...); its stderr goes to a file, where the port it bound is read.
 class ServerProcess {
  public:
-  explicit ServerProcess(const fs::path& dir, std::vector<std::string> flags = {}) : log_(dir / "serve.log") {
-    std::vector<std::string> argv = {KILN_CLI_PATH, "serve", "--port", "0"};
+  explicit ServerProcess(const fs::path& dir, std::vector<std::string> flags = {},
+                         std::vector<std::string> launcher = {})
+      : log_(dir / "serve.log") {
+    std::vector<std::string> argv = std::move(launcher);
+    for (const char* a : {KILN_CLI_PATH, "serve", "--port", "0"}) argv.push_back(a);
     argv.insert(argv.end(), flags.begin(), flags.end());
     pid_ = test::spawn_logged(argv, log_);
     EXPECT_GT(pid_, 0);
@@ -67,9 +71,9 @@ class ServerProcess {
     c.set_read_timeout(120s);
     return c;
   }
-  // SIGTERM, then the exit status (-1 when it did not exit normally within a minute).
-  int terminate() {
-    ::kill(pid_, SIGTERM);
+  // SIGTERM (or `signal`), then the exit status (-1 when it did not exit normally within a minute).
+  int terminate(int signal = SIGTERM) {
+    ::kill(pid_, signal);
     return wait_exit();
   }
   int wait_exit() {
@@ -95,10 +99,11 @@ class ServerProcess {
 class Serve : public testing::Test {
  protected:
   fs::path dir() const { return tmp_.path(); }
-  // `kiln generate` on the bundled checkpoint: its PNG bytes.
-  std::string generate_png(const std::string& flags) {
+  // `kiln generate` on the bundled checkpoint (started by `launcher` when given): its PNG bytes.
+  std::string generate_png(const std::string& flags, const std::string& launcher = "") {
     const fs::path out = dir() / "generate.png";
-    const std::string cmd = std::string(KILN_CLI_PATH) + " generate " + flags + " --out " + out.string() + " 2>/dev/null";
+    const std::string cmd = launcher + " " + KILN_CLI_PATH + " generate " + flags + " --out " + out.string() +
+                            " 2>/dev/null";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return test::read_text_file(out);
   }
@@ -613,6 +618,53 @@ TEST_F(Serve, ThePageShowsTheImageInHeadlessChromium) {
   EXPECT_NE(m.find("kiln_jobs_total{outcome=\"done\"} 1\n"), std::string::npos) << m;
   EXPECT_NE(m.find("kiln_step_seconds_count 3\n"), std::string::npos) << m;
   EXPECT_EQ(server.terminate(), 0) << server.log();
+}
+
+// --tp 2 under mpirun: rank 0 serves, both ranks run every call. Rank 1 is given less device
+// memory than rank 0, so a call that only rank 1 cannot fit must fail on both (422 naming rank
+// 1's error) and leave them serving; a cancelled job stops both ranks at the same step; the images
+// equal `kiln generate --tp 2`'s; SIGUSR1 to mpirun (which forwards it) ends every rank with 0.
+TEST_F(Serve, TensorParallelRanksServeTogether) {
+  std::vector<std::string> mpirun;
+  std::istringstream words(KILN_MPIRUN_COMMAND);
+  for (std::string w; words >> w;) mpirun.push_back(w);
+  for (const char* a : {"-x", "KILN_CACHE_DIR", "bash", "-c",
+                        R"(if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$@" --device-memory 64MiB; else exec "$@"; fi)",
+                        "rank-flags"})
+    mpirun.push_back(a);
+  ServerProcess server(dir(), {"--tp", "2", "--max-steps", "100000"}, mpirun);
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c = server.client();
+  EXPECT_EQ(json::parse(c.Get("/health")->body)["ranks"], 2);
+
+  const std::string launcher = std::string(KILN_MPIRUN_COMMAND) + " -x KILN_CACHE_DIR";
+  const std::string expected =
+      generate_png("--tp 2 --prompt \"a red fox in the snow\" --width 128 --height 96 --steps 3 --seed 7", launcher);
+  ASSERT_FALSE(expected.empty());
+  const json body{{"prompt", "a red fox in the snow"}, {"size", "128x96"}, {"steps", 3}, {"seed", 7}};
+  EXPECT_EQ(b64_png(post_json(c, "/v1/images/generations", body, 200)), expected);
+
+  // Only rank 1 cannot fit 2048x2048 (64 MiB): both ranks skip the call, rank 0 reports rank 1's error.
+  const json too_big = post_json(c, "/v1/images/generations", {{"prompt", "big"}, {"size", "2048x2048"}, {"steps", 1}}, 422);
+  const std::string message = too_big["error"]["message"];
+  EXPECT_NE(message.find("rank 1 of 2 could not start this call: [memory] 2048x2048"), std::string::npos) << message;
+
+  // A running job cancelled: every rank stops at the same step boundary.
+  const std::string running = post_json(c, "/v1/jobs", {{"prompt", "a long job"}, {"steps", 100000}}, 202)["id"];
+  wait_status(c, running, [](const json& s) { return s["state"] == "running" && s["step"] >= 2; });
+  ASSERT_EQ(c.Delete(("/v1/jobs/" + running).c_str())->status, 200);
+  const json ended = wait_status(c, running, [](const json& s) { return s["state"] != "running"; });
+  EXPECT_EQ(ended["state"], "cancelled");
+  EXPECT_LT(ended["step"].get<int>(), 100000);
+
+  // The ranks are still in step: a job's image is generate --tp 2's.
+  const std::string id = post_json(c, "/v1/jobs", body, 202)["id"];
+  EXPECT_EQ(wait_status(c, id, [](const json& s) { return s["state"] != "queued" && s["state"] != "running"; })["state"],
+            "done");
+  EXPECT_EQ(c.Get(("/v1/jobs/" + id + "/image").c_str())->body, expected);
+
+  EXPECT_EQ(server.terminate(SIGUSR1), 0) << server.log();
+  EXPECT_NE(server.log().find("SIGUSR1: stopping"), std::string::npos) << server.log();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // tensor_parallel_two_ranks) — the sharded FLUX.1 pipeline against the single-process one.
 #include <cmath>
 #include <filesystem>
+#include <thread>
 
 #include "devices/runtime.h"
 #include "distributed/process_group.h"
@@ -119,6 +120,29 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
   return m;
+}
+
+// A duplicate's collectives are matched among themselves, never against the world's: rank 0
+// broadcasts on the duplicate from a second thread while its main thread all-reduces on the
+// world; rank 1 does the broadcast first, then the all-reduce. On one communicator the two
+// would be matched against each other (or wait on each other until the collective timeout).
+TEST_F(TwoRanks, ADuplicateGroupsCollectivesNeverMeetTheWorlds) {
+  const std::shared_ptr<ProcessGroup> world = ProcessGroup::world();
+  const std::shared_ptr<ProcessGroup> dup = world->duplicate();
+  EXPECT_EQ(dup->rank(), world->rank());
+  EXPECT_EQ(dup->size(), 2);
+  int32_t value = world->rank() == 0 ? 42 : 0;
+  float sum = float(world->rank() + 1);
+  if (world->rank() == 0) {
+    std::thread broadcaster([&] { dup->broadcast(&value, sizeof value, 0); });
+    world->all_reduce_sum(&sum, 1);
+    broadcaster.join();
+  } else {
+    dup->broadcast_when_ready(&value, sizeof value, 0);
+    world->all_reduce_sum(&sum, 1);
+  }
+  EXPECT_EQ(value, 42);
+  EXPECT_EQ(sum, 3.0f);
 }
 
 // The sharded pipeline gives the single-process image: latents within atol = rtol = 1e-3

@@ -143,14 +143,7 @@ Options parse(const std::vector<std::string>& args) {
   check_compile_flag(o.compile);
   KILN_CHECK(o.offload.empty() || o.offload == "none" || o.offload == "model", "cli", "--offload ", o.offload,
              ": expected none (every component's weights on the device) or model (one component at a time)");
-  // Checked before anything loads: the launch must match --tp (runtime.md §6.2).
-  const int world = ProcessGroup::world()->size();
-  KILN_CHECK(o.tp >= 0, "cli", "--tp must be at least 1, got ", o.tp);
-  KILN_CHECK(o.tp == 0 || o.tp == world, "cli", "--tp ", o.tp, " needs ", o.tp, " processes (mpirun -np ", o.tp,
-             " kiln generate --tp ", o.tp, " ...), but this job has ", world);
-  KILN_CHECK(o.tp != 0 || world == 1, "cli", "launched as ", world, " processes: pass --tp ", world,
-             " to shard the transformer over them");
-  KILN_CHECK(o.tp <= 1 || o.offload != "model", "cli", "--offload model with --tp is not supported");
+  check_tensor_parallel_launch("generate", o.tp, o.offload);
   KILN_CHECK(!o.compile_given || o.mode == "compile", "cli", "--compile ", o.compile, " needs --mode compile");
   KILN_CHECK(o.prepack == "on" || o.prepack == "off", "cli", "--prepack ", o.prepack,
              ": expected on (compiled linears read their weights pre-packed, one more copy of them in device "
@@ -218,6 +211,16 @@ int64_t parse_int(const std::string& flag, const std::string& v) {
   }
   KILN_CHECK(used == v.size() && !v.empty(), "cli", "flag ", flag, " expects an integer, got '", v, "'");
   return x;
+}
+
+void check_tensor_parallel_launch(const std::string& command, int64_t tp, const std::string& offload) {
+  const int world = ProcessGroup::world()->size();
+  KILN_CHECK(tp >= 0, "cli", "--tp must be at least 1, got ", tp);
+  KILN_CHECK(tp == 0 || tp == world, "cli", "--tp ", tp, " needs ", tp, " processes (mpirun -np ", tp, " kiln ",
+             command, " --tp ", tp, " ...), but this job has ", world);
+  KILN_CHECK(tp != 0 || world == 1, "cli", "launched as ", world, " processes: pass --tp ", world,
+             " to shard the transformer over them");
+  KILN_CHECK(tp <= 1 || offload != "model", "cli", "--offload model with --tp is not supported");
 }
 
 void check_compile_flag(const std::string& v) {

@@ -83,7 +83,8 @@ const std::vector<CommandDoc>& commands() {
       {"serve",
        "Serve image generation over HTTP with the pipeline loaded (and compiled) once: the OpenAI images API "
        "(POST /v1/images/generations), jobs with progress events and cancellation (/v1/jobs), /health, /v1/models, "
-       "Prometheus /metrics and a page at /. Runs until SIGTERM or SIGINT (docs/server.md).",
+       "Prometheus /metrics and a page at /. Runs until SIGTERM, SIGINT or SIGUSR1 (under mpirun: SIGUSR1 to "
+       "mpirun, which forwards it; docs/server.md).",
        {
            {"--model", "DIR", "the bundled checkpoint", "as for generate"},
            {"--host", "ADDRESS", "127.0.0.1", "the address to listen on; one other machines reach needs --api-key"},
@@ -97,8 +98,8 @@ const std::vector<CommandDoc>& commands() {
            {"--max-prompt-bytes", "N", "4096", "the longest prompt (each prompt field)"},
            {"--max-body", "SIZE", "1MiB", "the largest request body (413 above)"},
            {"--timeout", "SECONDS", "30", "a client that sends or reads nothing for this long is dropped"},
-           {"--on-stop", "finish|cancel", "finish", "SIGTERM/SIGINT: the running job finishes, or stops at its next "
-                                                   "step; queued jobs are answered as cancelled either way"},
+           {"--on-stop", "finish|cancel", "finish", "SIGTERM/SIGINT/SIGUSR1: the running job finishes, or stops at its "
+                                                   "next step; queued jobs are answered as cancelled either way"},
            {"--warmup", "HxW[,HxW...]", "none", "run one step at each size (HEIGHTxWIDTH, as warmup --sizes) before "
                                                "listening: compiled executables are built before the first request"},
            {"--mode", "eager|defer|compile", "eager", "as for generate"},
@@ -112,6 +113,8 @@ const std::vector<CommandDoc>& commands() {
             "FLUX.2: the text encoder layers loaded, and the requests' default (a request may name others up to the "
             "largest)"},
            {"--strict", "", "off", "as for generate"},
+           {"--tp", "N", "1", "as for generate (mpirun -np N kiln serve --tp N): rank 0 serves, every rank runs each "
+                              "request on its shard"},
            {"--help", "", "", "this text"},
        }},
       {"warmup",

@@ -1,21 +1,25 @@
 // `kiln serve`: loads a pipeline once (and compiles it, with --mode compile) and answers
 // image-generation requests over HTTP (docs/server.md): the OpenAI images API, jobs with
 // progress events and cancellation, health and Prometheus metrics. The jobs run one at a time
-// on one worker thread (server/job_queue.h); the HTTP side is serve_http.cc.
+// on one worker thread (server/job_queue.h); the HTTP side is serve_http.cc. Under --tp N
+// (mpirun -np N) rank 0 serves and every rank runs each call on its shard (server/rank_calls.h).
 #include <pthread.h>
 #include <signal.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "commands.h"
 #include "core/error.h"
 #include "devices/runtime.h"
+#include "distributed/tensor_parallel.h"
 #include "exec/host.h"
 #include "exec/mode.h"
 #include "io/png.h"
 #include "pipelines/diffusion_pipeline.h"
 #include "serve_http.h"
+#include "server/rank_calls.h"
 
 namespace kiln::cli {
 
@@ -31,13 +35,11 @@ struct ServeFlags {
   PipelineOptions pipeline;  // --dtype, --quantize, component files, --strict, --text-encoder-out-layers
   std::vector<ImageSize> warmup;
   bool cancel_on_stop = false;
+  int64_t tp = 0;  // --tp N: the transformer sharded over N processes (mpirun -np N)
 };
-
-void print_warning(const std::string& w) { std::fprintf(stderr, "kiln: warning: %s\n", w.c_str()); }
 
 ServeFlags parse(const std::vector<std::string>& args) {
   ServeFlags f;
-  int64_t tp = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     auto value = [&]() -> std::string {
@@ -70,13 +72,14 @@ ServeFlags parse(const std::vector<std::string>& args) {
     else if (flag == "--strict") f.pipeline.strict = true;
     else if (flag == "--dtype") parse_dtype(value(), f.pipeline);
     else if (flag == "--quantize") parse_quantize(value(), f.pipeline);
-    else if (flag == "--tp") tp = parse_int(flag, value());
+    else if (flag == "--tp") {
+      f.tp = parse_int(flag, value());
+      KILN_CHECK(f.tp >= 1, "cli", "--tp must be at least 1, got ", f.tp);
+    }
     else if (flag == "--text-encoder-out-layers") f.pipeline.text_encoder_out_layers = parse_int_list(flag, value());
     else if (const std::string c = component_file_flag(flag); !c.empty()) f.pipeline.component_files[c] = value();
     else fail("cli", "unknown flag '", flag, "' for serve (see kiln serve --help)");
   }
-  KILN_CHECK(tp <= 1, "cli", "--tp ", tp, " is not supported by serve yet: run one server per process group with "
-             "kiln generate --tp, or serve on one process");
   KILN_CHECK(f.http.port >= 0 && f.http.port <= 65535, "cli", "--port must be in [0, 65535] (0: any free port), got ",
              f.http.port);
   KILN_CHECK(f.http.max_queue >= 1 && f.http.max_queue <= 100000, "cli", "--max-queue must be in [1, 100000], got ",
@@ -94,6 +97,7 @@ ServeFlags parse(const std::vector<std::string>& args) {
   KILN_CHECK(!f.compile_given || f.mode == "compile", "cli", "--compile ", f.compile, " needs --mode compile");
   KILN_CHECK(f.offload.empty() || f.offload == "none" || f.offload == "model", "cli", "--offload ", f.offload,
              ": expected none or model");
+  check_tensor_parallel_launch("serve", f.tp, f.offload);
   // A server others can reach answers only those who hold the key.
   KILN_CHECK(is_loopback_host(f.http.host) || !f.http.api_key.empty(), "cli", "--host ", f.http.host,
              " is reachable from other machines: it needs --api-key KEY (clients send Authorization: Bearer KEY)");
@@ -107,25 +111,41 @@ ServeFlags parse(const std::vector<std::string>& args) {
 }  // namespace
 
 int serve(const std::vector<std::string>& args) {
-  ServeFlags f = parse(args);
-  // SIGTERM and SIGINT are taken by one thread (serve_http.cc), so every thread started from
-  // here on leaves them blocked.
+  // SIGTERM, SIGINT and SIGUSR1 (which mpirun forwards to every rank; its own SIGTERM kills
+  // them) are taken by one thread of rank 0 (serve_http.cc), so every thread started from here
+  // on (MPI's among them) leaves them blocked; the other ranks stop when rank 0 tells them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
+  for (const int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaddset(&stop_signals, sig);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  ServeFlags f = parse(args);
+  const std::shared_ptr<ProcessGroup> world = ProcessGroup::world();
+  const bool leader = world->rank() == 0;  // under --tp only rank 0 listens and prints
 
   set_default_eager_mode(f.mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
   if (f.device_memory) runtime(Device::cpu()).set_memory_capacity(f.device_memory);
+  const std::function<void(const std::string&)> warn = [leader](const std::string& w) {
+    if (leader) std::fprintf(stderr, "kiln: warning: %s\n", w.c_str());
+  };
   PipelineOptions options = f.pipeline;  // FLUX.2 loads only the text encoder layers its out-layers need
-  options.on_warning = print_warning;
-  std::fprintf(stderr, "kiln: loading %s\n", f.model.c_str());
+  options.on_warning = warn;
+  if (f.tp > 1) options.tensor_parallel = TensorParallelConfig{DeviceMesh(world)};
+  if (leader) std::fprintf(stderr, "kiln: loading %s\n", f.model.c_str());
   const std::unique_ptr<DiffusionPipeline> pipe = DiffusionPipeline::from_pretrained(f.model, options);
-  std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe->load_seconds());
+  if (leader) std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe->load_seconds());
   if (f.offload == "none") pipe->to(Device::cpu());
   if (f.offload == "model") pipe->enable_model_cpu_offload(Device::cpu());
   if (f.mode == "compile") compile_transformer(*pipe, f.compile);
+  synchronize(Device::cpu());  // no model work in flight when the ranks set up their channel
+
+  std::optional<server::RankCalls> ranks;
+  if (world->size() > 1) ranks.emplace(*pipe, world);
+  if (!leader) {
+    ranks->follow();
+    return 0;
+  }
+  DiffusionPipeline& p = *pipe;
+  const auto run_call = [&p, &ranks](const PipelineCallArgs& call) { return ranks ? ranks->run(call) : p(call); };
 
   // What a request leaves out: the pipeline's defaults, or the bundled checkpoint's call.
   PipelineCallArgs defaults;
@@ -136,27 +156,27 @@ int serve(const std::vector<std::string>& args) {
     defaults.max_sequence_length = kBundledMaxSequenceLength;
   }
   const std::string model = f.model.string();
-  DiffusionPipeline& p = *pipe;
-  const server::ImageRunner runner = [&p, model](const PipelineCallArgs& job_call,
-                                                 const std::function<void(int64_t, int64_t, double)>& on_step) {
+  const server::ImageRunner runner = [&run_call, &warn, model](
+                                         const PipelineCallArgs& job_call,
+                                         const std::function<void(int64_t, int64_t, double)>& on_step) {
     PipelineCallArgs call = job_call;
     call.on_step = on_step;
-    call.on_warning = print_warning;
-    const PipelineOutput result = p(call);
+    call.on_warning = warn;
+    const PipelineOutput result = run_call(call);
     return io::encode_png(result.image.data(), result.height, result.width,
                           image_metadata(call, std::to_string(call.seed), result, model));
   };
   // Warm-up: one step at each size, so compiled executables exist before the first request.
   for (const ImageSize& s : f.warmup) {
     PipelineCallArgs call = defaults;
-    call.on_warning = print_warning;
+    call.on_warning = warn;
     call.prompt = "warm-up";
     call.height = s.height;
     call.width = s.width;
     call.num_inference_steps = 1;
     std::fprintf(stderr, "kiln: warming up at %lldx%lld\n", static_cast<long long>(s.height),
                  static_cast<long long>(s.width));
-    p(call);
+    run_call(call);
   }
   synchronize(Device::cpu());  // the warm-up's work (and compiles) done before the first request
   f.http.model_id = f.bundled ? "kiln-bundled-flux1-tiny" : f.model.filename().string();
@@ -164,7 +184,10 @@ int serve(const std::vector<std::string>& args) {
   f.http.pipeline_class = pipe->class_name();
   f.http.defaults = defaults;
   f.http.cancel_on_stop = f.cancel_on_stop;
-  return serve_http(f.http, runner, stop_signals);
+  f.http.ranks = world->size();
+  const int code = serve_http(f.http, runner, stop_signals);
+  if (ranks) ranks->stop();
+  return code;
 }
 
 }  // namespace kiln::cli

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <regex>
@@ -132,7 +133,10 @@ class Routes {
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       const server::QueueStats st = queue_.stats();
       send_json(res, stopping_ ? 503 : 200,
-                {{"status", stopping_ ? "stopping" : "ok"}, {"queued", st.queued}, {"running", st.running}});
+                {{"status", stopping_ ? "stopping" : "ok"},
+                 {"queued", st.queued},
+                 {"running", st.running},
+                 {"ranks", s_.ranks}});
     });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       send_json(res, 200,
@@ -336,12 +340,12 @@ int serve_http(const ServeSettings& settings, const server::ImageRunner& runner,
              port);
   std::fprintf(stderr, "kiln: serving %s on http://%s:%d\n", settings.model_id.c_str(), settings.host.c_str(), port);
 
-  // SIGTERM / SIGINT: stop taking jobs, answer the queued ones, finish (or cancel) the running
-  // one, then stop listening.
+  // SIGTERM / SIGINT / SIGUSR1: stop taking jobs, answer the queued ones, finish (or cancel) the
+  // running one, then stop listening.
   std::thread signals([&] {
     int signal = 0;
     sigwait(&stop_signals, &signal);
-    std::fprintf(stderr, "kiln: %s: stopping (%s the running job)\n", signal == SIGTERM ? "SIGTERM" : "SIGINT",
+    std::fprintf(stderr, "kiln: SIG%s: stopping (%s the running job)\n", sigabbrev_np(signal),
                  settings.cancel_on_stop ? "cancelling" : "finishing");
     stopping = true;
     queue.shutdown(settings.cancel_on_stop);

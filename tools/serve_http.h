@@ -21,6 +21,7 @@ struct ServeSettings {
   int64_t timeout_seconds = 30;  // a client that sends or reads nothing for this long is dropped
   bool cancel_on_stop = false;   // SIGTERM/SIGINT: cancel the running job instead of finishing it
   std::string model_id, pipeline_class;
+  int ranks = 1;  // --tp N: the processes that run each call
   PipelineCallArgs defaults;  // what a request leaves out
 };
 

@@ -31,7 +31,9 @@ class SingleRank final : public ProcessGroup {
   void all_reduce_sum(float*, size_t) override {}
   void all_gather(const void* in, void* out, size_t bytes) override { std::memmove(out, in, bytes); }
   void broadcast(void*, size_t, int) override {}
+  void broadcast_when_ready(void*, size_t, int) override {}
   void barrier() override {}
+  std::shared_ptr<ProcessGroup> duplicate() override { return std::make_shared<SingleRank>(); }
 };
 
 class Detached final : public ProcessGroup {
@@ -41,28 +43,46 @@ class Detached final : public ProcessGroup {
   void all_reduce_sum(float*, size_t) override { no(); }
   void all_gather(const void*, void*, size_t) override { no(); }
   void broadcast(void*, size_t, int) override { no(); }
+  void broadcast_when_ready(void*, size_t, int) override { no(); }
   void barrier() override { no(); }
+  std::shared_ptr<ProcessGroup> duplicate() override { no(); }
 };
 
-class MpiWorld final : public ProcessGroup {
+int g_thread_level = 0;  // what MPI_Init_thread provided
+
+class MpiGroup final : public ProcessGroup {
  public:
-  MpiWorld(int rank, int size) : ProcessGroup(rank, size) {}
+  MpiGroup(MPI_Comm comm, int rank, int size) : ProcessGroup(rank, size), comm_(comm) {}
 
   void all_reduce_sum(float* data, size_t count) override {
     wait("all_reduce", [&](MPI_Request* r) {
-      return MPI_Iallreduce(MPI_IN_PLACE, data, int(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, r);
+      return MPI_Iallreduce(MPI_IN_PLACE, data, int(count), MPI_FLOAT, MPI_SUM, comm_, r);
     });
   }
   void all_gather(const void* in, void* out, size_t bytes) override {
     wait("all_gather", [&](MPI_Request* r) {
-      return MPI_Iallgather(in, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE, MPI_COMM_WORLD, r);
+      return MPI_Iallgather(in, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE, comm_, r);
     });
   }
   void broadcast(void* data, size_t bytes, int root) override {
-    wait("broadcast", [&](MPI_Request* r) { return MPI_Ibcast(data, int(bytes), MPI_BYTE, root, MPI_COMM_WORLD, r); });
+    wait("broadcast", [&](MPI_Request* r) { return MPI_Ibcast(data, int(bytes), MPI_BYTE, root, comm_, r); });
+  }
+  void broadcast_when_ready(void* data, size_t bytes, int root) override {
+    wait("broadcast", [&](MPI_Request* r) { return MPI_Ibcast(data, int(bytes), MPI_BYTE, root, comm_, r); },
+         /*deadline=*/false);
+  }
+  std::shared_ptr<ProcessGroup> duplicate() override {
+    // Two threads then call MPI at once (each on its own communicator).
+    KILN_CHECK(g_thread_level >= MPI_THREAD_MULTIPLE, "distributed", describe(),
+               ": this MPI library does not allow calls from several threads (MPI_THREAD_MULTIPLE), which a "
+               "second communicator needs");
+    std::lock_guard<std::mutex> lock(mu_);
+    MPI_Comm dup;
+    KILN_CHECK(MPI_Comm_dup(comm_, &dup) == MPI_SUCCESS, "distributed", describe(), ": MPI_Comm_dup failed");
+    return std::make_shared<MpiGroup>(dup, rank(), size());
   }
   void barrier() override {
-    wait("barrier", [&](MPI_Request* r) { return MPI_Ibarrier(MPI_COMM_WORLD, r); });
+    wait("barrier", [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   }
   void abort(int code) override {
     std::fflush(stderr);
@@ -72,8 +92,9 @@ class MpiWorld final : public ProcessGroup {
 
  private:
   // Starts a non-blocking collective and polls it until done or the deadline, then aborts the job.
+  // Without a deadline it polls every millisecond, for as long as it takes.
   template <typename Start>
-  void wait(const char* what, Start start) {
+  void wait(const char* what, Start start, bool deadline_applies = true) {
     std::lock_guard<std::mutex> lock(mu_);  // one collective at a time, in program order
     ++seq_;
     MPI_Request req;
@@ -84,6 +105,10 @@ class MpiWorld final : public ProcessGroup {
     for (int spins = 0;; ++spins) {
       MPI_Test(&req, &done, MPI_STATUS_IGNORE);
       if (done) return;
+      if (!deadline_applies) {
+        if (spins > 1000) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
       if (std::chrono::steady_clock::now() > deadline) {
         std::fprintf(stderr,
                      "kiln: [distributed] %s: collective #%llu (%s) did not complete within %.0f s "
@@ -97,6 +122,7 @@ class MpiWorld final : public ProcessGroup {
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
+  MPI_Comm comm_;
   std::mutex mu_;
   unsigned long long seq_ = 0;  // collectives issued, for the timeout message
 };
@@ -128,7 +154,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::world() {
                  " (kiln's process group is OpenMPI's)");
       return std::make_shared<SingleRank>();
     }
-    int provided = 0;
+    int& provided = g_thread_level;
     KILN_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) == MPI_SUCCESS, "distributed",
                "MPI_Init_thread failed");
     KILN_CHECK(provided >= MPI_THREAD_SERIALIZED, "distributed",
@@ -147,7 +173,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::world() {
     int rank = 0, size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    return std::make_shared<MpiWorld>(rank, size);
+    return std::make_shared<MpiGroup>(MPI_COMM_WORLD, rank, size);
   }());
   return *w;
 }

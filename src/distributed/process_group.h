@@ -31,7 +31,14 @@ class ProcessGroup {
   // `in` (bytes_per_rank) from every rank, concatenated in rank order into `out`.
   virtual void all_gather(const void* in, void* out, size_t bytes_per_rank) = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // A broadcast with no deadline, polling slowly: for a rank waiting for its next instruction
+  // for as long as that takes (kiln serve's idle ranks; mpirun ends them if the root dies).
+  virtual void broadcast_when_ready(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  // The same ranks on a communicator of their own (MPI_Comm_dup), whose collectives never match
+  // this group's: host-side agreement (kiln serve's calls and cancellation) while the model's
+  // collectives run on the device thread. Collective: every rank calls it at the same point.
+  virtual std::shared_ptr<ProcessGroup> duplicate() = 0;
   // Ends every rank of the job now (an error on one rank must not leave the others waiting in
   // a collective); a no-op for a single rank.
   virtual void abort(int code) { (void)code; }

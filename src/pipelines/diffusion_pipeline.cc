@@ -526,6 +526,7 @@ PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const
     vae_tile_size = requested_vae_tile(args);
   }
   out.vae_tile_size = vae_tile_size;
+  if (args.on_checked) args.on_checked();
   run(args, Sized{height, width, msl, vae_tile_size}, out);
   out.timings.total = seconds_since(t_start);
   return out;

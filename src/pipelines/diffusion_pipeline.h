@@ -65,7 +65,8 @@ enum class VaeTilingMode {
 
 // The __call__ arguments of the supported pipelines, by their Diffusers names. An argument a
 // pipeline does not take is an error naming it when set; std::nullopt takes the pipeline's
-// default.
+// default. The values (not the callbacks or latents) travel between ranks as JSON
+// (pipelines/call_args_json.h): a new field belongs there too.
 struct PipelineCallArgs {
   std::string prompt;
   std::optional<std::string> prompt_2;  // FLUX: T5's prompt; SD3: CLIP-G's. Default: prompt
@@ -103,6 +104,9 @@ struct PipelineCallArgs {
   std::function<void(const std::string&)> on_warning;
   // Called when a stage other than the steps ends: ("encode" | "decode", seconds).
   std::function<void(const std::string&, double)> on_stage;
+  // Called once the argument and memory checks have passed, before any work; throwing stops the
+  // call there (kiln serve under --tp: every rank's checks must pass before any rank starts).
+  std::function<void()> on_checked;
 };
 
 // One move of a component's weights (model offload, runtime.md §4.1.3), for reports and tests.
