@@ -13,8 +13,6 @@
 namespace kiln {
 namespace {
 
-using cpu::FusedInstr;
-using cpu::FusedProgram;
 using Kind = FusedInstr::Kind;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -457,9 +455,9 @@ TEST(FusedElementwise, ValidationErrors) {
   const Tensor out_t = transpose(zeros({5, 4}), 0, 1);
   test::expect_error(run(FusedProgram{{load(0)}, 0}, {x}, out_t), {"[fused]", "not dense"});
   // validate() on its own, and the program text in the message.
-  test::expect_error([] { cpu::validate(FusedProgram{{load(0), load(1), binary(BinaryOp::add, 0, 1)}, 2}, 1); },
+  test::expect_error([] { validate_fused_program(FusedProgram{{load(0), load(1), binary(BinaryOp::add, 0, 1)}, 2}, 1); },
                      {"[fused]", "loads input 1", "%2 = add %0, %1"});
-  EXPECT_NO_THROW(cpu::validate(FusedProgram{{load(0), load(1), binary(BinaryOp::add, 0, 1)}, 2}, 2));
+  EXPECT_NO_THROW(validate_fused_program(FusedProgram{{load(0), load(1), binary(BinaryOp::add, 0, 1)}, 2}, 2));
 }
 
 TEST(FusedElementwise, Describe) {

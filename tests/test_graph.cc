@@ -192,7 +192,7 @@ TEST(GraphFusion, FluxModulation) {
   EXPECT_EQ(groups[0].nodes.size(), 3u);  // 1 + scale, * ln, + shift
   EXPECT_EQ(groups[0].result, g.outputs[0]);
   EXPECT_EQ(groups[0].group_inputs.size(), 4u);  // ln (read in place), 1, scale, shift
-  EXPECT_NO_THROW(cpu::validate(groups[0].program, groups[0].group_inputs.size()));
+  EXPECT_NO_THROW(validate_fused_program(groups[0].program, groups[0].group_inputs.size()));
   // Without the epilogue rule the norm would be its own launch: a norm result that is also a
   // live output stays separate.
   Graph g2 = g;
@@ -343,7 +343,7 @@ TEST(GraphFusion, FusedProgramMatchesEagerBytes) {
   EXPECT_EQ(grp.nodes.size(), 6u);
   // One round per bf16 op output (b*s, cast, silu, clamp): eager's storage rounding.
   EXPECT_EQ(std::count_if(grp.program.instrs.begin(), grp.program.instrs.end(),
-                          [](const cpu::FusedInstr& i) { return i.kind == cpu::FusedInstr::Kind::round; }),
+                          [](const FusedInstr& i) { return i.kind == FusedInstr::Kind::round; }),
             4);
 
   std::vector<TensorView> views;

@@ -24,6 +24,18 @@ Device Device::parse(const std::string& name) {
   return d;
 }
 
+namespace {
+thread_local Device t_default_device = Device::cpu();
+}  // namespace
+
+Device default_device() { return t_default_device; }
+
+DefaultDeviceGuard::DefaultDeviceGuard(const Device& device) : previous_(t_default_device) {
+  t_default_device = device;
+}
+
+DefaultDeviceGuard::~DefaultDeviceGuard() { t_default_device = previous_; }
+
 std::string Device::str() const {
   return std::string(type == DeviceType::cpu ? "cpu" : "cuda") + ":" + std::to_string(index);
 }

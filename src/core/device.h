@@ -17,5 +17,20 @@ struct Device {
   bool operator!=(const Device& o) const { return !(*this == o); }
 };
 
+// The device factories and ops use when no tensor says where (torch's default device): the CPU
+// unless a DefaultDeviceGuard on this thread says otherwise.
+Device default_device();
+
+// Makes `device` this thread's default device while alive (nested guards restore in order).
+class DefaultDeviceGuard {
+ public:
+  explicit DefaultDeviceGuard(const Device& device);
+  ~DefaultDeviceGuard();
+  DefaultDeviceGuard(const DefaultDeviceGuard&) = delete;
+  DefaultDeviceGuard& operator=(const DefaultDeviceGuard&) = delete;
+
+ private:
+  Device previous_;
+};
 
 }  // namespace kiln

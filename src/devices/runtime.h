@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,9 @@
 #include "core/tensor_view.h"
 
 namespace kiln {
+
+struct FusedProgram;
+class Tensor;
 
 struct KernelArgs {
   std::vector<TensorView> in;
@@ -80,6 +84,29 @@ class DeviceRuntime {
 
   // The kernel implementing `op` on this device, or nullptr.
   virtual KernelFn kernel(const std::string& op) const = 0;
+
+  // ---- launches of deferred and compiled mode beyond one op (called from queued work) ----
+  // A fused elementwise program (graph/fused_program.h) over the output's index space; `out` is
+  // dense and overlaps no input. Throws "[fused] ..." for an invalid program.
+  virtual void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs,
+                                 const TensorView& out) const = 0;
+  // Several one-row linears reading the same row, as one launch: each element is one linear's
+  // arguments (x, w[, bias]) -> out.
+  virtual void grouped_linear_rows(const std::vector<KernelArgs>& linears) const = 0;
+  // Whether a linear of `rows` rows, with x and weight of these dtypes, reads its weight in a
+  // form this device prepares once per weight (KernelArgs::prepared: compiled mode's pre-packed
+  // weights); none by default.
+  virtual bool linear_reads_prepared_weight(int64_t rows, DType x, DType w) const {
+    (void)rows, (void)x, (void)w;
+    return false;
+  }
+  // That prepared form of module weight `w` as the write numbered `after_write` left it (its
+  // buffer's ready_seq() when the reading launch was enqueued), made now when there is none; null
+  // when the device keeps none, and the linear then reads `w` as it is.
+  virtual std::shared_ptr<const void> prepared_linear_weight(const Tensor& w, uint64_t after_write) const {
+    (void)w, (void)after_write;
+    return nullptr;
+  }
 };
 
 // The runtime of a device (created on first use, lives for the process).

@@ -91,7 +91,7 @@ std::shared_ptr<const CompiledGraph> executable_for(Graph canonical, CompileEven
 }
 
 std::string describe_arg(const Tensor& t) {
-  return dtype_name(t.dtype()) + to_string(t.shape()) + (t.device() == Device::cpu() ? "" : " on " + t.device().str());
+  return dtype_name(t.dtype()) + to_string(t.shape()) + (t.device() == default_device() ? "" : " on " + t.device().str());
 }
 std::string describe_param(const Tensor& t) { return describe_arg(t) + " strides " + to_string(t.strides()); }
 
@@ -348,7 +348,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
     ++stats_locked().eager_fallbacks;
   }
   if (eager) return fn_(a);
-  const Device device = a.empty() ? Device::cpu() : a[0].device();
+  const Device device = a.empty() ? default_device() : a[0].device();
   std::vector<Tensor> bound;
   bound.reserve(entry->bindings.size());
   std::vector<bool> weights;  // the bound parameters, whose linears read them pre-packed

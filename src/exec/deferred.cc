@@ -486,7 +486,7 @@ class Recorder {
   bool capture_ = false;
   std::string what_;  // captures: the traced callable's name
   std::vector<std::pair<Tensor, std::string>> runtime_inputs_;  // captures: args and parameters
-  Device device_ = Device::cpu();
+  Device device_ = default_device();
   std::vector<Tensor> inputs_;
   std::unordered_map<const void*, std::vector<int>> input_index_;
   std::vector<Node> nodes_;
@@ -572,7 +572,7 @@ void clear_graph_cache() {
 
 void mark_step() { default_recorder().flush_all(FlushCause::step); }
 
-void sync() { synchronize(Device::cpu()); }
+void sync() { synchronize(default_device()); }
 
 size_t pending_nodes() { return default_recorder().size(); }
 

@@ -78,7 +78,7 @@ void clear_graph_cache();
 // Step boundary: flushes everything pending on this thread without waiting (cause step).
 void mark_step();
 // Flushes everything pending on this thread (cause sync) and waits for all device work; the same
-// as synchronize(Device::cpu()) (exec/host.h), which flushes too.
+// as synchronize(default_device()) (exec/host.h), which flushes too.
 void sync();
 // Nodes recorded on this thread and not flushed yet.
 size_t pending_nodes();

@@ -84,7 +84,7 @@ Tensor dispatch(const std::string& op, std::vector<Tensor> inputs, Attrs attrs, 
       return Tensor::deferred(inputs[0].pending_value(), v.shape, meta.dtype, inputs[0].device(), v.strides, v.offset);
     return Tensor::view_of(inputs[0].buffer(), v.shape, meta.dtype, v.strides, v.offset);
   }
-  const Device dev = inputs.empty() ? device.value_or(Device::cpu()) : inputs[0].device();
+  const Device dev = inputs.empty() ? device.value_or(default_device()) : inputs[0].device();
   KILN_CHECK(runtime(dev).kernel(def.name) != nullptr, def.name, "has no kernel on ", dev.str());
   // Kernels without strided reads get dense copies (in deferred mode: recorded copy nodes,
   // which fuse with whatever produces them).

@@ -101,19 +101,19 @@ Graph graph_from_json(const json& j) {
 
 // ---- launch groups ----
 
-json program_to_json(const cpu::FusedProgram& p) {
+json program_to_json(const FusedProgram& p) {
   json instrs = json::array();
-  for (const cpu::FusedInstr& i : p.instrs)
+  for (const FusedInstr& i : p.instrs)
     instrs.push_back({int(i.kind), i.input, int(i.unary), std::bit_cast<uint32_t>(i.lo), std::bit_cast<uint32_t>(i.hi), int(i.binary), i.a, i.b, i.c,
                       int(i.dtype), std::bit_cast<uint64_t>(i.start), std::bit_cast<uint64_t>(i.step), i.count});
   return {{"instrs", instrs}, {"result", p.result}};
 }
 
-cpu::FusedProgram program_from_json(const json& j) {
-  cpu::FusedProgram p;
+FusedProgram program_from_json(const json& j) {
+  FusedProgram p;
   for (const json& i : j.at("instrs")) {
-    cpu::FusedInstr f;
-    f.kind = cpu::FusedInstr::Kind(i.at(0).get<int>());
+    FusedInstr f;
+    f.kind = FusedInstr::Kind(i.at(0).get<int>());
     f.input = i.at(1).get<int>();
     f.unary = UnaryOp(i.at(2).get<int>());
     f.lo = std::bit_cast<float>(i.at(3).get<uint32_t>());
@@ -234,14 +234,14 @@ std::vector<LaunchGroup> groups_from_json(const json& j, const Graph& g) {
         break;
       case LaunchGroup::Kind::fused_elementwise:
         check(!grp.program.instrs.empty(), "a fused launch without a program");
-        cpu::validate(grp.program, grp.group_inputs.size());
+        validate_fused_program(grp.program, grp.group_inputs.size());
         break;
       case LaunchGroup::Kind::epilogue:
         check(!grp.chain.empty(), "an epilogue launch without its chain");
         for (int n : grp.chain)
           for (int a : g.nodes[size_t(n)].args)
             check(ready[size_t(a)] || is_internal(a), "an epilogue chain reads a value not produced yet");
-        if (!grp.program.instrs.empty()) cpu::validate(grp.program, grp.group_inputs.size());
+        if (!grp.program.instrs.empty()) validate_fused_program(grp.program, grp.group_inputs.size());
         break;
     }
     if (grp.slice_axis >= 0) {  // rows of an elementwise consumer, rewritten by the program

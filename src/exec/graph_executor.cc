@@ -7,10 +7,6 @@
 
 #include "core/error.h"
 #include "core/tensor_view.h"
-#include "devices/cpu/kernels/fused_elementwise.h"
-#include "devices/cpu/kernels/gemv.h"
-#include "devices/cpu/kernels/linear_gemm.h"
-#include "devices/cpu/prepacked_weights.h"
 #include "devices/runtime.h"
 #include "exec/counters.h"
 #include "exec/profile.h"
@@ -53,7 +49,7 @@ std::shared_ptr<const CompiledGraph> finish_compiled_graph(Graph canonical, std:
     if (grp.kind == LaunchGroup::Kind::single_op) ops.push_back(out->graph.node_of(grp.result));
     for (int n : ops) {
       const std::string& op = out->graph.nodes[size_t(n)].op;
-      KILN_CHECK(runtime(Device::cpu()).kernel(op) != nullptr, op, "has no kernel on cpu");
+      KILN_CHECK(runtime(default_device()).kernel(op) != nullptr, op, "has no kernel on ", default_device().str());
     }
   }
   // Liveness: the last group reading each value (every value a group's launch binds).
@@ -178,7 +174,7 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
                " is ", t.describe(), " strides ", to_string(t.strides()), ", the graph expects ", dtype_name(in.dtype),
                to_string(in.shape), " strides ", to_string(in.strides));
   }
-  const Device device = inputs.empty() ? Device::cpu() : inputs[0].device();
+  const Device device = inputs.empty() ? default_device() : inputs[0].device();
   DeviceRuntime& rt = runtime(device);
   std::vector<Tensor> val(size_t(g.num_values()));
   for (int i = 0; i < g.num_inputs(); ++i) val[size_t(i)] = inputs[size_t(i)];
@@ -209,16 +205,17 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
     Prepack p;
     if (op.op != "linear" || weights.empty() || op.shape.back() == 0) return p;
     const int w = op.args.at(1);
-    if (!cpu::linear_reads_packed_weight(numel(op.shape) / op.shape.back(), g.dtype_of(op.args.at(0)), g.dtype_of(w)))
+    if (!rt.linear_reads_prepared_weight(numel(op.shape) / op.shape.back(), g.dtype_of(op.args.at(0)), g.dtype_of(w)))
       return p;
     if (!g.is_input(w) || !weights.at(size_t(w))) return p;
     p.w = val[size_t(w)];
     p.after_write = p.w.buffer()->ready_seq();
     return p;
   };
-  auto run_kernel = [](KernelFn kernel, KernelArgs& args, const Prepack& p) {
+  DeviceRuntime* const dev = &rt;  // lives for the process: queued work may hold it
+  auto run_kernel = [dev](KernelFn kernel, KernelArgs& args, const Prepack& p) {
     std::shared_ptr<const void> packed;
-    if (p.w.defined()) packed = cpu::prepacked_linear_weight(p.w, p.after_write);
+    if (p.w.defined()) packed = dev->prepared_linear_weight(p.w, p.after_write);
     args.prepared = packed.get();
     kernel(args);
   };
@@ -269,13 +266,13 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
             outs.push_back(fresh(v));
             val[size_t(v)] = outs.back();
           }
-          launch(rt, grp.launch_name(g), outs, [compiled, ins, outs] {
+          launch(rt, grp.launch_name(g), outs, [compiled, ins, outs, dev] {
             std::vector<KernelArgs> args(outs.size());
             for (size_t i = 0; i < outs.size(); ++i) {
               args[i].in = views_of(ins[i]);
               args[i].out = TensorView::of(outs[i]);
             }
-            cpu::grouped_linear_rows(args);
+            dev->grouped_linear_rows(args);
           }, profiling() ? flattened(ins) : std::vector<Tensor>{});
           break;
         }
@@ -300,8 +297,8 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
         const std::vector<Tensor> ins = gather(grp.group_inputs);
         launch(
             rt, "fused_elementwise", out,
-            [compiled, &program = grp.program, ins, out] {
-              cpu::fused_elementwise(program, views_of(ins), TensorView::of(out));
+            [compiled, &program = grp.program, ins, out, dev] {
+              dev->fused_elementwise(program, views_of(ins), TensorView::of(out));
             },
             ins);
         val[size_t(grp.result)] = out;
@@ -371,7 +368,7 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
         }
         launch(rt, grp.launch_name(g), out,
                [compiled, steps = std::move(steps), &program = grp.program, ins = std::move(ins), out, program_out,
-                run_kernel] {
+                run_kernel, dev] {
                  for (const Step& st : steps) {
                    KernelArgs args;
                    args.in = views_of(st.in);
@@ -380,7 +377,7 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
                    run_kernel(st.kernel, args, st.prepack);
                  }
                  if (!program.instrs.empty())
-                   cpu::fused_elementwise(program, views_of(ins), TensorView::of(program_out));
+                   dev->fused_elementwise(program, views_of(ins), TensorView::of(program_out));
                },
                read);
         val[size_t(grp.result)] = out;

@@ -48,7 +48,7 @@ std::string describe_launches(const CompiledGraph& compiled);
 // With dense_outputs=false (compiled mode) an output that is a view of a launch result or a graph
 // input is returned as that view, without a copy.
 // `weights[i]` (compiled mode with CompileOptions::prepack_weights): input i is a module weight,
-// so the multi-row linears reading it read a pre-packed copy (devices/cpu/prepacked_weights.h).
+// so the multi-row linears reading it read a pre-packed copy (DeviceRuntime::prepared_linear_weight).
 std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compiled, const std::vector<Tensor>& inputs,
                               bool dense_outputs = true, const std::vector<bool>& weights = {});
 

@@ -9,17 +9,17 @@
 namespace kiln {
 
 // Copies host data into a new tensor on `device` (the source may be reused at once).
-Tensor from_data(const void* data, const Shape& shape, DType dtype, const Device& device = Device::cpu());
+Tensor from_data(const void* data, const Shape& shape, DType dtype, const Device& device = default_device());
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype = DType::f32,
-                   const Device& device = Device::cpu());
+                   const Device& device = default_device());
 Tensor from_ints(const std::vector<int64_t>& values, const Shape& shape, DType dtype = DType::i64,
-                 const Device& device = Device::cpu());
+                 const Device& device = default_device());
 
 // Waits until `t`'s value has been computed.
 void wait(const Tensor& t);
 // Waits for all work queued on `device` (in deferred mode, after flushing this thread's
 // pending graph).
-void synchronize(const Device& device = Device::cpu());
+void synchronize(const Device& device = default_device());
 
 std::vector<float> to_vector(const Tensor& t);        // any dtype, converted to f32
 std::vector<int64_t> to_int_vector(const Tensor& t);  // integer/bool dtypes

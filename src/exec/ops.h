@@ -10,11 +10,12 @@
 namespace kiln {
 
 // ---- factories ----
-Tensor scalar(double value, DType dtype = DType::f32, const Device& device = Device::cpu());  // 0-d
-Tensor full(const Shape& shape, double value, DType dtype = DType::f32, const Device& device = Device::cpu());
-Tensor zeros(const Shape& shape, DType dtype = DType::f32, const Device& device = Device::cpu());
-Tensor ones(const Shape& shape, DType dtype = DType::f32, const Device& device = Device::cpu());
-Tensor arange(double start, double end, double step = 1, DType dtype = DType::i64, const Device& device = Device::cpu());
+Tensor scalar(double value, DType dtype = DType::f32, const Device& device = default_device());  // 0-d
+Tensor full(const Shape& shape, double value, DType dtype = DType::f32, const Device& device = default_device());
+Tensor zeros(const Shape& shape, DType dtype = DType::f32, const Device& device = default_device());
+Tensor ones(const Shape& shape, DType dtype = DType::f32, const Device& device = default_device());
+Tensor arange(double start, double end, double step = 1, DType dtype = DType::i64,
+              const Device& device = default_device());
 
 // ---- collectives over this process's world (distributed/process_group.h) ----
 Tensor all_reduce(const Tensor& x);                  // sum over all ranks (in f32, rounded to x's dtype)

@@ -70,7 +70,7 @@ class ComponentWeights {
   std::vector<bool> spilled_;     // each buffer's own bytes were moved into a spill file
   size_t bytes_ = 0;
   bool resident_ = false;
-  Device device_ = Device::cpu();  // where it is while resident
+  Device device_ = default_device();  // where it is while resident
 };
 
 // Where spill files go: KILN_SPILL_DIR; unset: kiln's cache folder (KILN_CACHE_DIR's default), or

@@ -11,8 +11,6 @@ namespace kiln {
 
 namespace {
 
-using cpu::FusedInstr;
-
 // Distinct values read by `members` that are not themselves members, in order of first use.
 std::vector<int> reads_of(const Graph& g, const std::vector<int>& members, const std::vector<char>& in_group) {
   std::vector<int> reads;
@@ -25,8 +23,8 @@ std::vector<int> reads_of(const Graph& g, const std::vector<int>& members, const
   return reads;
 }
 
-cpu::FusedProgram build_program(const Graph& g, const LaunchGroup& grp) {
-  cpu::FusedProgram p;
+FusedProgram build_program(const Graph& g, const LaunchGroup& grp) {
+  FusedProgram p;
   std::vector<int> reg(size_t(g.num_values()), -1);
   auto emit = [&](FusedInstr in) {
     p.instrs.push_back(in);
@@ -86,7 +84,7 @@ cpu::FusedProgram build_program(const Graph& g, const LaunchGroup& grp) {
     reg[size_t(g.value_of_node(n))] = r;
   }
   p.result = reg[size_t(grp.result)];
-  cpu::validate(p, grp.group_inputs.size());  // a fuser bug should fail here, not in a kernel
+  validate_fused_program(p, grp.group_inputs.size());  // a fuser bug should fail here, not in a kernel
   return p;
 }
 

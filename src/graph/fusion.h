@@ -1,5 +1,5 @@
 // Partitioning of a canonical graph into launches (runtime.md §2.3.5): maximal groups of
-// elementwise nodes become one fused kernel each (devices/cpu/kernels/fused_elementwise.h),
+// elementwise nodes become one fused program each (graph/fused_program.h, one kernel on a device),
 // every other node is a launch of its own.
 //
 // Rules:
@@ -55,7 +55,7 @@
 #include <string>
 #include <vector>
 
-#include "devices/cpu/kernels/fused_elementwise.h"
+#include "graph/fused_program.h"
 #include "graph/graph.h"
 
 namespace kiln {
@@ -78,7 +78,7 @@ struct LaunchGroup {
   // (an `internal` value is read in place from the output). single_op and view: the node's
   // args as they are (positional, repeats kept).
   std::vector<int> group_inputs;
-  cpu::FusedProgram program;  // fused_elementwise; epilogue: empty when there is no elementwise part
+  FusedProgram program;  // fused_elementwise; epilogue: empty when there is no elementwise part
   // epilogue: non-elementwise nodes run in order on the output buffer: chain[0] writes it, the
   // rest (row ops) rewrite it in place; then the program, if any, runs over it in place.
   std::vector<int> chain;
@@ -97,7 +97,7 @@ struct LaunchGroup {
   int slice_axis = -1;
   int64_t slice_begin = 0, slice_len = 0;
   // single_op linear: the results of the other single-row linears reading the same row that this
-  // launch computes too (one grouped GEMV, devices/cpu/kernels/gemv.h); their groups are `batched`.
+  // launch computes too (one grouped launch, DeviceRuntime::grouped_linear_rows); their groups are `batched`.
   std::vector<int> batch;
   int alias_base = -1;       // alias: the value whose buffer this group's result reinterprets
 

@@ -209,7 +209,7 @@ size_t DiffusionPipeline::memory_limit() const {
 
 size_t DiffusionPipeline::trace_peak_bytes(const char* what, const std::function<Tensor()>& f) {
   return unfused_peak_bytes_on(detail::capture(what, [&] { return std::vector<Tensor>{f()}; }).recorded,
-                               Device::cpu());
+                               default_device());
 }
 
 // Traced once per size (nothing runs), then remembered, since every call checks its memory first.

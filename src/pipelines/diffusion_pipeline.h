@@ -27,7 +27,7 @@ class AutoencoderKL;
 struct PipelineState;
 
 struct PipelineOptions {
-  Device device = Device::cpu();
+  Device device = default_device();
   // Tensor parallelism (runtime.md §6): the transformer is sharded over the mesh (each rank
   // loads only its slices); text encoders and VAE are replicated; every rank runs the pipeline.
   std::optional<TensorParallelConfig> tensor_parallel;
@@ -182,7 +182,7 @@ class DiffusionPipeline {
   // in model_cpu_offload_seq order and released when the next one starts; the transformer
   // stays for all steps; everything is released at the end of each call. Device peak = the
   // largest component + its activations.
-  DiffusionPipeline& enable_model_cpu_offload(const Device& device = Device::cpu());
+  DiffusionPipeline& enable_model_cpu_offload(const Device& device = default_device());
   // The model components in model_cpu_offload_seq order (Diffusers' attribute, as a list; only
   // those this checkpoint has).
   std::vector<std::string> model_cpu_offload_seq() const;

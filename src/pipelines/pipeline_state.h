@@ -30,7 +30,7 @@ struct PipelineState {
   double load_seconds = 0;
   std::vector<PipelineComponent> components;  // model_cpu_offload_seq order
   Placement placement = Placement::host;
-  Device device = Device::cpu();
+  Device device = default_device();
   std::vector<OffloadEvent> events;
   // One call at a time: a call moves weights (offload) that another call's kernels may be using.
   std::mutex call_mu;

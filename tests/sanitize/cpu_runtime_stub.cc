@@ -37,6 +37,12 @@ class StubCpuRuntime final : public DeviceRuntime {
   std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override { return {}; }
   void reset_kernel_times() override {}
   KernelFn kernel(const std::string&) const override { return nullptr; }
+  void fused_elementwise(const FusedProgram&, const std::vector<TensorView>&, const TensorView&) const override {
+    fail("device", "the sanitizer build runs no kernels");
+  }
+  void grouped_linear_rows(const std::vector<KernelArgs>&) const override {
+    fail("device", "the sanitizer build runs no kernels");
+  }
 
  private:
   uint64_t seq_ = 0;

@@ -8,6 +8,8 @@
 #include "core/error.h"
 #include "devices/cpu/allocator.h"
 #include "devices/cpu/kernels/conv2d.h"
+#include "devices/cpu/kernels/fused_elementwise.h"
+#include "devices/cpu/kernels/gemv.h"
 #include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/linear_gemm.h"
 #include "devices/cpu/prepacked_weights.h"
@@ -103,6 +105,20 @@ class CpuRuntime final : public DeviceRuntime {
   KernelFn kernel(const std::string& op) const override {
     auto it = kernels_.find(op);
     return it == kernels_.end() ? nullptr : it->second;
+  }
+
+  void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs,
+                         const TensorView& out) const override {
+    cpu::fused_elementwise(program, inputs, out);
+  }
+  void grouped_linear_rows(const std::vector<KernelArgs>& linears) const override {
+    cpu::grouped_linear_rows(linears);
+  }
+  bool linear_reads_prepared_weight(int64_t rows, DType x, DType w) const override {
+    return linear_reads_packed_weight(rows, x, w);
+  }
+  std::shared_ptr<const void> prepared_linear_weight(const Tensor& w, uint64_t after_write) const override {
+    return prepacked_linear_weight(w, after_write);
   }
 
  private:

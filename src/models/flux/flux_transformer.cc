@@ -251,7 +251,7 @@ size_t FluxTransformer2DModel::activation_bytes(int64_t batch, int64_t l_img, in
   const detail::Captured cap = detail::capture(kWhere, [&] {
     return std::vector<Tensor>{core_.forward(a[0], a[1], a[2], a[3], flux::RotaryTables{a[4], a[5], a[6]}, guidance)};
   });
-  return unfused_peak_bytes_on(cap.recorded, Device::cpu());
+  return unfused_peak_bytes_on(cap.recorded, default_device());
 }
 
 flux::RotaryTables FluxTransformer2DModel::pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {

@@ -273,7 +273,7 @@ size_t Flux2Transformer2DModel::activation_bytes(int64_t batch, int64_t l_img, i
   const detail::Captured cap = detail::capture(kWhere, [&] {
     return std::vector<Tensor>{core_.forward(a[0], a[1], a[2], flux::RotaryTables{a[3], a[4], a[5]}, guidance)};
   });
-  return unfused_peak_bytes_on(cap.recorded, Device::cpu());
+  return unfused_peak_bytes_on(cap.recorded, default_device());
 }
 
 flux::RotaryTables Flux2Transformer2DModel::pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {

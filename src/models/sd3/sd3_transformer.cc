@@ -333,7 +333,7 @@ size_t SD3Transformer2DModel::activation_bytes(int64_t batch, int64_t height, in
   const std::vector<Tensor> a = placeholder_args(batch, height, width, l_txt);
   const detail::Captured cap =
       detail::capture(kWhere, [&] { return std::vector<Tensor>{core_.forward(a[0], a[1], a[2], a[3], {})}; });
-  return unfused_peak_bytes_on(cap.recorded, Device::cpu());
+  return unfused_peak_bytes_on(cap.recorded, default_device());
 }
 
 }  // namespace kiln

@@ -15,58 +15,6 @@ namespace {
 
 using Kind = FusedInstr::Kind;
 
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::load: return "load";
-    case Kind::unary: return "unary";
-    case Kind::binary: return "binary";
-    case Kind::where: return "where";
-    case Kind::round: return "round";
-    case Kind::iota: return "iota";
-  }
-  return "?";
-}
-
-// The registers an instruction reads (-1 = none), in the order the kernel passes them.
-std::array<int, 3> operands(const FusedInstr& in) {
-  switch (in.kind) {
-    case Kind::load:
-    case Kind::iota: return {-1, -1, -1};
-    case Kind::unary:
-    case Kind::round: return {in.a, -1, -1};
-    case Kind::binary: return {in.a, in.b, -1};
-    case Kind::where: return {in.a, in.b, in.c};
-  }
-  return {-1, -1, -1};
-}
-
-int arity(Kind k) {
-  return k == Kind::load || k == Kind::iota ? 0 : k == Kind::binary ? 2 : k == Kind::where ? 3 : 1;
-}
-
-std::string describe_instr(const FusedInstr& in) {
-  std::ostringstream os;
-  switch (in.kind) {
-    case Kind::load: os << "load in" << in.input; break;
-    case Kind::iota: os << "iota " << in.start << " + i * " << in.step << " [" << in.count << "]"; break;
-    case Kind::unary:
-      os << (int(in.unary) >= 0 && in.unary <= UnaryOp::clamp ? unary_name(in.unary) : "unary?") << " %" << in.a;
-      if (in.unary == UnaryOp::clamp) os << " [" << in.lo << ", " << in.hi << "]";
-      break;
-    case Kind::binary:
-      os << (int(in.binary) >= 0 && in.binary <= BinaryOp::ge ? binary_name(in.binary) : "binary?") << " %" << in.a
-         << ", %" << in.b;
-      break;
-    case Kind::where: os << "where %" << in.a << " ? %" << in.b << " : %" << in.c; break;
-    case Kind::round:
-      os << "round."
-         << (in.dtype <= DType::boolean ? dtype_name(in.dtype) : "?") << " %" << in.a;
-      break;
-    default: os << "kind?" << int(in.kind); break;
-  }
-  return os.str();
-}
-
 // How the registers of a program map onto per-thread tile buffers. Computed once per call,
 // before the tile loop, so every tile runs the same straight-line schedule.
 struct Plan {
@@ -85,7 +33,7 @@ Plan make_plan(const FusedProgram& p, const TileGrid& grid, DType out_dtype) {
   needed[size_t(p.result)] = 1;
   for (int i = p.result; i >= 0; --i)
     if (needed[size_t(i)])
-      for (int r : operands(p.instrs[size_t(i)]))
+      for (int r : p.instrs[size_t(i)].operands())
         if (r >= 0) needed[size_t(r)] = 1;
   for (int i = 0; i <= p.result; ++i)
     if (needed[size_t(i)]) plan.order.push_back(i);
@@ -94,7 +42,7 @@ Plan make_plan(const FusedProgram& p, const TileGrid& grid, DType out_dtype) {
   // result stays live to the end, as it is stored after the schedule.
   std::vector<int> last_use(size_t(n), -1);
   for (int i : plan.order)
-    for (int r : operands(p.instrs[size_t(i)]))
+    for (int r : p.instrs[size_t(i)].operands())
       if (r >= 0) last_use[size_t(r)] = i;
   last_use[size_t(p.result)] = n;
 
@@ -116,7 +64,7 @@ Plan make_plan(const FusedProgram& p, const TileGrid& grid, DType out_dtype) {
     }
     // Operands are released only after the destination was taken, so an instruction never
     // writes into a buffer it reads: no formula has to be safe in place.
-    const std::array<int, 3> ops = operands(in);
+    const std::array<int, 3> ops = in.operands();
     for (size_t k = 0; k < ops.size(); ++k) {
       const int r = ops[k];
       const bool repeated = (k >= 1 && ops[0] == r) || (k == 2 && ops[1] == r);
@@ -159,56 +107,8 @@ void check_shapes(const std::vector<TensorView>& inputs, const TensorView& out) 
 
 }  // namespace
 
-std::string FusedProgram::describe() const {
-  std::ostringstream os;
-  os << "fused program (" << instrs.size() << " instrs, result %" << result << ")";
-  for (size_t i = 0; i < instrs.size(); ++i) os << "\n  %" << i << " = " << describe_instr(instrs[i]);
-  return os.str();
-}
-
-bool FusedProgram::has_iota() const {
-  for (const FusedInstr& in : instrs)
-    if (in.kind == Kind::iota) return true;
-  return false;
-}
-
-void validate(const FusedProgram& program, size_t num_inputs) {
-  const auto& ins = program.instrs;
-  KILN_CHECK(!ins.empty(), "fused", "empty program");
-  for (size_t i = 0; i < ins.size(); ++i) {
-    const FusedInstr& in = ins[i];
-    const int kind = int(in.kind);
-    KILN_CHECK(kind >= int(Kind::load) && kind <= int(Kind::iota), "fused", "instr %", i, " has unknown kind ", kind,
-               "\n", program.describe());
-    if (in.kind == Kind::load)
-      KILN_CHECK(in.input >= 0 && size_t(in.input) < num_inputs, "fused", "instr %", i, " loads input ", in.input,
-                 " but the kernel has ", num_inputs, " inputs\n", program.describe());
-    if (in.kind == Kind::iota)
-      KILN_CHECK(in.count >= 0 && std::isfinite(in.start) && std::isfinite(in.step), "fused", "instr %", i,
-                 " is an iota of ", in.count, " elements from ", in.start, " by ", in.step, "\n", program.describe());
-    if (in.kind == Kind::unary)
-      KILN_CHECK(int(in.unary) >= 0 && in.unary <= UnaryOp::clamp, "fused", "instr %", i, " has unknown unary op ",
-                 int(in.unary), "\n", program.describe());
-    if (in.kind == Kind::binary)
-      KILN_CHECK(int(in.binary) >= 0 && in.binary <= BinaryOp::ge, "fused", "instr %", i, " has unknown binary op ",
-                 int(in.binary), "\n", program.describe());
-    if (in.kind == Kind::round)
-      KILN_CHECK(in.dtype <= DType::boolean, "fused", "instr %", i, " rounds to unknown dtype ",
-                 int(in.dtype), "\n", program.describe());
-    const std::array<int, 3> ops = operands(in);
-    for (int k = 0; k < arity(in.kind); ++k) {
-      const int r = ops[size_t(k)];
-      // Registers must be written before they are read: a program is a straight-line schedule.
-      KILN_CHECK(r >= 0 && size_t(r) < i, "fused", "instr %", i, " (", kind_name(in.kind), ") reads register ", r,
-                 ", which is not an earlier instruction\n", program.describe());
-    }
-  }
-  KILN_CHECK(program.result >= 0 && size_t(program.result) < ins.size(), "fused", "result register ", program.result,
-             " is not an instruction of the program (", ins.size(), " instrs)\n", program.describe());
-}
-
 void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs, const TensorView& out) {
-  validate(program, inputs.size());
+  validate_fused_program(program, inputs.size());
   // Each iota is one more operand of the tile grid: a dense [count] vector, broadcast like an
   // input, whose values come from the offsets the grid computes for it.
   std::vector<TensorView> operands = inputs;
