@@ -1,6 +1,7 @@
 // Deferred-and-fused mode (exec/deferred.h): the same results as strict eager, fewer kernels,
 // no buffers for fused intermediates, one compile per distinct step graph, errors at the call,
 // and flushes counted by cause. (The per-op bit-equality harness is in test_ops.cc.)
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -89,7 +90,7 @@ TEST(DeferredMode, StepsAfterTheFirstCompileNothing) {
 // ---- fusion: fewer kernels, no buffer for any fused intermediate ----
 
 struct StepCounts {
-  uint64_t kernels = 0, allocations = 0;
+  uint64_t kernels = 0, kernels_run = 0, allocations = 0;
   GraphCacheEntryStats graph;  // deferred: the step's graph
   std::map<std::string, uint64_t> by_name;
   std::vector<float> out;
@@ -111,6 +112,7 @@ TEST(DeferredMode, TransformerStepFusesIntoFewerKernelsWithoutIntermediateBuffer
     const uint64_t alloc0 = runtime(Device::cpu()).memory().allocations;
     c.out = to_vector(step());
     c.kernels = counters().kernels_launched;
+    c.kernels_run = counters().kernels_run;
     c.allocations = runtime(Device::cpu()).memory().allocations - alloc0;
     c.by_name = kernels_by_name();
     if (mode == EagerMode::DeferAndFuse) c.graph = deferred_stats().entries.at(0);  // most recently used
@@ -133,6 +135,14 @@ TEST(DeferredMode, TransformerStepFusesIntoFewerKernelsWithoutIntermediateBuffer
     EXPECT_EQ(deferred.by_name.count(op), 0u) << op << " launched as its own kernel";
   EXPECT_GT(deferred.by_name.at("linear+epilogue"), 0u);
   EXPECT_GT(deferred.by_name.at("layer_norm+epilogue"), 0u);
+  // Work items are not kernels: strict eager runs one per item; a deferred item runs one per op of
+  // its chain and one for its fused pass ("linear+rms_norm+epilogue": three), a grouped GEMV one.
+  EXPECT_EQ(eager.kernels_run, eager.kernels);
+  uint64_t chain_kernels = 0;
+  for (const auto& [name, n] : deferred.by_name)
+    chain_kernels += n * uint64_t(1 + std::count(name.begin(), name.end(), '+'));
+  EXPECT_EQ(deferred.kernels_run, chain_kernels);
+  EXPECT_GT(deferred.kernels_run, deferred.kernels);
   // The step ran as one cached graph of N nodes and K launches. Both modes upload the same host
   // scalars; beyond those, strict eager allocates one buffer per kernel, and deferred mode
   // exactly the graph's launch outputs (fewer still: launches feeding a concat write into its

@@ -174,9 +174,15 @@ TEST(GraphFingerprint, StructureAndMetadataOnly) {
   Graph g = scalar_graph({4, 6}, DType::f32, {6, 1}, 6.0);
   g.outputs.push_back(2);
   EXPECT_NE(fingerprint(g), base);
+  // So is the device: one device's executables are never another's.
+  Graph elsewhere = scalar_graph({4, 6}, DType::f32, {6, 1}, 6.0);
+  elsewhere.device = Device::parse("cuda:0");
+  EXPECT_NE(fingerprint(elsewhere), base);
+  EXPECT_FALSE(same_structure(elsewhere, scalar_graph({4, 6}, DType::f32, {6, 1}, 6.0)));
+  EXPECT_EQ(canonicalize(elsewhere).device, Device::parse("cuda:0"));
   // A persistent-cache key must not change between builds or hosts: pinned (a deliberate format
   // change bumps kGraphFormatVersion and this value).
-  EXPECT_EQ(base, 0xaa2c4f6cbe5a8b87ull) << std::hex << base;
+  EXPECT_EQ(base, 0xb1ba77061cf3f19dull) << std::hex << base;
 }
 
 TEST(GraphFusion, FluxModulation) {

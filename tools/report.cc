@@ -64,6 +64,7 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
       {"counters",
        {{"ops_dispatched", c.ops_dispatched},
         {"kernels_launched", c.kernels_launched},
+        {"kernels_run", c.kernels_run},
         {"kernels_by_name", kernels_by_name()},
         {"graphs_compiled", d.cache_misses},
         {"cache_hits", d.cache_hits},

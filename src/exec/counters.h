@@ -12,6 +12,9 @@ struct Counters {
   uint64_t kernels_launched = 0;  // work items enqueued on a device queue
   uint64_t sync_points = 0;       // host reads / explicit syncs
   uint64_t host_waits = 0;        // sync points that actually blocked on unfinished work
+  // Kernels those work items run: one per strict-eager op; a deferred launch runs one per op of
+  // its chain plus one for its fused elementwise pass (a linear+rms_norm+epilogue item is three).
+  uint64_t kernels_run = 0;
 };
 
 Counters counters();
@@ -22,7 +25,7 @@ void reset_counters();
 
 namespace detail {
 void count_op();
-void count_kernel(const std::string& name);
+void count_kernel(const std::string& name, uint64_t kernels_run = 1);
 void count_sync(bool waited);
 }  // namespace detail
 

@@ -250,6 +250,7 @@ class Recorder {
       out_refs.push_back(ref(t));
     }
     Graph g;
+    g.device = device_;
     std::vector<int> value_of;
     add_nodes(g, std::vector<char>(nodes_.size(), 1), value_of, [](size_t) { return false; }, nullptr);
     for (const Ref& r : out_refs) g.outputs.push_back(value_id(g, value_of, r));
@@ -416,6 +417,7 @@ class Recorder {
 
     // 1. The graph: all inputs (canonicalize drops unread ones), selected nodes, view nodes.
     Graph g;
+    g.device = device_;
     std::vector<int> value_of;
     std::vector<int> out_nodes;  // recorder node per graph output
     add_nodes(g, selected, value_of,

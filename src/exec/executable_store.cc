@@ -79,11 +79,12 @@ json graph_to_json(const Graph& g) {
   for (const GraphNode& n : g.nodes)
     nodes.push_back({{"op", n.op}, {"attrs", attrs_to_json(n.attrs)}, {"args", n.args}, {"shape", n.shape},
                      {"dtype", int(n.dtype)}});
-  return {{"inputs", in}, {"nodes", nodes}, {"outputs", g.outputs}};
+  return {{"device", g.device.str()}, {"inputs", in}, {"nodes", nodes}, {"outputs", g.outputs}};
 }
 
 Graph graph_from_json(const json& j) {
   Graph g;
+  g.device = Device::parse(j.at("device").get<std::string>());
   for (const json& i : j.at("inputs"))
     g.inputs.push_back(GraphInput{i.at("shape").get<Shape>(), dtype_from(i.at("dtype")), i.at("strides").get<Strides>()});
   for (const json& n : j.at("nodes")) {

@@ -49,7 +49,7 @@ std::shared_ptr<const CompiledGraph> finish_compiled_graph(Graph canonical, std:
     if (grp.kind == LaunchGroup::Kind::single_op) ops.push_back(out->graph.node_of(grp.result));
     for (int n : ops) {
       const std::string& op = out->graph.nodes[size_t(n)].op;
-      KILN_CHECK(runtime(default_device()).kernel(op) != nullptr, op, "has no kernel on ", default_device().str());
+      KILN_CHECK(runtime(out->graph.device).kernel(op) != nullptr, op, "has no kernel on ", out->graph.device.str());
     }
   }
   // Liveness: the last group reading each value (every value a group's launch binds).
@@ -123,18 +123,19 @@ std::vector<TensorView> views_of(const std::vector<Tensor>& ts) {
 
 // Enqueues `work` (which holds every tensor it touches) and marks `outs` ready at its completion.
 // `ins`: what it reads, for the profile's bytes (exec/profile.h).
+// One work item on the queue, running `kernels` kernels (an epilogue's chain and fused pass).
 void launch(DeviceRuntime& rt, const std::string& name, const std::vector<Tensor>& outs, std::function<void()> work,
-            const std::vector<Tensor>& ins = {}) {
+            const std::vector<Tensor>& ins = {}, uint64_t kernels = 1) {
   if (profiling()) work = detail::profiled(name, detail::operand_bytes(ins) + detail::operand_bytes(outs), std::move(work));
   size_t output_bytes = 0;
   for (const Tensor& out : outs) output_bytes += size_t(out.numel()) * dtype_size(out.dtype());
   const uint64_t seq = rt.enqueue(name, std::move(work), output_bytes);
   for (const Tensor& out : outs) out.buffer()->set_ready_seq(seq);
-  detail::count_kernel(name);
+  detail::count_kernel(name, kernels);
 }
 void launch(DeviceRuntime& rt, const std::string& name, const Tensor& out, std::function<void()> work,
-            const std::vector<Tensor>& ins = {}) {
-  launch(rt, name, std::vector<Tensor>{out}, std::move(work), ins);
+            const std::vector<Tensor>& ins = {}, uint64_t kernels = 1) {
+  launch(rt, name, std::vector<Tensor>{out}, std::move(work), ins, kernels);
 }
 
 std::vector<Tensor> flattened(const std::vector<std::vector<Tensor>>& groups) {
@@ -173,8 +174,10 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
     KILN_CHECK(t.shape() == in.shape && t.dtype() == in.dtype && t.strides() == in.strides, "graph", "input ", i,
                " is ", t.describe(), " strides ", to_string(t.strides()), ", the graph expects ", dtype_name(in.dtype),
                to_string(in.shape), " strides ", to_string(in.strides));
+    KILN_CHECK(t.device() == g.device, "graph", "input ", i, " is on ", t.device().str(), ", the graph runs on ",
+               g.device.str());
   }
-  const Device device = inputs.empty() ? default_device() : inputs[0].device();
+  const Device device = g.device;
   DeviceRuntime& rt = runtime(device);
   std::vector<Tensor> val(size_t(g.num_values()));
   for (int i = 0; i < g.num_inputs(); ++i) val[size_t(i)] = inputs[size_t(i)];
@@ -366,6 +369,7 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
           read = ins;
           for (const Step& st : steps) read.insert(read.end(), st.in.begin(), st.in.end());
         }
+        const uint64_t kernels = steps.size() + (grp.program.instrs.empty() ? 0 : 1);
         launch(rt, grp.launch_name(g), out,
                [compiled, steps = std::move(steps), &program = grp.program, ins = std::move(ins), out, program_out,
                 run_kernel, dev] {
@@ -379,7 +383,7 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
                  if (!program.instrs.empty())
                    dev->fused_elementwise(program, views_of(ins), TensorView::of(program_out));
                },
-               read);
+               read, kernels);
         val[size_t(grp.result)] = out;
         break;
       }

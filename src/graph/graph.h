@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/attrs.h"
+#include "core/device.h"
 #include "core/dtype.h"
 #include "core/shape.h"
 
@@ -36,6 +37,9 @@ struct GraphNode {
 };
 
 struct Graph {
+  // Where its launches run: the recorded ops' device (part of its fingerprint, so one device's
+  // executables are never another's).
+  Device device = default_device();
   std::vector<GraphInput> inputs;
   std::vector<GraphNode> nodes;
   std::vector<int> outputs;  // live (materialised) value ids, in the order the caller wants them

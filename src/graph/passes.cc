@@ -175,6 +175,7 @@ Graph canonicalize(const Graph& g, CanonicalMap* map) {
   auto canon_of = [&](int v) { return rep[size_t(v)] < 0 ? -1 : canon[size_t(rep[size_t(v)])]; };
 
   Graph out;
+  out.device = g.device;
   for (int i : input_order) out.inputs.push_back(g.inputs[size_t(i)]);
   for (int n : kept) {
     GraphNode node = g.nodes[size_t(n)];
@@ -209,6 +210,7 @@ uint64_t fingerprint(const Graph& g) {
   Fnv k;
   put_str(k, "kiln.graph");
   put_u64(k, kGraphFormatVersion);
+  put_str(k, g.device.str());
   put_u64(k, g.inputs.size());
   for (const GraphInput& in : g.inputs) {
     put_ints(k, in.shape);
@@ -223,7 +225,9 @@ uint64_t fingerprint(const Graph& g) {
 }
 
 bool same_structure(const Graph& a, const Graph& b) {
-  if (a.inputs.size() != b.inputs.size() || a.nodes.size() != b.nodes.size() || a.outputs != b.outputs) return false;
+  if (a.device != b.device || a.inputs.size() != b.inputs.size() || a.nodes.size() != b.nodes.size() ||
+      a.outputs != b.outputs)
+    return false;
   for (size_t i = 0; i < a.inputs.size(); ++i) {
     const GraphInput &x = a.inputs[i], &y = b.inputs[i];
     if (x.shape != y.shape || x.dtype != y.dtype || x.strides != y.strides) return false;

@@ -37,7 +37,7 @@ Graph canonicalize(const Graph& g, CanonicalMap* map);
 Graph canonicalize(const Graph& g, std::vector<int>* input_order = nullptr);
 
 // Bumped whenever the serialisation below changes, so stale persistent-cache keys never match.
-constexpr uint64_t kGraphFormatVersion = 1;
+constexpr uint64_t kGraphFormatVersion = 2;  // 2: the graph's device
 
 // A stable 64-bit FNV-1a hash of a canonical serialisation of `g`: format version, each input's
 // rank/shape/exact strides/dtype, each node's op name, attrs (sorted names; ints as values,
