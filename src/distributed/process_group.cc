@@ -69,7 +69,7 @@ class MpiGroup final : public ProcessGroup {
   }
   void broadcast_when_ready(void* data, size_t bytes, int root) override {
     wait("broadcast", [&](MPI_Request* r) { return MPI_Ibcast(data, int(bytes), MPI_BYTE, root, comm_, r); },
-         /*deadline=*/false);
+         /*deadline_applies=*/false);
   }
   std::shared_ptr<ProcessGroup> duplicate() override {
     // Two threads then call MPI at once (each on its own communicator).
