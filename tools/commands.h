@@ -38,9 +38,9 @@ struct ImageSize {
 std::vector<ImageSize> parse_sizes(const std::string& flag, const std::string& value);  // warmup.cc
 int64_t parse_int(const std::string& flag, const std::string& value);  // "[cli] flag X expects an integer"
 std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& value);  // "7,8,9"
-std::string parse_model(const std::string& value);
+std::string parse_model(const std::string& value);  // --model: not "" (no --model = bundled)
 // The component a checkpoint-file flag names ("--text-encoder-2" -> "text_encoder_2"); "" for other flags.
-std::string component_file_flag(const std::string& flag);                      // --model: not "" (no --model = bundled)
+std::string component_file_flag(const std::string& flag);
 size_t parse_bytes(const std::string& flag, const std::string& value);  // "6GiB", "512MiB", "2GB", bytes
 void check_compile_flag(const std::string& value);                      // "full" or "blocks"
 // Before anything loads, the launch must match --tp N (0: not given): N processes under mpirun,

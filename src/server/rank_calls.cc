@@ -38,13 +38,13 @@ RankCalls::RankCalls(const DiffusionPipeline& pipe, const std::shared_ptr<Proces
 
 PipelineOutput RankCalls::run(const PipelineCallArgs& call) const {
   KILN_CHECK(group_->rank() == 0, "serve", group_->describe(), ": only rank 0 sends calls");
-  const std::string text = call_args_to_json(call).dump();
+  const nlohmann::json values = call_args_to_json(call);
+  std::string text = values.dump();
   uint64_t bytes = text.size();
   group_->broadcast(&bytes, sizeof bytes, 0);
-  std::string sent = text;
-  group_->broadcast(sent.data(), sent.size(), 0);
-  // Rank 0 runs what the others received (the values after the JSON round trip), with its callbacks.
-  PipelineCallArgs here = call_args_from_json(nlohmann::json::parse(text));
+  group_->broadcast(text.data(), text.size(), 0);
+  // Rank 0 runs what the others rebuild from the same JSON, with its own callbacks.
+  PipelineCallArgs here = call_args_from_json(values);
   here.on_step = call.on_step;
   here.callback_on_step_end = call.callback_on_step_end;
   here.on_warning = call.on_warning;

@@ -9,11 +9,8 @@
 // eager op chain (one `round` after each op whose eager output dtype is not f32) therefore
 // gives bit-identical results.
 #pragma once
-#include <limits>
-#include <string>
 #include <vector>
 
-#include "core/dtype.h"
 #include "core/tensor_view.h"
 #include "graph/fused_program.h"
 
