@@ -28,14 +28,15 @@ class Buffer {
 
   void* data() const { return data_; }
 
-  // Points this buffer at other bytes of the same size (model offload, exec/residency.h: a
-  // weight's buffer moves between its host copy and a device copy while every tensor viewing it
-  // stays valid). `keep` owns the new bytes (null: they are this buffer's own again). Only
-  // call it when no queued work uses the buffer.
+  // Points this buffer at other bytes of the same size on `device` (model offload,
+  // exec/residency.h: a weight's buffer moves between its host copy and a device copy while every
+  // tensor viewing it stays valid, and says where its bytes now are). `keep` owns the new bytes
+  // (null: they are this buffer's own again). Only call it when no queued work uses the buffer.
   // `for_one_call`: model offload brought the bytes in for the current pipeline call only.
   // Drops every derived value (they describe bytes that now live elsewhere).
-  void relocate(void* data, std::shared_ptr<void> keep, bool for_one_call = false) {
+  void relocate(void* data, std::shared_ptr<void> keep, const Device& device, bool for_one_call = false) {
     data_ = data;
+    device_ = device;
     relocated_owner_ = std::move(keep);
     for_one_call_ = for_one_call;
     std::lock_guard<std::mutex> lock(derived_mu_);
@@ -58,6 +59,7 @@ class Buffer {
   void mark_file_mapping() { maps_file_ = true; }
   bool maps_file() const { return maps_file_; }
   size_t bytes() const { return bytes_; }
+  // Where the bytes are now (a tensor's device is its buffer's: relocate() moves it).
   const Device& device() const { return device_; }
 
   // Sequence number (on the device queue) of the last enqueued work that writes this buffer;

@@ -54,7 +54,9 @@ class Tensor {
   int64_t dim(int64_t axis) const;  // negative axes count from the end
   int64_t numel() const { return kiln::numel(impl_->shape); }
   DType dtype() const { return impl_->dtype; }
-  const Device& device() const { return impl_->device; }
+  // Its buffer's device (model offload moves a weight's buffer), or, while deferred, the device
+  // its value will be computed on.
+  const Device& device() const { return impl_->buffer ? impl_->buffer->device() : impl_->device; }
   const Strides& strides() const { return impl_->strides; }
   int64_t offset() const { return impl_->offset; }
   // The device buffer. For a deferred tensor that is not computed yet, this materialises it

@@ -27,6 +27,12 @@ struct KernelArgs {
 };
 using KernelFn = void (*)(const KernelArgs&);
 
+// What a device is asked whether it runs: an operand's shape and dtype.
+struct OperandMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+};
+
 struct MemoryStats {
   size_t in_use_bytes = 0;
   size_t peak_bytes = 0;
@@ -45,6 +51,9 @@ class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
   virtual Device device() const = 0;
+  // Whether the host reads and writes this device's memory in place (the CPU): host reads of its
+  // tensors then need no copy, and weights can be used where the loader put them.
+  virtual bool is_host() const = 0;
 
   // Memory. allocate() throws "[alloc] out of memory ..." past the capacity.
   virtual BufferPtr allocate(size_t bytes) = 0;
@@ -77,6 +86,18 @@ class DeviceRuntime {
   // The bytes allocate(bytes) really takes from the capacity (its size class).
   virtual size_t allocation_size(size_t bytes) const = 0;
 
+  // ---- copies between address spaces, ordered on the queue ----
+  // Host memory this device copies from and to without an extra staging copy (pinned,
+  // page-locked memory on an accelerator; ordinary host memory on the CPU).
+  virtual BufferPtr allocate_staging(size_t bytes) { return host_allocate(bytes); }
+  // Queues a copy of `bytes` from `src` at `src_offset` to `dst` at `dst_offset`, each buffer on
+  // this device or in host memory (Device::cpu()): host to device, device to host or within the
+  // device. Returns its sequence number on the queue, which is the copy's event: wait_for(seq)
+  // returns once the bytes have landed. The queued copy holds both buffers; it runs after every
+  // earlier item on the queue, so a source this device computes is read once it is written.
+  virtual uint64_t copy(const BufferPtr& src, size_t src_offset, const BufferPtr& dst, size_t dst_offset,
+                        size_t bytes) = 0;
+
   // Wall seconds and count of the queued work run so far, by launch name (the op name in strict
   // eager, "fused_elementwise" or "<op>+epilogue" in deferred mode): where a step's time goes.
   virtual std::map<std::string, std::pair<double, uint64_t>> kernel_times() const = 0;
@@ -84,6 +105,13 @@ class DeviceRuntime {
 
   // The kernel implementing `op` on this device, or nullptr.
   virtual KernelFn kernel(const std::string& op) const = 0;
+  // Whether this device runs `op` on inputs like these (its kernel exists and takes their dtypes
+  // and layouts). Checked when an op is dispatched or a graph is prepared, so an op a device lacks
+  // is an error naming the op, the device and the inputs, before anything is queued.
+  virtual bool supports(const std::string& op, const std::vector<OperandMeta>& inputs) const {
+    (void)inputs;
+    return kernel(op) != nullptr;
+  }
 
   // ---- launches of deferred and compiled mode beyond one op (called from queued work) ----
   // A fused elementwise program (graph/fused_program.h) over the output's index space; `out` is
@@ -109,8 +137,13 @@ class DeviceRuntime {
   }
 };
 
-// The runtime of a device (created on first use, lives for the process).
-// Throws "[device] ... not available" for devices this build or machine lacks.
+// The runtime of a device (created on first use, lives for the process), from the registry of
+// the device types this build has (devices/registry.cc). Throws "[device] ..." naming the device
+// for a type this build lacks, an index the machine lacks, or a device that failed to start.
 DeviceRuntime& runtime(const Device& device);
+
+// The runtime `op` on `inputs` will run on, after checking it supports them: throws naming the
+// op, the device and the inputs' dtypes otherwise.
+DeviceRuntime& runtime_for(const std::string& op, const Device& device, const std::vector<OperandMeta>& inputs);
 
 }  // namespace kiln

@@ -85,7 +85,10 @@ Tensor dispatch(const std::string& op, std::vector<Tensor> inputs, Attrs attrs, 
     return Tensor::view_of(inputs[0].buffer(), v.shape, meta.dtype, v.strides, v.offset);
   }
   const Device dev = inputs.empty() ? device.value_or(default_device()) : inputs[0].device();
-  KILN_CHECK(runtime(dev).kernel(def.name) != nullptr, def.name, "has no kernel on ", dev.str());
+  std::vector<OperandMeta> metas;
+  metas.reserve(inputs.size());
+  for (const Tensor& t : inputs) metas.push_back({t.shape(), t.dtype()});
+  runtime_for(def.name, dev, metas);
   // Kernels without strided reads get dense copies (in deferred mode: recorded copy nodes,
   // which fuse with whatever produces them).
   if (!def.strided_inputs)

@@ -48,8 +48,10 @@ std::shared_ptr<const CompiledGraph> finish_compiled_graph(Graph canonical, std:
     std::vector<int> ops = grp.chain;
     if (grp.kind == LaunchGroup::Kind::single_op) ops.push_back(out->graph.node_of(grp.result));
     for (int n : ops) {
-      const std::string& op = out->graph.nodes[size_t(n)].op;
-      KILN_CHECK(runtime(out->graph.device).kernel(op) != nullptr, op, "has no kernel on ", out->graph.device.str());
+      const GraphNode& node = out->graph.nodes[size_t(n)];
+      std::vector<OperandMeta> args;
+      for (int a : node.args) args.push_back({out->graph.shape_of(a), out->graph.dtype_of(a)});
+      runtime_for(node.op, out->graph.device, args);
     }
   }
   // Liveness: the last group reading each value (every value a group's launch binds).

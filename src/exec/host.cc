@@ -7,14 +7,38 @@
 #include "exec/capture.h"
 #include "exec/counters.h"
 #include "exec/deferred.h"
+#include "exec/dispatch.h"
 
 namespace kiln {
 
 Tensor from_data(const void* data, const Shape& shape, DType dtype, const Device& device) {
   const size_t bytes = storage_bytes(dtype, numel(shape));
-  BufferPtr buf = runtime(device).allocate(bytes);
-  if (bytes) std::memcpy(buf->data(), data, bytes);
+  DeviceRuntime& rt = runtime(device);
+  BufferPtr buf = rt.allocate(bytes);
+  if (bytes && rt.is_host()) {
+    std::memcpy(buf->data(), data, bytes);
+  } else if (bytes) {  // through staging memory the device copies from, so `data` is free at once
+    BufferPtr staging = rt.allocate_staging(bytes);
+    std::memcpy(staging->data(), data, bytes);
+    buf->set_ready_seq(rt.copy(staging, 0, buf, 0, bytes));
+  }
   return Tensor::view_of(std::move(buf), shape, dtype);
+}
+
+Tensor to_device(const Tensor& t, const Device& device) {
+  KILN_CHECK(t.defined(), "to", "undefined tensor");
+  const Tensor src = t.is_contiguous() ? t : dispatch("copy", {t});
+  const size_t bytes = src.nbytes();
+  const size_t offset = storage_bytes(src.dtype(), src.offset());
+  DeviceRuntime& to = runtime(device);
+  BufferPtr buf = to.allocate(bytes);
+  if (bytes && !to.is_host()) {  // on the destination's queue, which its readers wait on
+    buf->set_ready_seq(to.copy(src.buffer(), offset, buf, 0, bytes));
+  } else if (bytes) {  // into host memory, by the source's device, which owns the other end
+    DeviceRuntime& from = runtime(src.device());
+    from.wait_for(from.copy(src.buffer(), offset, buf, 0, bytes));
+  }
+  return Tensor::view_of(std::move(buf), src.shape(), src.dtype());
 }
 
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype, const Device& device) {
@@ -75,23 +99,44 @@ void for_each_offset(const Tensor& t, F&& f) {
   }
 }
 
+// A tensor's elements as the host reads them, once computed: in place on a host device, else
+// from a copy of the bytes it views. `base` is element 0, with the tensor's strides.
+struct HostElements {
+  BufferPtr staged;
+  const void* base = nullptr;
+};
+HostElements host_elements(const Tensor& t) {
+  wait(t);
+  DeviceRuntime& rt = runtime(t.device());
+  if (rt.is_host()) return {nullptr, t.data_ptr()};
+  int64_t last = 0;  // the furthest element it views, past element 0
+  for (size_t d = 0; d < t.shape().size(); ++d)
+    if (t.shape()[d] > 1) last += (t.shape()[d] - 1) * t.strides()[d];
+  const size_t begin = storage_bytes(t.dtype(), t.offset());
+  const size_t bytes = storage_bytes(t.dtype(), t.offset() + last + 1) - begin;
+  HostElements h{rt.allocate_staging(bytes), nullptr};
+  rt.wait_for(rt.copy(t.buffer(), begin, h.staged, 0, bytes));
+  h.base = h.staged->data();
+  return h;
+}
+
 }  // namespace
 
 HostTensor to_host(const Tensor& t) {
-  wait(t);
+  const HostElements elements = host_elements(t);
   HostTensor h{t.shape(), t.dtype(), std::vector<double>(size_t(t.numel()))};
-  const void* base = t.data_ptr();
+  const void* base = elements.base;
   for_each_offset(t, [&](int64_t i, int64_t off) { h.data[size_t(i)] = load_as_double(base, t.dtype(), off); });
   return h;
 }
 
 std::vector<float> to_vector(const Tensor& t) {
-  wait(t);
+  const HostElements elements = host_elements(t);
   std::vector<float> out(size_t(t.numel()));
+  const void* base = elements.base;
   if (t.is_contiguous()) {
-    convert_to_f32(t.data_ptr(), t.dtype(), out.data(), t.numel());
+    convert_to_f32(base, t.dtype(), out.data(), t.numel());
   } else {
-    const void* base = t.data_ptr();
     for_each_offset(t, [&](int64_t i, int64_t off) { out[size_t(i)] = float(load_as_double(base, t.dtype(), off)); });
   }
   return out;
@@ -99,9 +144,9 @@ std::vector<float> to_vector(const Tensor& t) {
 
 std::vector<int64_t> to_int_vector(const Tensor& t) {
   KILN_CHECK(!is_floating(t.dtype()), "to_int_vector", "tensor is ", t.describe(), ", expected an integer dtype");
-  wait(t);
+  const HostElements elements = host_elements(t);
   std::vector<int64_t> out(size_t(t.numel()));
-  const void* base = t.data_ptr();
+  const void* base = elements.base;
   for_each_offset(t, [&](int64_t i, int64_t off) {
     out[size_t(i)] = t.dtype() == DType::i64 ? static_cast<const int64_t*>(base)[off]
                                              : int64_t(load_as_double(base, t.dtype(), off));
@@ -111,8 +156,7 @@ std::vector<int64_t> to_int_vector(const Tensor& t) {
 
 double item(const Tensor& t) {
   KILN_CHECK(t.defined() && t.numel() == 1, "item", "needs a one-element tensor, got ", t.describe());
-  wait(t);
-  return load_as_double(t.data_ptr(), t.dtype(), 0);
+  return load_as_double(host_elements(t).base, t.dtype(), 0);
 }
 
 }  // namespace kiln

@@ -15,6 +15,10 @@ Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType d
 Tensor from_ints(const std::vector<int64_t>& values, const Shape& shape, DType dtype = DType::i64,
                  const Device& device = default_device());
 
+// A dense copy of `t` on `device`, made by the device runtime's copies (host memory to a device,
+// a device to host memory, or within one); a sync point of deferred mode, not a host wait.
+Tensor to_device(const Tensor& t, const Device& device);
+
 // Waits until `t`'s value has been computed.
 void wait(const Tensor& t);
 // Waits for all work queued on `device` (in deferred mode, after flushing this thread's

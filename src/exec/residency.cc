@@ -1,7 +1,5 @@
 #include "exec/residency.h"
 
-#include <cstring>
-
 #include "core/env.h"
 #include "core/error.h"
 #include "core/mapped_pages.h"
@@ -22,6 +20,7 @@ void ComponentWeights::add(const Tensor& weight) {
   KILN_CHECK(!resident_, "offload", name_, ": a weight was added while the component is on the device");
   buffers_.push_back(b);
   host_data_.push_back(b->data());
+  homes_.push_back(b->device());
   dtypes_.push_back(weight.dtype());
   spilled_.push_back(false);
   bytes_ += b->bytes();
@@ -56,7 +55,7 @@ void ComponentWeights::onload(const Device& device, bool for_one_call) {
   copies.reserve(buffers_.size());
   for (const BufferPtr& b : buffers_) {
     BufferPtr copy = rt.allocate(b->bytes());  // throws "[alloc] out of memory ..." past the capacity
-    std::memcpy(copy->data(), b->data(), b->bytes());
+    rt.wait_for(rt.copy(b, 0, copy, 0, b->bytes()));
     // The copy is what kernels will read: the checkpoint pages it was made from leave the resident
     // set at once (one weight at a time, so the process never holds a component twice), and on
     // the CPU a placed component is held once; offload() finds them in the file again.
@@ -65,16 +64,18 @@ void ComponentWeights::onload(const Device& device, bool for_one_call) {
   }
   for (size_t i = 0; i < buffers_.size(); ++i) {
     void* data = copies[i]->data();
-    buffers_[i]->relocate(data, std::shared_ptr<void>(copies[i], data), for_one_call);
+    buffers_[i]->relocate(data, std::shared_ptr<void>(copies[i], data), device, for_one_call);
   }
   resident_ = true;
   device_ = device;
 }
 
+// The host copy is the weights' source of truth (they are never written on the device): going
+// back to it needs no copy, only the buffers pointing at it again.
 void ComponentWeights::offload() {
   if (!resident_) return;
   synchronize(device_);
-  for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i]->relocate(host_data_[i], nullptr);
+  for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i]->relocate(host_data_[i], nullptr, homes_[i]);
   resident_ = false;
   runtime(device_).release_cached_memory();
 }

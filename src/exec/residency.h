@@ -66,6 +66,7 @@ class ComponentWeights {
   std::string name_;
   std::vector<BufferPtr> buffers_;
   std::vector<void*> host_data_;  // each buffer's own bytes
+  std::vector<Device> homes_;     // where those bytes are (host memory)
   std::vector<DType> dtypes_;     // each buffer's, as added
   std::vector<bool> spilled_;     // each buffer's own bytes were moved into a spill file
   size_t bytes_ = 0;

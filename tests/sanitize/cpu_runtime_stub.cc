@@ -1,6 +1,7 @@
 // A minimal kiln::runtime for the sanitizer build, which links only the checkpoint reader and
 // src/core (not the device backends): host memory from aligned_alloc, work run inline.
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "core/error.h"
@@ -12,6 +13,7 @@ namespace {
 class StubCpuRuntime final : public DeviceRuntime {
  public:
   Device device() const override { return Device::cpu(); }
+  bool is_host() const override { return true; }
 
   BufferPtr allocate(size_t bytes) override {
     const size_t rounded = (bytes + 63) / 64 * 64;  // aligned_alloc wants a multiple of 64
@@ -26,6 +28,11 @@ class StubCpuRuntime final : public DeviceRuntime {
 
   uint64_t enqueue(std::string, std::function<void()> work, size_t) override {
     work();
+    return ++seq_;
+  }
+  uint64_t copy(const BufferPtr& src, size_t src_offset, const BufferPtr& dst, size_t dst_offset,
+                size_t bytes) override {
+    std::memcpy(static_cast<char*>(dst->data()) + dst_offset, static_cast<const char*>(src->data()) + src_offset, bytes);
     return ++seq_;
   }
   void wait_for(uint64_t) override {}

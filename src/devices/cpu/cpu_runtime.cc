@@ -1,12 +1,14 @@
 // The CPU device: pooled allocator, one asynchronous in-order queue, the kernel table.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 
 #include "core/env.h"
 #include "core/error.h"
 #include "devices/cpu/allocator.h"
+#include "devices/cpu/cpu_runtime.h"
 #include "devices/cpu/kernels/conv2d.h"
 #include "devices/cpu/kernels/fused_elementwise.h"
 #include "devices/cpu/kernels/gemv.h"
@@ -76,6 +78,7 @@ class CpuRuntime final : public DeviceRuntime {
     add_collective_kernels(kernels_);
   }
   Device device() const override { return Device::cpu(); }
+  bool is_host() const override { return true; }
 
   BufferPtr allocate(size_t bytes) override { return allocator_.allocate(bytes); }
   MemoryStats memory() const override {
@@ -92,6 +95,19 @@ class CpuRuntime final : public DeviceRuntime {
 
   uint64_t enqueue(std::string what, std::function<void()> work, size_t output_bytes) override {
     return queue_.enqueue(std::move(what), std::move(work), output_bytes);
+  }
+  // Every buffer is host memory here; the copy is queued so it is ordered after the work that
+  // writes its source, as on a device with its own memory.
+  uint64_t copy(const BufferPtr& src, size_t src_offset, const BufferPtr& dst, size_t dst_offset,
+                size_t bytes) override {
+    KILN_CHECK(src_offset + bytes <= src->bytes() && dst_offset + bytes <= dst->bytes(), "copy", "copying ", bytes,
+               " bytes from offset ", src_offset, " of a ", src->bytes(), "-byte buffer to offset ", dst_offset,
+               " of a ", dst->bytes(), "-byte buffer");
+    KILN_CHECK(src->device().type == DeviceType::cpu && dst->device().type == DeviceType::cpu, "copy", "the CPU copies ",
+               "between host buffers only, not from ", src->device().str(), " to ", dst->device().str());
+    return queue_.enqueue("transfer", [src, src_offset, dst, dst_offset, bytes] {
+      std::memcpy(static_cast<char*>(dst->data()) + dst_offset, static_cast<const char*>(src->data()) + src_offset, bytes);
+    }, 0);
   }
   void wait_for(uint64_t seq) override { queue_.wait_for(seq); }
   uint64_t last_enqueued() const override { return queue_.last_enqueued(); }
@@ -130,9 +146,10 @@ class CpuRuntime final : public DeviceRuntime {
 }  // namespace
 }  // namespace cpu
 
-DeviceRuntime& runtime(const Device& device) {
-  KILN_CHECK(device.type == DeviceType::cpu, "device", device.str(), " is not available in this build");
-  KILN_CHECK(device.index == 0, "device", device.str(), " does not exist (the CPU is cpu:0)");
+namespace cpu {
+
+DeviceRuntime& runtime_of(int index) {
+  KILN_CHECK(index == 0, "device", "cpu:", index, " does not exist (the CPU is cpu:0)");
   // Never destroyed: buffers released during static destruction still return to the pool.
   // At exit, queued work is drained first (runtime.md §2.3.2 "process exit"): a program
   // that returns or throws while kernels are still queued must not tear down the libraries
@@ -157,5 +174,7 @@ DeviceRuntime& runtime(const Device& device) {
   }();
   return *rt;
 }
+
+}  // namespace cpu
 
 }  // namespace kiln
