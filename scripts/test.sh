@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-ctest --test-dir build --output-on-failure -j "$(nproc)"
+# GPU tests (label gpu) run only in scripts/gpu-check.sh, on a machine with a GPU.
+ctest --test-dir build --output-on-failure -j "$(nproc)" -LE gpu

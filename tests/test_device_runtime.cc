@@ -51,6 +51,22 @@ TEST(DeviceRuntime, ToDeviceMakesADenseCopyInItsOwnBuffer) {
   }
 }
 
+// On the test device (the CPU here; cuda:0 under scripts/gpu-check.sh): host data up, ops there,
+// a strided view back down, and a copy between two of its buffers.
+TEST(DeviceRuntime, ToTheTestDeviceAndBack) {
+  const Device device = test::test_device();
+  const Tensor x = from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor on = to_device(x, device);
+  EXPECT_EQ(on.device(), device);
+  const Tensor y = transpose(mul(on, on), 0, 1);
+  EXPECT_EQ(to_vector(y), (std::vector<float>{1, 16, 4, 25, 9, 36}));
+  const Tensor back = to_device(y, Device::cpu());
+  EXPECT_EQ(back.device(), Device::cpu());
+  EXPECT_EQ(to_vector(back), to_vector(y));
+  EXPECT_EQ(to_vector(to_device(on, device)), to_vector(x));
+  EXPECT_EQ(runtime(device).is_host(), device == Device::cpu());
+}
+
 TEST(DeviceRuntime, ADeviceThisBuildOrMachineLacksIsAClearError) {
   // Built without the CUDA backend, the registry names what it has; built with it on a machine
   // without a GPU, the CUDA runtime says why it cannot start. Either way: no crash, the device named.

@@ -242,6 +242,7 @@ void PrintTo(const Variant& v, std::ostream* os) { *os << v.c.label << " (" << d
 class OpConformance : public testing::TestWithParam<Variant> {};
 
 TEST_P(OpConformance, MatchesReference) {
+  const DefaultDeviceGuard on_device(test::test_device());
   const OpCase& c = GetParam().c;
   const DType dtype = GetParam().dtype;
   std::vector<Tensor> inputs;
@@ -279,6 +280,7 @@ bool same_bits(const HostTensor& a, const HostTensor& b) {
 // or into one fused elementwise kernel), with inputs that are uploaded tensors or pending
 // values seen through views.
 TEST_P(OpConformance, DeferredEqualsStrictEager) {
+  const DefaultDeviceGuard on_device(test::test_device());
   const OpCase& c = GetParam().c;
   const DType dtype = GetParam().dtype;
   Attrs attrs = c.attrs;
@@ -312,6 +314,7 @@ TEST_P(OpConformance, DeferredEqualsStrictEager) {
 // executable, alone and with an epilogue, its inputs passed as args (made dense by the call)
 // or as parameters (bound in place, views and all).
 TEST_P(OpConformance, CompiledEqualsStrictEager) {
+  const DefaultDeviceGuard on_device(test::test_device());
   const OpCase& c = GetParam().c;
   const DType dtype = GetParam().dtype;
   Attrs attrs = c.attrs;

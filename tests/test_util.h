@@ -19,6 +19,13 @@
 
 namespace kiln::test {
 
+// The device a test runs its ops on: KILN_TEST_DEVICE ("cuda:0": scripts/gpu-check.sh, the GPU
+// tests of tests/CMakeLists.txt), else the CPU.
+inline Device test_device() {
+  const char* d = std::getenv("KILN_TEST_DEVICE");
+  return d && *d ? Device::parse(d) : Device::cpu();
+}
+
 // A fresh folder under `parent` (the system's temporary folder unless given), removed with
 // everything in it at the end.
 class ScopedTempDir {

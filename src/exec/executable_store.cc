@@ -13,7 +13,7 @@
 #include <sstream>
 #include <unistd.h>
 
-#include "core/env.h"
+#include "core/cache_dir.h"
 #include "core/error.h"
 #include "graph/passes.h"
 
@@ -342,16 +342,7 @@ std::filesystem::path executable_cache_dir() {
     std::lock_guard<std::mutex> lock(g_dir_mu);
     if (dir_override()) return *dir_override();
   }
-  static const std::filesystem::path dir = []() -> std::filesystem::path {
-    if (const auto v = env::text("KILN_CACHE_DIR")) {
-      if (*v == "none") return {};
-      return *v;
-    }
-    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "kiln";
-    if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache" / "kiln";
-    return {};
-  }();
-  return dir;
+  return cache_dir();
 }
 
 std::string cpu_features() {

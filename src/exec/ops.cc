@@ -296,9 +296,6 @@ Tensor to_channels_last(const Tensor& x) {
   KILN_CHECK(x.rank() == 4, "to_channels_last", "expects [N, C, H, W], got ", to_string(x.shape()));
   return is_channels_last(x) ? x : from_nhwc(contiguous(as_nhwc(x)));
 }
-Tensor to(const Tensor& x, const Device& device) {
-  if (x.device() == device) return x;
-  fail("to", "transfer from ", x.device().str(), " to ", device.str(), " is not available in this build");
-}
+Tensor to(const Tensor& x, const Device& device) { return x.device() == device ? x : to_device(x, device); }
 
 }  // namespace kiln

@@ -114,6 +114,7 @@ Tensor gather(const Tensor& table, const Tensor& indices);  // embedding lookup 
 // pads: (before, after) per dim, first dim first.
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value = 0);
 Tensor upsample_nearest2x(const Tensor& x);
+// `x` on `device`: itself when already there, else a dense copy (to_device, exec/host.h).
 Tensor to(const Tensor& x, const Device& device);
 
 // ---- memory format (PyTorch's torch.channels_last) ----

@@ -1,22 +1,8 @@
-// Pooled host-memory allocator for the CPU device.
-// Freed blocks go back to per-size free lists and are reused; `in_use` counts bytes
-// handed out, `peak` its high-water mark. The pool never makes the allocator hold more than
-// pool_bound() of the most it has had in use since the pool was last emptied: a new block that
-// would pass that first returns the least recently freed pooled blocks to the system. So the
-// process holds about what the memory plan predicts (the in-use peak), not that plus a block of
-// every size a run ever asked for (tiles of several shapes would otherwise each keep their own
-// set: 3.46 GB for a 0.80 GB in-use peak at 1024²).
-// With a capacity set, an allocation that would push in-use + pooled bytes past it first
-// drops the pool, then fails with an error naming the requested and available bytes.
+// The CPU device's memory: host memory from the system, pooled by PoolAllocator.
 #pragma once
 #include <cstddef>
-#include <cstdint>
-#include <list>
-#include <map>
-#include <mutex>
-#include <vector>
 
-#include "core/buffer.h"
+#include "devices/pool_allocator.h"
 
 namespace kiln::cpu {
 
@@ -28,56 +14,10 @@ namespace kiln::cpu {
 void* system_allocate(size_t bytes);
 void system_free(void* p, size_t bytes);
 
-struct AllocatorStats {
-  size_t in_use_bytes = 0;    // currently handed out (rounded block sizes)
-  size_t peak_bytes = 0;      // high-water mark of in_use_bytes
-  size_t pooled_bytes = 0;    // freed blocks kept for reuse
-  size_t reserved_peak_bytes = 0;  // high-water mark of in_use_bytes + pooled_bytes (<= pool_bound(peak_bytes))
-  size_t capacity_bytes = 0;  // 0 = unlimited
-  uint64_t allocations = 0;   // requests served
-  uint64_t pool_hits = 0;     // requests served from the pool
-  uint64_t pool_evictions = 0;  // pooled blocks returned to the system to stay within the bound
-};
-
-class Allocator {
+// The CPU's allocator: a pool of system_allocate's blocks.
+class Allocator : public PoolAllocator {
  public:
-  explicit Allocator(Device device);
-  ~Allocator();
-  Allocator(const Allocator&) = delete;
-  Allocator& operator=(const Allocator&) = delete;
-
-  // Returns a buffer of at least `bytes` bytes, 64-byte aligned. Its release returns the block.
-  BufferPtr allocate(size_t bytes);
-
-  void set_capacity(size_t bytes);  // 0 = unlimited
-  AllocatorStats stats() const;
-  void reset_peak();
-  void release_pool();  // frees every pooled block back to the system
-
-  // Block size a request is rounded up to (size classes keep the pool reusable).
-  static size_t round_size(size_t bytes);
-  // What in use plus pooled may reach for an in-use peak: 1.5x. The half on top keeps blocks that
-  // a step frees late (the device frees them as its kernels finish) for the next step; with no
-  // slack a 1024² bf16 step re-mapped and re-faulted ~100 blocks each time and ran 25 % slower.
-  static size_t pool_bound(size_t in_use_peak);
-
- private:
-  struct Pooled {
-    size_t block;
-    void* p;
-  };
-  using Lru = std::list<Pooled>;  // least recently freed first
-
-  void give_back(void* p, size_t block);
-  void release_pool_locked();
-  void evict_locked(Lru::iterator it);
-
-  Device device_;
-  mutable std::mutex mu_;
-  Lru lru_;
-  std::multimap<size_t, Lru::iterator> free_;  // block size -> its entry in lru_
-  size_t high_water_ = 0;  // most in use since the pool was last emptied: the pool's bound's base
-  AllocatorStats stats_;
+  explicit Allocator(Device device) : PoolAllocator(device, BlockSource{system_allocate, system_free}) {}
 };
 
 }  // namespace kiln::cpu

@@ -1,0 +1,17 @@
+#include "devices/cuda/check.h"
+
+#include "core/error.h"
+
+namespace kiln::cuda {
+
+void fail_cuda(const char* call, cudaError_t e) {
+  fail("cuda", call, " failed: ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+}
+
+void fail_cublas(const char* call, cublasStatus_t s) {
+  fail("cublas", call, " failed: ", cublasLtGetStatusName(s), ": ", cublasLtGetStatusString(s));
+}
+
+void fail_nvrtc(const char* call, nvrtcResult r) { fail("nvrtc", call, " failed: ", nvrtcGetErrorString(r)); }
+
+}  // namespace kiln::cuda

@@ -1,0 +1,248 @@
+// The CUDA device: a pooled allocator over cudaMalloc, one stream whose events are the queue's
+// sequence numbers, copies between host and device memory on that stream (pinned staging), and
+// the kernel table (generated elementwise kernels, cuBLASLt GEMMs).
+//
+// The queue: enqueue() runs its work at once on the calling thread, which launches kernels onto
+// the stream and returns; an event recorded after them is the item's sequence number, and
+// wait_for() waits on it. Buffers a launch used may go back to the pool as soon as the work
+// returns: blocks are reused only by later launches on the same stream, which run after it.
+// Host memory a queued copy reads or writes is held until its event has passed.
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/error.h"
+#include "devices/cuda/check.h"
+#include "devices/cuda/cuda_runtime.h"
+#include "devices/cuda/kernels/kernel_table.h"
+#include "devices/cuda/launch.h"
+#include "devices/pool_allocator.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's scratch (Hopper's kernels want 32 MiB)
+
+BlockSource device_blocks(int index) {
+  return {[index](size_t bytes) -> void* {
+            void* p = nullptr;
+            if (cudaSetDevice(index) != cudaSuccess || cudaMalloc(&p, bytes) != cudaSuccess) {
+              cudaGetLastError();  // clear the out-of-memory error: the pool retries or reports it
+              return nullptr;
+            }
+            return p;
+          },
+          [index](void* p, size_t) {
+            cudaSetDevice(index);
+            cudaFree(p);
+          }};
+}
+
+BlockSource pinned_blocks() {
+  return {[](size_t bytes) -> void* {
+            void* p = nullptr;
+            if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+              cudaGetLastError();
+              return nullptr;
+            }
+            return p;
+          },
+          [](void* p, size_t) { cudaFreeHost(p); }};
+}
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  explicit CudaRuntime(int index)
+      : index_(index), allocator_(Device{DeviceType::cuda, index}, device_blocks(index)),
+        staging_(Device::cpu(), pinned_blocks()) {
+    KILN_CUDA_CHECK(cudaSetDevice(index));
+    int major = 0, minor = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
+    kernel_cache_ = std::make_unique<KernelCache>(major * 10 + minor);
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&context_.stream, cudaStreamNonBlocking));
+    KILN_CUBLAS_CHECK(cublasLtCreate(&context_.lt));
+    KILN_CUDA_CHECK(cudaMalloc(&context_.workspace, kWorkspaceBytes));
+    context_.device = index;
+    context_.kernels = kernel_cache_.get();
+    context_.workspace_bytes = kWorkspaceBytes;
+    add_elementwise_kernels(kernels_);
+    add_contraction_kernels(kernels_);
+  }
+
+  Device device() const override { return Device{DeviceType::cuda, index_}; }
+  bool is_host() const override { return false; }
+
+  BufferPtr allocate(size_t bytes) override { return allocator_.allocate(bytes); }
+  MemoryStats memory() const override {
+    const AllocatorStats s = allocator_.stats();
+    return MemoryStats{s.in_use_bytes, s.peak_bytes, s.pooled_bytes, s.capacity_bytes, s.allocations, 0,
+                       s.reserved_peak_bytes, s.pool_evictions};
+  }
+  void set_memory_capacity(size_t bytes) override { allocator_.set_capacity(bytes); }
+  void reset_peak_memory() override { allocator_.reset_peak(); }
+  void release_cached_memory() override { allocator_.release_pool(); }  // cudaFree waits for the device
+  size_t physical_available_bytes() const override { return device_memory().first + allocator_.stats().pooled_bytes; }
+  size_t physical_total_bytes() const override { return device_memory().second; }
+
+  BufferPtr allocate_staging(size_t bytes) override { return staging_.allocate(bytes); }
+
+  uint64_t enqueue(std::string what, std::function<void()> work, size_t) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    KILN_CUDA_CHECK(cudaSetDevice(index_));
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      LaunchScope scope(&context_);
+      work();
+    }
+    auto& [seconds, count] = times_[what];
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++count;
+    return record_locked({});
+  }
+
+  uint64_t copy(const BufferPtr& src, size_t src_offset, const BufferPtr& dst, size_t dst_offset,
+                size_t bytes) override {
+    KILN_CHECK(src_offset + bytes <= src->bytes() && dst_offset + bytes <= dst->bytes(), "copy", "copying ", bytes,
+               " bytes from offset ", src_offset, " of a ", src->bytes(), "-byte buffer to offset ", dst_offset,
+               " of a ", dst->bytes(), "-byte buffer");
+    const bool from_here = src->device() == device(), to_here = dst->device() == device();
+    const bool from_host = src->device().type == DeviceType::cpu, to_host = dst->device().type == DeviceType::cpu;
+    KILN_CHECK((from_here || from_host) && (to_here || to_host), "copy", device().str(), " copies between itself and ",
+               "host memory, not from ", src->device().str(), " to ", dst->device().str());
+    const cudaMemcpyKind kind = from_host ? (to_host ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
+                                          : (to_host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
+    std::lock_guard<std::mutex> lock(mu_);
+    KILN_CUDA_CHECK(cudaSetDevice(index_));
+    if (bytes)
+      KILN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst->data()) + dst_offset,
+                                      static_cast<const char*>(src->data()) + src_offset, bytes, kind, context_.stream));
+    ++times_["transfer"].second;
+    return record_locked({src, dst});
+  }
+
+  void wait_for(uint64_t seq) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!pending_.empty() && pending_.front().seq <= seq) {
+      Pending p = std::move(pending_.front());
+      pending_.pop_front();
+      lock.unlock();  // the host waits without holding up other threads' launches
+      const cudaError_t e = cudaEventSynchronize(p.event);
+      lock.lock();
+      completed_ = std::max(completed_, p.seq);
+      free_events_.push_back(p.event);
+      if (e != cudaSuccess) fail_cuda("cudaEventSynchronize (a queued kernel failed)", e);
+    }
+  }
+  uint64_t last_enqueued() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_;
+  }
+  uint64_t completed() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
+      completed_ = pending_.front().seq;
+      free_events_.push_back(pending_.front().event);
+      pending_.pop_front();
+    }
+    return pending_.empty() ? last_ : completed_;
+  }
+  // A block freed by the host is reusable at once (stream order), so only one item's buffers
+  // count as in flight, however far the host runs ahead.
+  size_t max_in_flight() const override { return 1; }
+  size_t max_in_flight_bytes() const override { return ~size_t{0}; }
+  size_t allocation_size(size_t bytes) const override { return PoolAllocator::round_size(bytes); }
+  // Host seconds spent issuing each kind of work (launches are asynchronous: not kernel time).
+  std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return times_;
+  }
+  void reset_kernel_times() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    times_.clear();
+  }
+
+  KernelFn kernel(const std::string& op) const override {
+    auto it = kernels_.find(op);
+    return it == kernels_.end() ? nullptr : it->second.run;
+  }
+  bool supports(const std::string& op, const std::vector<OperandMeta>& inputs) const override {
+    auto it = kernels_.find(op);
+    return it != kernels_.end() && (!it->second.takes || it->second.takes(inputs));
+  }
+
+  void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs,
+                         const TensorView& out) const override {
+    std::vector<DType> dtypes;
+    for (const TensorView& v : inputs) dtypes.push_back(v.dtype);
+    launch_generated(fused_kernel_source(program, dtypes, out.dtype), inputs, out);
+  }
+  void grouped_linear_rows(const std::vector<KernelArgs>& linears) const override {
+    const KernelFn linear = kernel("linear");
+    for (const KernelArgs& args : linears) linear(args);
+  }
+
+ private:
+  struct Pending {
+    uint64_t seq;
+    cudaEvent_t event;
+    std::vector<BufferPtr> held;  // host memory an asynchronous copy still reads or writes
+  };
+
+  uint64_t record_locked(std::vector<BufferPtr> held) {
+    cudaEvent_t e = nullptr;
+    if (free_events_.empty()) {
+      KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    } else {
+      e = free_events_.back();
+      free_events_.pop_back();
+    }
+    KILN_CUDA_CHECK(cudaEventRecord(e, context_.stream));
+    pending_.push_back(Pending{++last_, e, std::move(held)});
+    return last_;
+  }
+
+  std::pair<size_t, size_t> device_memory() const {
+    size_t free = 0, total = 0;
+    if (cudaSetDevice(index_) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) cudaGetLastError();
+    return {free, total};
+  }
+
+  int index_;
+  PoolAllocator allocator_;
+  PoolAllocator staging_;
+  std::unique_ptr<KernelCache> kernel_cache_;
+  LaunchContext context_;
+  KernelTable kernels_;
+  mutable std::mutex mu_;
+  uint64_t last_ = 0;
+  mutable uint64_t completed_ = 0;
+  mutable std::deque<Pending> pending_;
+  mutable std::vector<cudaEvent_t> free_events_;
+  std::map<std::string, std::pair<double, uint64_t>> times_;
+};
+
+}  // namespace
+
+DeviceRuntime& runtime_of(int index) {
+  static std::mutex mu;
+  static std::vector<CudaRuntime*> runtimes;  // never destroyed: the CUDA libraries tear down on their own at exit
+  std::lock_guard<std::mutex> lock(mu);
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail("device", "cuda:", index, " is not available: ", cudaGetErrorString(e), " (", cudaGetErrorName(e), ")");
+  }
+  KILN_CHECK(index >= 0 && index < count, "device", "cuda:", index, " is not available: this machine has ", count,
+             " CUDA device", count == 1 ? "" : "s");
+  if (runtimes.size() < size_t(count)) runtimes.resize(size_t(count), nullptr);
+  if (!runtimes[size_t(index)]) runtimes[size_t(index)] = new CudaRuntime(index);
+  return *runtimes[size_t(index)];
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,22 @@
+// The CUDA device's kernels by op name, and what each takes (DeviceRuntime::supports).
+#pragma once
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "devices/runtime.h"
+
+namespace kiln::cuda {
+
+struct CudaKernel {
+  KernelFn run = nullptr;
+  // Whether it takes inputs like these; null: any input whose dtype generated code loads.
+  std::function<bool(const std::vector<OperandMeta>&)> takes;
+};
+using KernelTable = std::unordered_map<std::string, CudaKernel>;
+
+void add_elementwise_kernels(KernelTable& table);
+void add_contraction_kernels(KernelTable& table);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,91 @@
+#include "devices/cuda/launch.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "devices/cuda/check.h"
+#include "devices/cuda/nvrtc.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+thread_local const LaunchContext* t_context = nullptr;
+
+struct Dims {  // the kernels' KilnDims
+  long long d[kMaxRank];
+};
+
+}  // namespace
+
+KernelCache::~KernelCache() {
+  for (auto& [name, loaded] : loaded_) cudaLibraryUnload(loaded.first);
+}
+
+cudaKernel_t KernelCache::get(const KernelSource& kernel) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = loaded_.find(kernel.name); it != loaded_.end()) return it->second.second;
+  const CompiledCode code = nvrtc_compile(kernel.name, kernel.source, arch_, CodeKind::cubin, kernel_cache_dir());
+  ++(code.from_cache ? from_disk_ : compiled_);
+  cudaLibrary_t library = nullptr;
+  KILN_CUDA_CHECK(cudaLibraryLoadData(&library, code.bytes.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  cudaKernel_t k = nullptr;
+  const cudaError_t e = cudaLibraryGetKernel(&k, library, kernel.name.c_str());
+  if (e != cudaSuccess) {
+    cudaLibraryUnload(library);
+    fail_cuda("cudaLibraryGetKernel", e);
+  }
+  loaded_.emplace(kernel.name, std::make_pair(library, k));
+  return k;
+}
+
+uint64_t KernelCache::compiled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return compiled_;
+}
+uint64_t KernelCache::from_disk() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return from_disk_;
+}
+
+const LaunchContext& launch_context() {
+  KILN_CHECK(t_context != nullptr, "cuda", "a CUDA kernel ran outside the CUDA device's queue");
+  return *t_context;
+}
+
+LaunchScope::LaunchScope(const LaunchContext* context) : previous_(t_context) { t_context = context; }
+LaunchScope::~LaunchScope() { t_context = previous_; }
+
+void launch_generated(const KernelSource& kernel, const std::vector<TensorView>& inputs, const TensorView& out) {
+  const LaunchContext& ctx = launch_context();
+  long long n = out.numel();
+  if (n == 0) return;
+  const int rank = int(out.shape.size());
+  KILN_CHECK(rank <= kMaxRank, "cuda", kernel.name, ": output of rank ", rank, " (at most ", kMaxRank, ")");
+  Dims shape{};
+  for (int d = 0; d < rank; ++d) shape.d[d] = out.shape[size_t(d)];
+  std::vector<Dims> strides(inputs.size(), Dims{});
+  std::vector<const void*> data(inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const TensorView& v = inputs[k];
+    const int lead = rank - int(v.shape.size());
+    KILN_CHECK(lead >= 0, "cuda", kernel.name, ": input ", k, " has more dims than the output");
+    for (int d = 0; d < int(v.shape.size()); ++d)
+      strides[k].d[lead + d] = v.shape[size_t(d)] == 1 ? 0 : v.strides[size_t(d)];
+    data[k] = v.data;
+  }
+  int r = rank;
+  void* out_ptr = out.data;
+  std::vector<void*> args{&n, &shape, &r, &out_ptr};
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    args.push_back(&data[k]);
+    args.push_back(&strides[k]);
+  }
+  constexpr unsigned kThreads = 256;
+  const unsigned blocks = unsigned(std::min<long long>((n + kThreads - 1) / kThreads, 1 << 20));
+  const cudaKernel_t k = ctx.kernels->get(kernel);
+  KILN_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(blocks), dim3(kThreads), args.data(), 0,
+                                   ctx.stream));
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,155 @@
+// The CUDA backend's code generation, on a machine without a GPU: every elementwise op, load,
+// store and rounding dtype, and fused programs with iotas, wheres and clamps, generate CUDA C
+// that NVRTC compiles (PTX, and SASS for sm_90, the H100/H200 the GPU checks run on), and the
+// disk cache serves a second compile. Built only with the CUDA backend (KILN_WITH_CUDA); what
+// the kernels compute is checked on a GPU (scripts/gpu-check.sh: the op harness on cuda:0).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <limits>
+#include <string>
+
+#include "devices/cuda/fused_codegen.h"
+#include "devices/cuda/nvrtc.h"
+#include "test_util.h"
+
+namespace kiln::cuda {
+namespace {
+
+namespace fs = std::filesystem;
+using Kind = FusedInstr::Kind;
+
+constexpr int kArch = 90;
+
+FusedInstr load(int input) {
+  FusedInstr i;
+  i.kind = Kind::load;
+  i.input = input;
+  return i;
+}
+FusedInstr unary(UnaryOp op, int a) {
+  FusedInstr i;
+  i.kind = Kind::unary;
+  i.unary = op;
+  i.a = a;
+  return i;
+}
+FusedInstr binary(BinaryOp op, int a, int b) {
+  FusedInstr i;
+  i.kind = Kind::binary;
+  i.binary = op;
+  i.a = a;
+  i.b = b;
+  return i;
+}
+FusedInstr round_through(DType t, int a) {
+  FusedInstr i;
+  i.kind = Kind::round;
+  i.dtype = t;
+  i.a = a;
+  return i;
+}
+
+// Compiles to PTX and checks the kernel is there under its name.
+void expect_compiles(const KernelSource& k) {
+  const CompiledCode ptx = nvrtc_compile(k.name, k.source, kArch, CodeKind::ptx, {});
+  const std::string text(ptx.bytes.data());
+  EXPECT_NE(text.find(".entry " + k.name), std::string::npos) << k.source;
+}
+
+TEST(CudaCodegen, EveryElementwiseOpCompiles) {
+  // All unary and binary ops in one program each way they are used: every op of the vocabulary
+  // is a line of one kernel, so one compile covers them.
+  FusedProgram p;
+  p.instrs = {load(0), load(1)};
+  int acc = 0;
+  for (int u = 0; u <= int(UnaryOp::clamp); ++u) {
+    FusedInstr in = unary(UnaryOp(u), acc);
+    if (UnaryOp(u) == UnaryOp::clamp) in.lo = -2.5f, in.hi = std::numeric_limits<float>::infinity();
+    p.instrs.push_back(in);
+    p.instrs.push_back(binary(BinaryOp::add, int(p.instrs.size()) - 1, 1));
+    acc = int(p.instrs.size()) - 1;
+  }
+  for (int b = 0; b <= int(BinaryOp::ge); ++b) {
+    p.instrs.push_back(binary(BinaryOp(b), acc, 1));
+    acc = int(p.instrs.size()) - 1;
+  }
+  p.result = acc;
+  const KernelSource k = fused_kernel_source(p, {DType::f32, DType::bf16}, DType::f32);
+  for (int u = 0; u <= int(UnaryOp::clamp); ++u) EXPECT_NE(k.source.find(std::string("r").append(std::to_string(2 + 2 * u)).append(" =")), std::string::npos);
+  expect_compiles(k);
+}
+
+TEST(CudaCodegen, EveryLoadStoreAndRoundingDtypeCompiles) {
+  const std::vector<DType> dtypes = {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::boolean};
+  FusedProgram p;
+  for (size_t k = 0; k < dtypes.size(); ++k) p.instrs.push_back(load(int(k)));
+  int acc = 0;
+  for (size_t k = 1; k < dtypes.size(); ++k) {
+    p.instrs.push_back(binary(BinaryOp::add, acc, int(k)));
+    p.instrs.push_back(round_through(dtypes[k], int(p.instrs.size()) - 1));
+    acc = int(p.instrs.size()) - 1;
+  }
+  p.result = acc;
+  for (DType out : dtypes) expect_compiles(fused_kernel_source(p, dtypes, out));
+  for (size_t bytes : {1, 2, 4, 8}) expect_compiles(strided_copy_source(bytes));
+  expect_compiles(integer_cast_source(DType::i64, DType::i32));
+  expect_compiles(integer_cast_source(DType::i32, DType::boolean));
+}
+
+TEST(CudaCodegen, IotaWhereAndUnusedInstructions) {
+  FusedProgram p;
+  FusedInstr iota;
+  iota.kind = Kind::iota;
+  iota.start = 0.5;
+  iota.step = 0.1;
+  iota.count = 7;
+  FusedInstr where;
+  where.kind = Kind::where;
+  where.a = 2, where.b = 0, where.c = 1;
+  p.instrs = {load(0), iota, binary(BinaryOp::gt, 0, 1), where, unary(UnaryOp::exp, 0)};
+  p.result = 3;  // the exp is never read: it is not emitted
+  const KernelSource k = fused_kernel_source(p, {DType::bf16}, DType::bf16);
+  EXPECT_EQ(k.source.find("r4 ="), std::string::npos);
+  EXPECT_NE(k.source.find("0x1.999999999999ap-4"), std::string::npos) << "the step 0.1 as an exact double literal";
+  expect_compiles(k);
+  // Equal programs share a kernel; a different constant is another kernel.
+  EXPECT_EQ(fused_kernel_source(p, {DType::bf16}, DType::bf16).name, k.name);
+  p.instrs[1].step = 0.2;
+  EXPECT_NE(fused_kernel_source(p, {DType::bf16}, DType::bf16).name, k.name);
+}
+
+TEST(CudaCodegen, SassForSm90AndTheDiskCache) {
+  const fs::path dir = fs::temp_directory_path() / std::string("kiln_nvrtc_cache_").append(std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const KernelSource k = strided_copy_source(2);
+  const CompiledCode first = nvrtc_compile(k.name, k.source, kArch, CodeKind::cubin, dir);
+  EXPECT_FALSE(first.from_cache);
+  ASSERT_GE(first.bytes.size(), 4u);
+  EXPECT_EQ(std::string(first.bytes.data() + 1, 3), "ELF") << "a CUBIN is an ELF image";
+  const CompiledCode second = nvrtc_compile(k.name, k.source, kArch, CodeKind::cubin, dir);
+  EXPECT_TRUE(second.from_cache);
+  EXPECT_EQ(second.bytes, first.bytes);
+  // Another architecture is another entry.
+  EXPECT_FALSE(nvrtc_compile(k.name, k.source, 80, CodeKind::cubin, dir).from_cache);
+  fs::remove_all(dir);
+}
+
+TEST(CudaCodegen, BadProgramsAndDtypesAreRefused) {
+  FusedProgram bad;
+  bad.instrs = {load(0), binary(BinaryOp::add, 0, 5)};
+  bad.result = 1;
+  test::expect_error([&] { fused_kernel_source(bad, {DType::f32}, DType::f32); }, {"[fused]"});
+  FusedProgram p;
+  p.instrs = {load(0)};
+  p.result = 0;
+  test::expect_error([&] { fused_kernel_source(p, {DType::f8_e4m3}, DType::f32); },
+                     {"[fused]", "cannot load f8_e4m3"});
+  test::expect_error([&] { strided_copy_source(3); }, {"[copy]", "3-byte elements"});
+  // NVRTC's log reaches the error.
+  test::expect_error([] { nvrtc_compile("broken", "extern \"C\" __global__ void broken() { undeclared(); }", kArch, CodeKind::ptx, {}); },
+                     {"[nvrtc] broken", "undeclared"});
+}
+
+}  // namespace
+}  // namespace kiln::cuda
