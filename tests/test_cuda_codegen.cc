@@ -11,6 +11,7 @@
 
 #include "devices/cuda/fused_codegen.h"
 #include "devices/cuda/nvrtc.h"
+#include "fused_program_builders.h"
 #include "test_util.h"
 
 namespace kiln::cuda {
@@ -21,34 +22,11 @@ using Kind = FusedInstr::Kind;
 
 constexpr int kArch = 90;
 
-FusedInstr load(int input) {
-  FusedInstr i;
-  i.kind = Kind::load;
-  i.input = input;
-  return i;
-}
-FusedInstr unary(UnaryOp op, int a) {
-  FusedInstr i;
-  i.kind = Kind::unary;
-  i.unary = op;
-  i.a = a;
-  return i;
-}
-FusedInstr binary(BinaryOp op, int a, int b) {
-  FusedInstr i;
-  i.kind = Kind::binary;
-  i.binary = op;
-  i.a = a;
-  i.b = b;
-  return i;
-}
-FusedInstr round_through(DType t, int a) {
-  FusedInstr i;
-  i.kind = Kind::round;
-  i.dtype = t;
-  i.a = a;
-  return i;
-}
+using test::binary;
+using test::load;
+using test::pick;
+using test::round_to;
+using test::unary;
 
 // Compiles to PTX and checks the kernel is there under its name.
 void expect_compiles(const KernelSource& k) {
@@ -87,7 +65,7 @@ TEST(CudaCodegen, EveryLoadStoreAndRoundingDtypeCompiles) {
   int acc = 0;
   for (size_t k = 1; k < dtypes.size(); ++k) {
     p.instrs.push_back(binary(BinaryOp::add, acc, int(k)));
-    p.instrs.push_back(round_through(dtypes[k], int(p.instrs.size()) - 1));
+    p.instrs.push_back(round_to(dtypes[k], int(p.instrs.size()) - 1));
     acc = int(p.instrs.size()) - 1;
   }
   p.result = acc;
@@ -104,10 +82,7 @@ TEST(CudaCodegen, IotaWhereAndUnusedInstructions) {
   iota.start = 0.5;
   iota.step = 0.1;
   iota.count = 7;
-  FusedInstr where;
-  where.kind = Kind::where;
-  where.a = 2, where.b = 0, where.c = 1;
-  p.instrs = {load(0), iota, binary(BinaryOp::gt, 0, 1), where, unary(UnaryOp::exp, 0)};
+  p.instrs = {load(0), iota, binary(BinaryOp::gt, 0, 1), pick(2, 0, 1), unary(UnaryOp::exp, 0)};
   p.result = 3;  // the exp is never read: it is not emitted
   const KernelSource k = fused_kernel_source(p, {DType::bf16}, DType::bf16);
   EXPECT_EQ(k.source.find("r4 ="), std::string::npos);

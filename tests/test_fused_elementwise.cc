@@ -8,13 +8,19 @@
 #include "devices/cpu/kernels/fused_elementwise.h"
 #include "devices/runtime.h"
 #include "exec/ops.h"
+#include "fused_program_builders.h"
 #include "test_util.h"
 
 namespace kiln {
 namespace {
 
 using Kind = FusedInstr::Kind;
-constexpr float kInf = std::numeric_limits<float>::infinity();
+using test::binary;
+using test::kInf;
+using test::load;
+using test::pick;
+using test::round_to;
+using test::unary;
 
 Tensor eager_unary(UnaryOp op, const Tensor& x) {
   switch (op) {
@@ -55,45 +61,6 @@ Tensor eager_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
     case BinaryOp::ge: return ge(a, b);
   }
   return Tensor();
-}
-
-FusedInstr load(int input) {
-  FusedInstr i;
-  i.kind = Kind::load;
-  i.input = input;
-  return i;
-}
-FusedInstr unary(UnaryOp op, int a, float lo = -kInf, float hi = kInf) {
-  FusedInstr i;
-  i.kind = Kind::unary;
-  i.unary = op;
-  i.a = a;
-  i.lo = lo;
-  i.hi = hi;
-  return i;
-}
-FusedInstr binary(BinaryOp op, int a, int b) {
-  FusedInstr i;
-  i.kind = Kind::binary;
-  i.binary = op;
-  i.a = a;
-  i.b = b;
-  return i;
-}
-FusedInstr pick(int cond, int x, int y) {
-  FusedInstr i;
-  i.kind = Kind::where;
-  i.a = cond;
-  i.b = x;
-  i.c = y;
-  return i;
-}
-FusedInstr round_to(DType t, int a) {
-  FusedInstr i;
-  i.kind = Kind::round;
-  i.dtype = t;
-  i.a = a;
-  return i;
 }
 
 std::vector<TensorView> views_of(const std::vector<Tensor>& ts) {
@@ -148,7 +115,7 @@ class Mirror {
   V clamp(const V& x, std::optional<double> lo, std::optional<double> hi) {
     // Eager reads the bounds as doubles and narrows them to float, as done here.
     return settle(kiln::clamp(x.t, lo, hi),
-                  emit(kiln::unary(UnaryOp::clamp, x.reg, lo ? float(*lo) : -kInf, hi ? float(*hi) : kInf)));
+                  emit(test::unary(UnaryOp::clamp, x.reg, lo ? float(*lo) : -kInf, hi ? float(*hi) : kInf)));
   }
   V binary(BinaryOp op, const V& a, const V& b) {
     return settle(eager_binary(op, a.t, b.t), emit(kiln::binary(op, a.reg, b.reg)));
