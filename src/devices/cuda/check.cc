@@ -1,6 +1,7 @@
 #include "devices/cuda/check.h"
 
 #include "core/error.h"
+#include "devices/cuda/libraries.h"
 
 namespace kiln::cuda {
 
@@ -9,9 +10,9 @@ void fail_cuda(const char* call, cudaError_t e) {
 }
 
 void fail_cublas(const char* call, cublasStatus_t s) {
-  fail("cublas", call, " failed: ", cublasLtGetStatusName(s), ": ", cublasLtGetStatusString(s));
+  fail("cublas", call, " failed: ", cublaslt().GetStatusName(s), ": ", cublaslt().GetStatusString(s));
 }
 
-void fail_nvrtc(const char* call, nvrtcResult r) { fail("nvrtc", call, " failed: ", nvrtcGetErrorString(r)); }
+void fail_nvrtc(const char* call, nvrtcResult r) { fail("nvrtc", call, " failed: ", nvrtc().GetErrorString(r)); }
 
 }  // namespace kiln::cuda

@@ -19,6 +19,7 @@
 #include "devices/cuda/cuda_runtime.h"
 #include "devices/cuda/kernels/kernel_table.h"
 #include "devices/cuda/launch.h"
+#include "devices/cuda/libraries.h"
 #include "devices/pool_allocator.h"
 
 namespace kiln::cuda {
@@ -65,7 +66,7 @@ class CudaRuntime final : public DeviceRuntime {
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
     kernel_cache_ = std::make_unique<KernelCache>(major * 10 + minor);
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&context_.stream, cudaStreamNonBlocking));
-    KILN_CUBLAS_CHECK(cublasLtCreate(&context_.lt));
+    KILN_CUBLAS_CHECK(cublaslt().Create(&context_.lt));
     KILN_CUDA_CHECK(cudaMalloc(&context_.workspace, kWorkspaceBytes));
     context_.device = index;
     context_.kernels = kernel_cache_.get();

@@ -12,6 +12,7 @@
 #include "core/cache_dir.h"
 #include "core/error.h"
 #include "devices/cuda/check.h"
+#include "devices/cuda/libraries.h"
 
 namespace kiln::cuda {
 
@@ -61,7 +62,7 @@ void write_file(const fs::path& p, const std::vector<char>& bytes) {
 
 int nvrtc_version() {
   int major = 0, minor = 0;
-  KILN_NVRTC_CHECK(nvrtcVersion(&major, &minor));
+  KILN_NVRTC_CHECK(nvrtc().Version(&major, &minor));
   return major * 1000 + minor * 10;
 }
 
@@ -77,30 +78,30 @@ CompiledCode nvrtc_compile(const std::string& name, const std::string& source, i
     if (std::vector<char> bytes = read_file(cached); !bytes.empty()) return {std::move(bytes), true};
 
   nvrtcProgram prog = nullptr;
-  KILN_NVRTC_CHECK(nvrtcCreateProgram(&prog, source.c_str(), (name + ".cu").c_str(), 0, nullptr, nullptr));
-  const std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> owner(&prog, [](nvrtcProgram* p) { nvrtcDestroyProgram(p); });
+  KILN_NVRTC_CHECK(nvrtc().CreateProgram(&prog, source.c_str(), (name + ".cu").c_str(), 0, nullptr, nullptr));
+  const std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> owner(&prog, [](nvrtcProgram* p) { nvrtc().DestroyProgram(p); });
   // A real architecture gives a CUBIN (SASS); a virtual one PTX, which the driver compiles.
   const std::string arch_flag =
       std::string("--gpu-architecture=") + (kind == CodeKind::cubin ? "sm_" : "compute_") + std::to_string(arch);
   const char* options[] = {arch_flag.c_str(), "--std=c++17", "--fmad=false"};
-  const nvrtcResult compiled = nvrtcCompileProgram(prog, 3, options);
+  const nvrtcResult compiled = nvrtc().CompileProgram(prog, 3, options);
   if (compiled != NVRTC_SUCCESS) {
     size_t log_size = 0;
-    nvrtcGetProgramLogSize(prog, &log_size);
+    nvrtc().GetProgramLogSize(prog, &log_size);
     std::string log(log_size, '\0');
-    if (log_size) nvrtcGetProgramLog(prog, log.data());
-    fail("nvrtc", name, ": ", nvrtcGetErrorString(compiled), "\n", log);
+    if (log_size) nvrtc().GetProgramLog(prog, log.data());
+    fail("nvrtc", name, ": ", nvrtc().GetErrorString(compiled), "\n", log);
   }
   std::vector<char> bytes;
   size_t size = 0;
   if (kind == CodeKind::ptx) {
-    KILN_NVRTC_CHECK(nvrtcGetPTXSize(prog, &size));
+    KILN_NVRTC_CHECK(nvrtc().GetPTXSize(prog, &size));
     bytes.resize(size);
-    KILN_NVRTC_CHECK(nvrtcGetPTX(prog, bytes.data()));
+    KILN_NVRTC_CHECK(nvrtc().GetPTX(prog, bytes.data()));
   } else {
-    KILN_NVRTC_CHECK(nvrtcGetCUBINSize(prog, &size));
+    KILN_NVRTC_CHECK(nvrtc().GetCUBINSize(prog, &size));
     bytes.resize(size);
-    KILN_NVRTC_CHECK(nvrtcGetCUBIN(prog, bytes.data()));
+    KILN_NVRTC_CHECK(nvrtc().GetCUBIN(prog, bytes.data()));
   }
   if (!cached.empty()) write_file(cached, bytes);
   return {std::move(bytes), false};

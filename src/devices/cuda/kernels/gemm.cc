@@ -11,6 +11,7 @@
 #include "devices/cuda/check.h"
 #include "devices/cuda/kernels/kernel_table.h"
 #include "devices/cuda/launch.h"
+#include "devices/cuda/libraries.h"
 
 namespace kiln::cuda {
 
@@ -25,16 +26,18 @@ cudaDataType_t data_type(DType t) {
   }
 }
 
-template <typename T, cublasStatus_t (*Destroy)(T)>
+// Owns a cuBLASLt descriptor; `destroy` is its library function.
+template <typename T>
 struct LtHandle {
   T h = nullptr;
+  cublasStatus_t (*destroy)(T) = nullptr;
   ~LtHandle() {
-    if (h) Destroy(h);
+    if (h) destroy(h);
   }
 };
-using Desc = LtHandle<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
-using Layout = LtHandle<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
-using Preference = LtHandle<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+using Desc = LtHandle<cublasLtMatmulDesc_t>;
+using Layout = LtHandle<cublasLtMatrixLayout_t>;
+using Preference = LtHandle<cublasLtMatmulPreference_t>;
 
 // One column-major product C[m,n] = op(A)[m,k] · op(B)[k,n] (+ bias[m]), `batch` times at the
 // given element strides between matrices (0: the same matrix for every batch).
@@ -51,44 +54,47 @@ struct Gemm {
 };
 
 void set_layout(Layout& l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.h, t, uint64_t(rows), uint64_t(cols), ld));
+  const CublasLtLibrary& lt = cublaslt();
+  l.destroy = lt.MatrixLayoutDestroy;
+  KILN_CUBLAS_CHECK(lt.MatrixLayoutCreate(&l.h, t, uint64_t(rows), uint64_t(cols), ld));
   if (batch > 1) {
     const int32_t count = int32_t(batch);
-    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l.h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    KILN_CUBLAS_CHECK(lt.MatrixLayoutSetAttribute(l.h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
     KILN_CUBLAS_CHECK(
-        cublasLtMatrixLayoutSetAttribute(l.h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+        lt.MatrixLayoutSetAttribute(l.h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
   }
 }
 
 void run(const Gemm& g) {
   const LaunchContext& ctx = launch_context();
   const cudaDataType_t t = data_type(g.dtype);
-  Desc desc;
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const CublasLtLibrary& lt = cublaslt();
+  Desc desc{nullptr, lt.MatmulDescDestroy};
+  KILN_CUBLAS_CHECK(lt.MatmulDescCreate(&desc.h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  KILN_CUBLAS_CHECK(lt.MatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  KILN_CUBLAS_CHECK(lt.MatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   if (g.bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof t));
+    KILN_CUBLAS_CHECK(lt.MatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    KILN_CUBLAS_CHECK(lt.MatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+    KILN_CUBLAS_CHECK(lt.MatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof t));
   }
   Layout la, lb, lc;
   set_layout(la, t, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.batch, g.stride_a);
   set_layout(lb, t, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.batch, g.stride_b);
   set_layout(lc, t, g.m, g.n, g.ldc, g.batch, g.stride_c);
-  Preference pref;
-  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.h));
-  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  Preference pref{nullptr, lt.MatmulPreferenceDestroy};
+  KILN_CUBLAS_CHECK(lt.MatmulPreferenceCreate(&pref.h));
+  KILN_CUBLAS_CHECK(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                           &ctx.workspace_bytes, sizeof ctx.workspace_bytes));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   KILN_CUBLAS_CHECK(
-      cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc.h, la.h, lb.h, lc.h, lc.h, pref.h, 1, &heuristic, &found));
+      lt.MatmulAlgoGetHeuristic(ctx.lt, desc.h, la.h, lb.h, lc.h, lc.h, pref.h, 1, &heuristic, &found));
   KILN_CHECK(found > 0, "cublas", "no GEMM algorithm for ", dtype_name(g.dtype), " m=", g.m, " n=", g.n, " k=", g.k);
   const float one = 1.0f, zero = 0.0f;
-  KILN_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, desc.h, &one, g.a, la.h, g.b, lb.h, &zero, g.c, lc.h, g.c, lc.h,
+  KILN_CUBLAS_CHECK(lt.Matmul(ctx.lt, desc.h, &one, g.a, la.h, g.b, lb.h, &zero, g.c, lc.h, g.c, lc.h,
                                    &heuristic.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream));
 }
 
