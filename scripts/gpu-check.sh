@@ -9,10 +9,11 @@
 #
 # The GPU tests are the CPU suite's own tests again with KILN_TEST_DEVICE=cuda:0 (the op
 # conformance harness against the CPU reference in every op, dtype and mode; host <-> device
-# copies): tests/CMakeLists.txt lists them under the label gpu. They stay under 8 minutes.
+# copies): tests/CMakeLists.txt lists them under the label gpu. Then the bundled FLUX.1 image on
+# cuda:0 in each mode and with offload, compared with Diffusers'. All within 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD=build-gpu
+BUILD="${GPU_CHECK_BUILD:-build-gpu}"  # another build folder for a dry run
 
 case "${1:-}" in
   build)
@@ -20,6 +21,7 @@ case "${1:-}" in
     cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_NATIVE=OFF -DKILN_SANITIZE=OFF \
           -DKILN_SANITIZE_CLI=OFF -DKILN_BUILD_BENCH=OFF -DKILN_CUDA=ON
     cmake --build "$BUILD" --target kiln_tests kiln_cli
+    du -sh "$BUILD/tests/kiln_tests" "$BUILD/tools/kiln"
     ;;
   run)
     OUT="${2:?usage: scripts/gpu-check.sh run OUT}"
@@ -30,6 +32,20 @@ case "${1:-}" in
     timeout 480 ctest --test-dir "$BUILD" -L gpu --output-on-failure --output-junit "$OUT/gpu-tests.xml" \
       > "$OUT/gpu-tests.log" 2>&1 || status=$?
     tail -n 40 "$OUT/gpu-tests.log"
+    # The bundled FLUX.1 checkpoint on cuda:0 in every mode and with model offload, against the
+    # image Diffusers made for it; deferred and compiled must give the same bytes as each other.
+    KILN="$BUILD/tools/kiln"
+    MODEL=tests/fixtures/flux1_tiny_arch
+    ARGS=(--model "$MODEL/pipeline" --prompt "A painting of a squirrel eating a burger" --height 128 --width 128
+          --steps 4 --max-sequence-length 32 --seed 0)
+    for run in "cpu eager" "cuda:0 eager" "cuda:0 defer" "cuda:0 compile" "cuda:0 eager --offload model"; do
+      set -- $run
+      name="$(echo "$run" | tr ' :' '__')"
+      timeout 120 "$KILN" generate "${ARGS[@]}" --device "$1" --mode "$2" "${@:3}" --out "$OUT/$name.png" \
+        --report "$OUT/$name.json" > "$OUT/$name.log" 2>&1 || { echo "generate $run failed" | tee -a "$OUT/summary.txt"; status=1; continue; }
+      "$KILN" compare "$OUT/$name.png" "$MODEL/image.png" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    done
+    cmp "$OUT/cuda_0_defer.png" "$OUT/cuda_0_compile.png" && echo "deferred and compiled: the same bytes" | tee -a "$OUT/summary.txt" || status=1
     exit "$status"
     ;;
   *)

@@ -9,8 +9,11 @@
 #include <limits>
 #include <string>
 
+#include "devices/cuda/builtin_kernels.h"
 #include "devices/cuda/fused_codegen.h"
+#include "devices/cuda/kernels/kernel_table.h"
 #include "devices/cuda/nvrtc.h"
+#include "graph/op.h"
 #include "fused_program_builders.h"
 #include "test_util.h"
 
@@ -92,6 +95,37 @@ TEST(CudaCodegen, IotaWhereAndUnusedInstructions) {
   EXPECT_EQ(fused_kernel_source(p, {DType::bf16}, DType::bf16).name, k.name);
   p.instrs[1].step = 0.2;
   EXPECT_NE(fused_kernel_source(p, {DType::bf16}, DType::bf16).name, k.name);
+}
+
+// The kernels of the other ops (norms, softmax, reductions, movement, factories, sdpa, conv2d)
+// are one source: it compiles to SASS for sm_90 and holds every entry the ops launch.
+TEST(CudaCodegen, TheBuiltinKernelsCompileWithEveryEntry) {
+  const KernelSource& k = builtin_kernels();
+  const CompiledCode ptx = nvrtc_compile(k.name, k.source, kArch, CodeKind::ptx, {});
+  const std::string text(ptx.bytes.data());
+  int entries = 0;
+  for (const char* const* e = builtin_kernel_entries(); *e; ++e, ++entries)
+    EXPECT_NE(text.find(std::string(".entry ").append(*e)), std::string::npos) << *e;
+  EXPECT_EQ(entries, 12);
+  EXPECT_FALSE(nvrtc_compile(k.name, k.source, kArch, CodeKind::cubin, {}).bytes.empty());
+}
+
+// Every op has a CUDA kernel but views (no kernel anywhere) and the collectives (NCCL is not
+// there yet), and what each takes
+// is what the CPU's takes in the op harness's dtypes.
+TEST(CudaCodegen, EveryOpButTheCollectivesHasACudaKernel) {
+  const KernelTable& table = cuda_kernels();
+  std::vector<std::string> missing;
+  for (const std::string& op : op_names())
+    if (!table.count(op) && !op_def(op).view && op != "all_reduce" && op != "all_gather") missing.push_back(op);
+  EXPECT_TRUE(missing.empty()) << "no CUDA kernel for " << testing::PrintToString(missing);
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    EXPECT_TRUE(table.at("linear").takes({{{2, 4}, t}, {{3, 4}, t}}));
+    EXPECT_TRUE(table.at("sdpa").takes({{{1, 2, 3, 4}, t}, {{1, 2, 3, 4}, t}, {{1, 2, 3, 4}, t}}));
+    EXPECT_TRUE(table.at("layer_norm").takes({{{2, 4}, t}}));
+  }
+  EXPECT_FALSE(table.at("linear").takes({{{2, 4}, DType::bf16}, {{3, 4}, DType::q8_0}})) << "no quantized GEMM yet";
+  EXPECT_FALSE(table.at("add").takes({{{2}, DType::f8_e4m3}, {{2}, DType::f32}}));
 }
 
 TEST(CudaCodegen, SassForSm90AndTheDiskCache) {

@@ -137,8 +137,8 @@ Options parse(const std::vector<std::string>& args) {
     KILN_CHECK(!v || *v >= 16, "cli", flag, " must be at least 16, got ", v.value_or(0));
   const Device device = Device::parse(o.device);
   runtime(device);  // "[device] cuda:0 is not available: ..." where the build or the machine lacks it
-  KILN_CHECK(device.type == DeviceType::cpu, "cli", "--device ", o.device, ": the CUDA device does not run ",
-             "pipelines yet (it has no norm, attention or convolution kernels: docs/internals.md); use --device cpu");
+  KILN_CHECK(o.tp <= 1 || runtime(device).is_host(), "cli", "--tp with --device ", o.device,
+             " is not supported yet (the CUDA device has no NCCL collectives)");
   KILN_CHECK(o.mode == "eager" || o.mode == "defer" || o.mode == "compile", "cli", "--mode ", o.mode,
              ": expected eager (strict, one kernel per op), defer (deferred-and-fused) or compile (compiled "
              "transformer)");
@@ -322,7 +322,8 @@ int generate(const std::vector<std::string>& args) {
   reset_compile_stats();
   io::reset_bytes_read();
 
-  if (o.device_memory) runtime(Device::cpu()).set_memory_capacity(o.device_memory);
+  const Device device = Device::parse(o.device);
+  if (o.device_memory) runtime(device).set_memory_capacity(o.device_memory);
   PipelineOptions pipe_options;
   if (o.tp > 1) pipe_options.tensor_parallel = TensorParallelConfig{DeviceMesh(world)};
   pipe_options.strict = o.strict;
@@ -339,8 +340,10 @@ int generate(const std::vector<std::string>& args) {
   const std::unique_ptr<DiffusionPipeline> loaded = DiffusionPipeline::from_pretrained(o.model, pipe_options);
   DiffusionPipeline& pipe = *loaded;
   if (writer) std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe.load_seconds());
-  if (o.offload == "none") pipe.to(Device::cpu());
-  if (o.offload == "model") pipe.enable_model_cpu_offload(Device::cpu());
+  // On a device with memory of its own the weights must be there: every one (pipe.to) unless
+  // model offload moves one component at a time. The CPU reads them in place by default.
+  if (o.offload == "none" || (o.offload.empty() && !runtime(device).is_host())) pipe.to(device);
+  if (o.offload == "model") pipe.enable_model_cpu_offload(device);
   if (o.mode == "compile") compile_transformer(pipe, o.compile, o.prepack == "on");
   double step_total = 0;
   o.call.on_step = [&](int64_t i, int64_t n, double s) {
@@ -366,10 +369,10 @@ int generate(const std::vector<std::string>& args) {
   };
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  const RankFigures mine{io::bytes_read(), runtime(Device::cpu()).memory().peak_bytes,
+  const RankFigures mine{io::bytes_read(), runtime(device).memory().peak_bytes,
                          uint64_t(usage.ru_maxrss) * 1024};
   std::vector<RankFigures> ranks(size_t(world->size()));
-  synchronize(Device::cpu());  // no graph collective may still be queued when the host issues one
+  synchronize(device);  // no graph collective may still be queued when the host issues one
   world->all_gather(&mine, ranks.data(), sizeof(RankFigures));
   if (!writer) return 0;
   io::write_png(o.out, result.image.data(), result.height, result.width, meta);
@@ -411,7 +414,7 @@ int generate(const std::vector<std::string>& args) {
                            {"decode_vae_tile_size", result.vae_tile_size},
                            {"total", pipe.load_seconds() + result.timings.total}};
     nlohmann::json engine{{"version", KILN_VERSION},
-                          {"device", "cpu:0"},
+                          {"device", device.str()},
                           {"mode", o.mode == "compile" ? std::string("compile") : eager_mode_name(eager_mode())},
                           {"eager_mode", eager_mode_name(eager_mode())},
                           {"compile", o.mode == "compile" ? o.compile : "none"},
@@ -425,7 +428,9 @@ int generate(const std::vector<std::string>& args) {
                         {"bytes", e.bytes},
                         {"seconds", e.seconds},
                         {"device_in_use_bytes", e.device_in_use}});
-    nlohmann::json offload{{"placement", o.offload.empty() ? "host" : o.offload == "none" ? "device" : "model offload"},
+    nlohmann::json offload{{"placement", o.offload == "model"                                       ? "model offload"
+                                         : o.offload == "none" || !runtime(device).is_host() ? "device"
+                                                                                              : "host"},
                            {"device_capacity_bytes", o.device_memory},
                            {"events", events}};
     nlohmann::json per_rank = nlohmann::json::array();
@@ -441,7 +446,8 @@ int generate(const std::vector<std::string>& args) {
                   {"compiled", compile_report()},
                   {"offload", std::move(offload)},
                   {"tensor_parallel", std::move(tp)},
-                  {"profile", o.profile ? profile_report() : nlohmann::json()}});
+                  {"profile", o.profile ? profile_report() : nlohmann::json()}},
+                 device);
   }
   return 0;
 }

@@ -43,7 +43,7 @@ const std::vector<CommandDoc>& commands() {
                                                   "fit in memory"},
            {"--vae-tile-size", "PIXELS", "the VAE's sample_size (1024)", "image pixels per tile side "
                                                                          "(Diffusers' tile_sample_min_size)"},
-           {"--device", "DEVICE", "cpu", "the device to run on"},
+           {"--device", "DEVICE", "cpu", "cpu, or cuda:N (a build with the CUDA toolkit, on a machine with that GPU)"},
            {"--mode", "eager|defer|compile", "eager", "strict eager, deferred-and-fused, or compiled transformer"},
            {"--compile", "full|blocks", "full", "with --mode compile: the whole transformer or its repeated blocks"},
            {"--prepack", "on|off", "on", "with --mode compile: linears read pre-packed weights"},

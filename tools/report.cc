@@ -32,7 +32,7 @@ std::string hex64(uint64_t v) {  // graph fingerprints as in KILN_DEFER_LOG
 
 
 void write_report(const std::filesystem::path& file, nlohmann::json inputs, nlohmann::json timings,
-                  nlohmann::json extra) {
+                  nlohmann::json extra, const Device& device) {
   const Counters c = counters();
   const DeferredStats d = deferred_stats();
   nlohmann::json flushes = nlohmann::json::object();
@@ -48,13 +48,13 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
                         {"launches", e.launches},
                         {"runs", e.runs}});
   }
-  const MemoryStats mem = runtime(Device::cpu()).memory();
+  const MemoryStats mem = runtime(device).memory();
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   nlohmann::json report{
       {"engine",
        {{"version", KILN_VERSION},
-        {"device", "cpu:0"},
+        {"device", device.str()},
         {"mode", eager_mode_name(eager_mode())},
         // How this CPU runs bf16 linears: bf16 dot products, or widened into the f32 GEMM where
         // those are slower (kernels/linear_gemm.h).

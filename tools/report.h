@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/device.h"
+
 namespace kiln::cli {
 
 // Compiled mode's counters and one entry per executable obtained (the report's `compiled`).
@@ -15,7 +17,8 @@ nlohmann::json compile_report();
 // launches, bytes; by_component[component] = the seconds of its rows.
 nlohmann::json profile_report();
 
+// `device`: the device the run computed on, whose memory the report states.
 void write_report(const std::filesystem::path& file, nlohmann::json inputs, nlohmann::json timings,
-                  nlohmann::json extra = nlohmann::json::object());
+                  nlohmann::json extra = nlohmann::json::object(), const Device& device = Device::cpu());
 
 }  // namespace kiln::cli

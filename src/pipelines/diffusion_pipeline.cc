@@ -456,7 +456,8 @@ void DiffusionPipeline::Stages::next(const char* component) {
 
 void DiffusionPipeline::Stages::end() { scope_->profile.reset(); }
 
-DiffusionPipeline::CallGuard::CallGuard(const DiffusionPipeline& pipe) : pipe_(pipe), lock_(pipe.s_->call_mu) {}
+DiffusionPipeline::CallGuard::CallGuard(const DiffusionPipeline& pipe)
+    : pipe_(pipe), lock_(pipe.s_->call_mu), on_device_(pipe.s_->device) {}
 
 DiffusionPipeline::CallGuard::~CallGuard() {
   try {

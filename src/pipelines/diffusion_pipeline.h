@@ -253,6 +253,7 @@ class DiffusionPipeline {
    private:
     const DiffusionPipeline& pipe_;
     std::lock_guard<std::mutex> lock_;
+    DefaultDeviceGuard on_device_;  // what a call makes (noise, ids, tables) is made on the pipeline's device
   };
 
   // ---- what a concrete pipeline provides ----

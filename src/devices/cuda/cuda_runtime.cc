@@ -71,8 +71,6 @@ class CudaRuntime final : public DeviceRuntime {
     context_.device = index;
     context_.kernels = kernel_cache_.get();
     context_.workspace_bytes = kWorkspaceBytes;
-    add_elementwise_kernels(kernels_);
-    add_contraction_kernels(kernels_);
   }
 
   Device device() const override { return Device{DeviceType::cuda, index_}; }
@@ -218,7 +216,7 @@ class CudaRuntime final : public DeviceRuntime {
   PoolAllocator staging_;
   std::unique_ptr<KernelCache> kernel_cache_;
   LaunchContext context_;
-  KernelTable kernels_;
+  const KernelTable& kernels_ = cuda_kernels();
   mutable std::mutex mu_;
   uint64_t last_ = 0;
   mutable uint64_t completed_ = 0;

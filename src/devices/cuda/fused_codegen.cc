@@ -10,13 +10,9 @@
 
 namespace kiln::cuda {
 
-namespace {
-
-using Kind = FusedInstr::Kind;
-
 // Conversions as the CPU's (core/dtype.h): bf16 rounds to nearest even and keeps NaN quiet; f16
 // through the hardware's round-to-nearest-even conversion; integers truncate toward zero.
-constexpr const char* kPrelude = R"(struct KilnDims { long long d[8]; };
+const char* const kKernelPrelude = R"(struct KilnDims { long long d[8]; };
 __device__ __forceinline__ float kiln_bf16_load(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
 __device__ __forceinline__ unsigned short kiln_bf16_store(float f) {
   unsigned bits = __float_as_uint(f);
@@ -35,7 +31,31 @@ __device__ __forceinline__ unsigned short kiln_f16_store(float f) {
   return h;
 }
 __device__ __forceinline__ float kiln_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float kiln_ld(const void* p, int t, long long i) {
+  switch (t) {
+    case 0: return ((const float*)p)[i];
+    case 1: return kiln_bf16_load(((const unsigned short*)p)[i]);
+    case 2: return kiln_f16_load(((const unsigned short*)p)[i]);
+    case 3: return (float)((const int*)p)[i];
+    case 4: return (float)((const long long*)p)[i];
+    default: return ((const unsigned char*)p)[i] ? 1.0f : 0.0f;
+  }
+}
+__device__ __forceinline__ void kiln_st(void* p, int t, long long i, float v) {
+  switch (t) {
+    case 0: ((float*)p)[i] = v; break;
+    case 1: ((unsigned short*)p)[i] = kiln_bf16_store(v); break;
+    case 2: ((unsigned short*)p)[i] = kiln_f16_store(v); break;
+    case 3: ((int*)p)[i] = (int)v; break;
+    case 4: ((long long*)p)[i] = (long long)v; break;
+    default: ((unsigned char*)p)[i] = v != 0.0f; break;
+  }
+}
 )";
+
+namespace {
+
+using Kind = FusedInstr::Kind;
 
 // The C type a dtype is stored as, and how an element at offset `o` of pointer `p` loads as f32.
 const char* storage_type(DType t) {
@@ -144,18 +164,10 @@ std::string binary_expr(const FusedInstr& in) {
   fail("fused", "unknown binary op ", int(in.binary));
 }
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 // Names the kernel by a hash of its text, so equal programs share one compiled kernel.
 KernelSource named(const std::string& prefix, const std::string& body_with_placeholder) {
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016" PRIx64, fnv1a(body_with_placeholder));
   KernelSource k;
-  k.name = prefix + hex;
+  k.name = prefix + text_hash(body_with_placeholder);
   k.source = body_with_placeholder;
   const std::string placeholder = "KILN_KERNEL_NAME";
   k.source.replace(k.source.find(placeholder), placeholder.size(), k.name);
@@ -185,6 +197,14 @@ std::string loop_head(size_t num_inputs) {
 
 }  // namespace
 
+std::string text_hash(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016" PRIx64, h);
+  return hex;
+}
+
 bool codegen_supports(DType t) {
   return t == DType::f32 || t == DType::bf16 || t == DType::f16 || t == DType::i32 || t == DType::i64 ||
          t == DType::boolean;
@@ -204,7 +224,7 @@ KernelSource fused_kernel_source(const FusedProgram& program, const std::vector<
         if (r >= 0) needed[size_t(r)] = 1;
 
   std::ostringstream os;
-  os << kPrelude << loop_head(inputs.size());
+  os << kKernelPrelude << loop_head(inputs.size());
   for (int i = 0; i <= program.result; ++i) {
     if (!needed[size_t(i)]) continue;
     const FusedInstr& in = program.instrs[size_t(i)];
@@ -247,7 +267,7 @@ KernelSource strided_copy_source(size_t element_bytes) {
                                           : nullptr;
   KILN_CHECK(type != nullptr, "copy", "no strided copy of ", element_bytes, "-byte elements");
   std::ostringstream os;
-  os << kPrelude << loop_head(1) << "    ((" << type << "*)out)[i] = ((const " << type << "*)in0)[o0];\n  }\n}\n";
+  os << kKernelPrelude << loop_head(1) << "    ((" << type << "*)out)[i] = ((const " << type << "*)in0)[o0];\n  }\n}\n";
   return named("kiln_copy_", os.str());
 }
 
@@ -257,7 +277,7 @@ KernelSource integer_cast_source(DType from, DType to) {
   const std::string v = std::string("(long long)((const ") + storage_type(from) + "*)in0)[o0]";
   const std::string stored = to == DType::boolean ? "(unsigned char)(" + v + " != 0)" : std::string("(") + storage_type(to) + ")" + v;
   std::ostringstream os;
-  os << kPrelude << loop_head(1) << "    ((" << storage_type(to) << "*)out)[i] = " << stored << ";\n  }\n}\n";
+  os << kKernelPrelude << loop_head(1) << "    ((" << storage_type(to) << "*)out)[i] = " << stored << ";\n  }\n}\n";
   return named("kiln_cast_", os.str());
 }
 

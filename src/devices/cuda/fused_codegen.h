@@ -20,8 +20,16 @@ namespace kiln::cuda {
 
 inline constexpr int kMaxRank = 8;  // KilnDims holds this many dims
 
+// Device functions every generated source starts with: KilnDims, bf16/f16 conversions as the
+// CPU's (core/dtype.h), kiln_ld/kiln_st (an element of a runtime dtype, int(DType), as f32).
+extern const char* const kKernelPrelude;
+
 // The dtypes a generated kernel loads and stores.
 bool codegen_supports(DType t);
+
+// A 64-bit FNV-1a hash of `text` in hexadecimal: names kernels by their source, and cached code
+// by source, compiler and architecture.
+std::string text_hash(const std::string& text);
 
 struct KernelSource {
   std::string name;    // the kernel's extern "C" name, unique to its source ("kiln_fused_<hash>")

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "devices/cuda/builtin_kernels.h"
 #include "devices/cuda/check.h"
 #include "devices/cuda/nvrtc.h"
 
@@ -12,30 +13,28 @@ namespace {
 
 thread_local const LaunchContext* t_context = nullptr;
 
-struct Dims {  // the kernels' KilnDims
-  long long d[kMaxRank];
-};
-
 }  // namespace
 
 KernelCache::~KernelCache() {
-  for (auto& [name, loaded] : loaded_) cudaLibraryUnload(loaded.first);
+  for (auto& [name, library] : libraries_) cudaLibraryUnload(library);
 }
 
-cudaKernel_t KernelCache::get(const KernelSource& kernel) {
+cudaKernel_t KernelCache::get(const KernelSource& kernel, const char* entry) {
+  const std::string name = entry ? entry : kernel.name;
+  const std::string key = kernel.name + "/" + name;
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = loaded_.find(kernel.name); it != loaded_.end()) return it->second.second;
-  const CompiledCode code = nvrtc_compile(kernel.name, kernel.source, arch_, CodeKind::cubin, kernel_cache_dir());
-  ++(code.from_cache ? from_disk_ : compiled_);
-  cudaLibrary_t library = nullptr;
-  KILN_CUDA_CHECK(cudaLibraryLoadData(&library, code.bytes.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
-  cudaKernel_t k = nullptr;
-  const cudaError_t e = cudaLibraryGetKernel(&k, library, kernel.name.c_str());
-  if (e != cudaSuccess) {
-    cudaLibraryUnload(library);
-    fail_cuda("cudaLibraryGetKernel", e);
+  if (auto it = kernels_.find(key); it != kernels_.end()) return it->second;
+  auto lib = libraries_.find(kernel.name);
+  if (lib == libraries_.end()) {
+    const CompiledCode code = nvrtc_compile(kernel.name, kernel.source, arch_, CodeKind::cubin, kernel_cache_dir());
+    ++(code.from_cache ? from_disk_ : compiled_);
+    cudaLibrary_t library = nullptr;
+    KILN_CUDA_CHECK(cudaLibraryLoadData(&library, code.bytes.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+    lib = libraries_.emplace(kernel.name, library).first;
   }
-  loaded_.emplace(kernel.name, std::make_pair(library, k));
+  cudaKernel_t k = nullptr;
+  KILN_CUDA_CHECK(cudaLibraryGetKernel(&k, lib->second, name.c_str()));
+  kernels_.emplace(key, k);
   return k;
 }
 
@@ -62,9 +61,9 @@ void launch_generated(const KernelSource& kernel, const std::vector<TensorView>&
   if (n == 0) return;
   const int rank = int(out.shape.size());
   KILN_CHECK(rank <= kMaxRank, "cuda", kernel.name, ": output of rank ", rank, " (at most ", kMaxRank, ")");
-  Dims shape{};
+  KilnDims shape;
   for (int d = 0; d < rank; ++d) shape.d[d] = out.shape[size_t(d)];
-  std::vector<Dims> strides(inputs.size(), Dims{});
+  std::vector<KilnDims> strides(inputs.size());
   std::vector<const void*> data(inputs.size());
   for (size_t k = 0; k < inputs.size(); ++k) {
     const TensorView& v = inputs[k];
@@ -82,10 +81,23 @@ void launch_generated(const KernelSource& kernel, const std::vector<TensorView>&
     args.push_back(&strides[k]);
   }
   constexpr unsigned kThreads = 256;
-  const unsigned blocks = unsigned(std::min<long long>((n + kThreads - 1) / kThreads, 1 << 20));
   const cudaKernel_t k = ctx.kernels->get(kernel);
-  KILN_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(blocks), dim3(kThreads), args.data(), 0,
-                                   ctx.stream));
+  KILN_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(unsigned(grid_for(n, kThreads))),
+                                   dim3(kThreads), args.data(), 0, ctx.stream));
+}
+
+long long grid_for(long long n, unsigned threads) {
+  return std::max<long long>(1, std::min<long long>((n + threads - 1) / threads, 1 << 20));
+}
+
+void launch_builtin(const char* entry, long long blocks, unsigned threads, size_t shared_bytes,
+                    std::vector<void*> args) {
+  if (blocks == 0) return;
+  const LaunchContext& ctx = launch_context();
+  KILN_CHECK(blocks <= 0x7fffffffLL, "cuda", entry, ": ", blocks, " blocks");
+  const cudaKernel_t k = ctx.kernels->get(builtin_kernels(), entry);
+  KILN_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(unsigned(blocks)), dim3(threads), args.data(),
+                                   shared_bytes, ctx.stream));
 }
 
 }  // namespace kiln::cuda

@@ -25,15 +25,22 @@ class KernelCache {
   KernelCache(const KernelCache&) = delete;
   KernelCache& operator=(const KernelCache&) = delete;
 
-  cudaKernel_t get(const KernelSource& kernel);
+  // Kernel `entry` (default: the source's name) of `kernel`'s source, compiled once per process.
+  cudaKernel_t get(const KernelSource& kernel, const char* entry = nullptr);
   uint64_t compiled() const;    // kernels NVRTC compiled in this process
   uint64_t from_disk() const;   // kernels read from the disk cache
 
  private:
   int arch_;
   mutable std::mutex mu_;
-  std::map<std::string, std::pair<cudaLibrary_t, cudaKernel_t>> loaded_;
+  std::map<std::string, cudaLibrary_t> libraries_;  // by source name
+  std::map<std::string, cudaKernel_t> kernels_;      // by source name and entry
   uint64_t compiled_ = 0, from_disk_ = 0;
+};
+
+// Host twin of the kernels' KilnDims (fused_codegen.h).
+struct KilnDims {
+  long long d[kMaxRank] = {};
 };
 
 struct LaunchContext {
@@ -63,5 +70,13 @@ class LaunchScope {
 // Runs a generated elementwise kernel over `out`'s elements (dense), each input read at its
 // strides broadcast to out's shape (0 along broadcast dims).
 void launch_generated(const KernelSource& kernel, const std::vector<TensorView>& inputs, const TensorView& out);
+
+// Launches entry `entry` of the built-in kernels (builtin_kernels.h) with these arguments
+// (pointers to each parameter's value), on `blocks` blocks of `threads` threads.
+void launch_builtin(const char* entry, long long blocks, unsigned threads, size_t shared_bytes,
+                    std::vector<void*> args);
+
+// Blocks for a grid-stride loop over n elements at `threads` per block.
+long long grid_for(long long n, unsigned threads);
 
 }  // namespace kiln::cuda

@@ -1,17 +1,18 @@
 #include "devices/cuda/nvrtc.h"
 
 #include <nvrtc.h>
+#include <unistd.h>
 
-#include <cinttypes>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <thread>
 
 #include "core/cache_dir.h"
 #include "core/error.h"
 #include "devices/cuda/check.h"
+#include "devices/cuda/fused_codegen.h"
 #include "devices/cuda/libraries.h"
 
 namespace kiln::cuda {
@@ -20,23 +21,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string hex64(uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64, h);
-  return buf;
-}
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 // The cached file of this source, compiler, architecture and kind, or empty without a cache.
 fs::path cache_file(const fs::path& dir, const std::string& source, int arch, CodeKind kind) {
   if (dir.empty()) return {};
   const std::string key = source + "\n//nvrtc " + std::to_string(nvrtc_version()) + " sm_" + std::to_string(arch);
-  return dir / (hex64(fnv1a(key)) + (kind == CodeKind::ptx ? ".ptx" : ".cubin"));
+  return dir / (text_hash(key) + (kind == CodeKind::ptx ? ".ptx" : ".cubin"));
 }
 
 std::vector<char> read_file(const fs::path& p) {
@@ -49,7 +38,8 @@ std::vector<char> read_file(const fs::path& p) {
 void write_file(const fs::path& p, const std::vector<char>& bytes) {
   std::error_code ec;
   fs::create_directories(p.parent_path(), ec);
-  const fs::path tmp = p.string() + ".tmp" + std::to_string(reinterpret_cast<uintptr_t>(&bytes));
+  const fs::path tmp = p.string() + ".tmp" + std::to_string(getpid()) + "." +
+                       std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
   {
     std::ofstream out(tmp, std::ios::binary);
     if (!out.write(bytes.data(), std::streamsize(bytes.size()))) return;  // a cache that cannot be written is no cache

@@ -16,7 +16,11 @@ struct CudaKernel {
 };
 using KernelTable = std::unordered_map<std::string, CudaKernel>;
 
+// Every CUDA kernel (built once; needs no GPU).
+const KernelTable& cuda_kernels();
+
 void add_elementwise_kernels(KernelTable& table);
 void add_contraction_kernels(KernelTable& table);
+void add_builtin_kernels(KernelTable& table);  // norms, softmax, reductions, movement, factories, sdpa, conv2d
 
 }  // namespace kiln::cuda
