@@ -91,7 +91,7 @@ class CudaRuntime final : public DeviceRuntime {
   BufferPtr allocate_staging(size_t bytes) override { return staging_.allocate(bytes); }
 
   uint64_t enqueue(std::string what, std::function<void()> work, size_t) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     KILN_CUDA_CHECK(cudaSetDevice(index_));
     const auto t0 = std::chrono::steady_clock::now();
     {
@@ -115,7 +115,7 @@ class CudaRuntime final : public DeviceRuntime {
                "host memory, not from ", src->device().str(), " to ", dst->device().str());
     const cudaMemcpyKind kind = from_host ? (to_host ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
                                           : (to_host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     KILN_CUDA_CHECK(cudaSetDevice(index_));
     if (bytes)
       KILN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst->data()) + dst_offset,
@@ -124,25 +124,31 @@ class CudaRuntime final : public DeviceRuntime {
     return record_locked({src, dst});
   }
 
+  // Waits on the event of the last item numbered <= seq (the stream runs in order, so every
+  // earlier one is done too) without holding the lock, then retires them. Were that event retired
+  // and recorded again meanwhile, the wait would only be longer, never too short.
   void wait_for(uint64_t seq) override {
-    std::unique_lock<std::mutex> lock(mu_);
+    std::unique_lock<std::recursive_mutex> lock(mu_);
+    if (pending_.empty() || pending_.front().seq > seq) return;
+    size_t last = 0;
+    while (last + 1 < pending_.size() && pending_[last + 1].seq <= seq) ++last;
+    const cudaEvent_t event = pending_[last].event;
+    lock.unlock();
+    const cudaError_t e = cudaEventSynchronize(event);
+    lock.lock();
     while (!pending_.empty() && pending_.front().seq <= seq) {
-      Pending p = std::move(pending_.front());
+      completed_ = std::max(completed_, pending_.front().seq);
+      free_events_.push_back(pending_.front().event);
       pending_.pop_front();
-      lock.unlock();  // the host waits without holding up other threads' launches
-      const cudaError_t e = cudaEventSynchronize(p.event);
-      lock.lock();
-      completed_ = std::max(completed_, p.seq);
-      free_events_.push_back(p.event);
-      if (e != cudaSuccess) fail_cuda("cudaEventSynchronize (a queued kernel failed)", e);
     }
+    if (e != cudaSuccess) fail_cuda("cudaEventSynchronize (a queued kernel failed)", e);
   }
   uint64_t last_enqueued() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     return last_;
   }
   uint64_t completed() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
       completed_ = pending_.front().seq;
       free_events_.push_back(pending_.front().event);
@@ -157,11 +163,11 @@ class CudaRuntime final : public DeviceRuntime {
   size_t allocation_size(size_t bytes) const override { return PoolAllocator::round_size(bytes); }
   // Host seconds spent issuing each kind of work (launches are asynchronous: not kernel time).
   std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     return times_;
   }
   void reset_kernel_times() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     times_.clear();
   }
 
@@ -217,7 +223,9 @@ class CudaRuntime final : public DeviceRuntime {
   std::unique_ptr<KernelCache> kernel_cache_;
   LaunchContext context_;
   const KernelTable& kernels_ = cuda_kernels();
-  mutable std::mutex mu_;
+  // Recursive: queued work that asks the runtime for something (a copy, its progress) runs while
+  // enqueue holds the lock on the same thread.
+  mutable std::recursive_mutex mu_;
   uint64_t last_ = 0;
   mutable uint64_t completed_ = 0;
   mutable std::deque<Pending> pending_;
