@@ -126,6 +126,12 @@ TEST(CudaCodegen, EveryOpButTheCollectivesHasACudaKernel) {
   }
   EXPECT_FALSE(table.at("linear").takes({{{2, 4}, DType::bf16}, {{3, 4}, DType::q8_0}})) << "no quantized GEMM yet";
   EXPECT_FALSE(table.at("add").takes({{{2}, DType::f8_e4m3}, {{2}, DType::f32}}));
+  // matmul batches by strides: whole-batch broadcasts only, refused before anything is queued.
+  const auto mm = [&](Shape a, Shape b) { return table.at("matmul").takes({{a, DType::bf16}, {b, DType::bf16}}); };
+  EXPECT_TRUE(mm({2, 3, 4, 5}, {2, 3, 5, 6}));
+  EXPECT_TRUE(mm({2, 3, 4, 5}, {5, 6}));
+  EXPECT_TRUE(mm({1, 4, 5}, {7, 5, 6}));
+  EXPECT_FALSE(mm({2, 1, 4, 5}, {1, 3, 5, 6}));
 }
 
 TEST(CudaCodegen, SassForSm90AndTheDiskCache) {

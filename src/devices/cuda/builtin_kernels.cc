@@ -186,7 +186,9 @@ extern "C" __global__ void kiln_pad(const void* x, void* y, int es, long long n,
   }
 }
 
-// gather: rows of `row` elements of the table, by i32 (it = 3) or i64 indices.
+// gather: rows of `row` elements of the table, by i32 (it = 3) or i64 indices. An index out of
+// range reads the nearest row (a kernel cannot raise; the CPU's gather refuses it): kiln's
+// indices are token ids, which the tokenizers keep within the vocabulary.
 extern "C" __global__ void kiln_gather(const void* table, const void* idx, int it, void* y, int es, long long n,
                                        long long row, long long rows) {
   KILN_GRID_LOOP(i, n) {
@@ -228,11 +230,12 @@ extern "C" __global__ void kiln_fill(void* y, int es, long long n, unsigned long
 
 // Scaled dot-product attention, one block per query row (b, h, i): scores for every key in
 // shared memory (dynamic: lk floats), their softmax, then each output feature as a sum over the
-// keys. q/k/v are read at their strides ([B, H, L, D] order); the mask through broadcast strides.
+// keys. q/k/v and the output are at their strides ([B, H, L, D] order); the mask through
+// broadcast strides.
 extern "C" __global__ void kiln_sdpa(const void* q, const void* k, const void* v, const void* mask, int t, int mt,
                                      void* y, int yt, long long H, long long hkv, long long lq, long long lk,
                                      long long dq, long long dv, KilnDims qs, KilnDims ks, KilnDims vs, KilnDims ms,
-                                     float scale) {
+                                     KilnDims os, float scale) {
   extern __shared__ float scores[];
   __shared__ float shared[32];
   const long long i = blockIdx.x % lq, h = blockIdx.x / lq % H, b = blockIdx.x / lq / H, hk = h / (H / hkv);
@@ -248,13 +251,18 @@ extern "C" __global__ void kiln_sdpa(const void* q, const void* k, const void* v
     m = fmaxf(m, s);
   }
   m = kiln_block_max(m, shared);
+  // A row every key of which is masked out (or with no keys) is zeros, as on the CPU: no shift.
+  if (m == -__int_as_float(0x7f800000)) m = 0.0f;
   float sum = 0.0f;
   for (long long j = threadIdx.x; j < lk; j += blockDim.x) sum += (scores[j] = expf(scores[j] - m));
   sum = kiln_block_sum(sum, shared);
+  // The output is written through its strides: deferred and compiled mode hand sdpa a transposed
+  // view of the buffer the heads are merged in ([B, L, H, Dv] seen as [B, H, L, Dv]).
+  const long long orow = b * os.d[0] + h * os.d[1] + i * os.d[2];
   for (long long d = threadIdx.x; d < dv; d += blockDim.x) {
     float acc = 0.0f;
     for (long long j = 0; j < lk; ++j) acc += scores[j] * kiln_ld(v, t, b * vs.d[0] + hk * vs.d[1] + j * vs.d[2] + d * vs.d[3]);
-    kiln_st(y, yt, ((b * H + h) * lq + i) * dv + d, acc / sum);
+    kiln_st(y, yt, orow + d * os.d[3], sum > 0.0f ? acc / sum : 0.0f);
   }
 }
 

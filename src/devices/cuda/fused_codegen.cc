@@ -274,7 +274,8 @@ KernelSource strided_copy_source(size_t element_bytes) {
 KernelSource integer_cast_source(DType from, DType to) {
   for (DType t : {from, to})
     KILN_CHECK(t == DType::i32 || t == DType::i64 || t == DType::boolean, "cast", "not an integer dtype: ", dtype_name(t));
-  const std::string v = std::string("(long long)((const ") + storage_type(from) + "*)in0)[o0]";
+  const std::string elem = std::string("((const ") + storage_type(from) + "*)in0)[o0]";
+  const std::string v = from == DType::boolean ? "(long long)(" + elem + " != 0)" : "(long long)" + elem;
   const std::string stored = to == DType::boolean ? "(unsigned char)(" + v + " != 0)" : std::string("(") + storage_type(to) + ")" + v;
   std::ostringstream os;
   os << kKernelPrelude << loop_head(1) << "    ((" << storage_type(to) << "*)out)[i] = " << stored << ";\n  }\n}\n";

@@ -12,6 +12,8 @@ namespace kiln::cuda {
 namespace {
 
 thread_local const LaunchContext* t_context = nullptr;
+constexpr size_t kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a kernel gets without opting in
+constexpr size_t kStaticSharedBytes = 1024;         // what the built-in kernels declare statically, at most
 
 }  // namespace
 
@@ -96,6 +98,15 @@ void launch_builtin(const char* entry, long long blocks, unsigned threads, size_
   const LaunchContext& ctx = launch_context();
   KILN_CHECK(blocks <= 0x7fffffffLL, "cuda", entry, ": ", blocks, " blocks");
   const cudaKernel_t k = ctx.kernels->get(builtin_kernels(), entry);
+  if (shared_bytes > kDefaultSharedBytes) {  // past the default, a kernel opts in, up to the device's limit
+    int optin = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device));
+    const size_t usable = size_t(optin) - std::min<size_t>(size_t(optin), kStaticSharedBytes);
+    KILN_CHECK(shared_bytes <= usable, "cuda", entry, " needs ", shared_bytes, " bytes of shared memory; cuda:",
+               ctx.device, " gives a block at most ", usable);
+    KILN_CUDA_CHECK(cudaKernelSetAttributeForDevice(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes),
+                                                    ctx.device));
+  }
   KILN_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(unsigned(blocks)), dim3(threads), args.data(),
                                    shared_bytes, ctx.stream));
 }

@@ -13,7 +13,6 @@ namespace kiln::cuda {
 namespace {
 
 constexpr unsigned kThreads = 256;
-constexpr size_t kMaxSharedBytes = 48 * 1024;  // without opting in to more per kernel
 
 int code(DType t) { return int(t); }
 const void* optional_input(const KernelArgs& a, size_t i) { return a.in.size() > i ? a.in[i].data : nullptr; }
@@ -150,7 +149,13 @@ void upsample_kernel(const KernelArgs& a) {
   launch_builtin("kiln_upsample2x", grid_for(n, kThreads), kThreads, 0, {&xp, &y, &es, &n, &C, &H, &W, &cl});
 }
 
+// A factory's output dtype (it has no input for supports() to see).
+void check_factory_dtype(const char* op, DType t) {
+  KILN_CHECK(codegen_supports(t), op, "the CUDA kernel cannot store ", dtype_name(t));
+}
+
 void arange_kernel(const KernelArgs& a) {
+  check_factory_dtype("arange", a.out.dtype);
   double start = a.attrs->get_float("start"), step = a.attrs->get_float("step");
   long long n = a.out.numel();
   int yt = code(a.out.dtype);
@@ -159,6 +164,7 @@ void arange_kernel(const KernelArgs& a) {
 }
 
 void full_kernel(const KernelArgs& a) {
+  check_factory_dtype("full", a.out.dtype);
   long long n = a.out.numel();
   int es = int(dtype_size(a.out.dtype));
   unsigned long long value = bytes_of(a.attrs->get_float("value"), a.out.dtype);
@@ -178,10 +184,8 @@ void sdpa_kernel(const KernelArgs& a) {
   const TensorView &q = a.in[0], &k = a.in[1], &v = a.in[2];
   long long H = q.shape[1], hkv = k.shape[1], lq = q.shape[2], lk = k.shape[2], dq = q.shape[3], dv = v.shape[3];
   const size_t shared = size_t(lk) * sizeof(float);
-  KILN_CHECK(shared <= kMaxSharedBytes, "sdpa", "the CUDA attention kernel holds at most ", kMaxSharedBytes / 4,
-             " keys' scores, got ", lk);
   float scale = float(a.attrs->get_float("scale", 1.0 / std::sqrt(double(dq))));
-  KilnDims qs = broadcast4(q), ks = broadcast4(k), vs = broadcast4(v), ms;
+  KilnDims qs = broadcast4(q), ks = broadcast4(k), vs = broadcast4(v), os = broadcast4(a.out), ms;
   const void *qp = q.data, *kp = k.data, *vp = v.data, *mp = nullptr;
   int t = code(q.dtype), mt = 0, yt = code(a.out.dtype);
   if (a.in.size() > 3) {
@@ -191,7 +195,7 @@ void sdpa_kernel(const KernelArgs& a) {
   }
   void* y = a.out.data;
   launch_builtin("kiln_sdpa", q.shape[0] * H * lq, kThreads, shared,
-                 {&qp, &kp, &vp, &mp, &t, &mt, &y, &yt, &H, &hkv, &lq, &lk, &dq, &dv, &qs, &ks, &vs, &ms, &scale});
+                 {&qp, &kp, &vp, &mp, &t, &mt, &y, &yt, &H, &hkv, &lq, &lk, &dq, &dv, &qs, &ks, &vs, &ms, &os, &scale});
 }
 
 void conv2d_kernel(const KernelArgs& a) {

@@ -53,6 +53,24 @@ struct Gemm {
   const void* bias = nullptr;
 };
 
+// Dense as Tensor::is_contiguous() says: a size-1 dim may carry any stride.
+bool dense(const TensorView& v) {
+  int64_t expected = 1;
+  for (size_t d = v.shape.size(); d-- > 0;) {
+    if (v.shape[d] != 1 && v.strides[d] != expected) return false;
+    expected *= v.shape[d];
+  }
+  return true;
+}
+
+// The largest power of two (up to 256) dividing the address: what cuBLASLt may assume of it.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
 void set_layout(Layout& l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
   const CublasLtLibrary& lt = cublaslt();
   l.destroy = lt.MatrixLayoutDestroy;
@@ -88,6 +106,20 @@ void run(const Gemm& g) {
   KILN_CUBLAS_CHECK(lt.MatmulPreferenceCreate(&pref.h));
   KILN_CUBLAS_CHECK(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                           &ctx.workspace_bytes, sizeof ctx.workspace_bytes));
+  // Operands are views at element offsets (slices, rows written into a concat's buffer): the
+  // algorithm may assume only the alignment their addresses have (cuBLASLt's default is 256).
+  const size_t es = dtype_size(g.dtype);
+  const auto batch_alignment = [&](const void* p, int64_t stride) {
+    const uint32_t a = alignment(p);
+    return g.batch > 1 && stride != 0 ? std::min(a, alignment(reinterpret_cast<const void*>(uintptr_t(stride) * es))) : a;
+  };
+  const uint32_t align_a = batch_alignment(g.a, g.stride_a);
+  const uint32_t align_b = batch_alignment(g.b, g.stride_b);
+  const uint32_t align_c = std::min(batch_alignment(g.c, g.stride_c), g.bias ? alignment(g.bias) : 256u);
+  KILN_CUBLAS_CHECK(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+  KILN_CUBLAS_CHECK(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+  KILN_CUBLAS_CHECK(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
+  KILN_CUBLAS_CHECK(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   KILN_CUBLAS_CHECK(
@@ -98,7 +130,25 @@ void run(const Gemm& g) {
                                    &heuristic.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream));
 }
 
-bool dense(const TensorView& v) { return v.strides == contiguous_strides(v.shape); }
+
+// A product over K = 0 terms: the bias broadcast over the rows, or zeros (as on the CPU).
+void empty_product(const TensorView& out, const TensorView* bias) {
+  FusedProgram p;
+  FusedInstr first;
+  first.kind = FusedInstr::Kind::load;
+  first.input = 0;
+  p.instrs.push_back(first);
+  p.result = 0;
+  if (bias) {
+    launch_generated(fused_kernel_source(p, {bias->dtype}, out.dtype), {*bias}, out);
+    return;
+  }
+  TensorView zero;  // one f32 zero, broadcast
+  static const float kZero = 0.0f;
+  zero.data = const_cast<float*>(&kZero);
+  zero.dtype = DType::f32;
+  launch_generated(fused_kernel_source(p, {DType::f32}, out.dtype), {zero}, out);
+}
 
 // linear: x [..., K] · w[N, K]ᵀ (+ bias[N]) -> [..., N].
 void linear_kernel(const KernelArgs& args) {
@@ -117,6 +167,7 @@ void linear_kernel(const KernelArgs& args) {
   g.b = x.data;
   g.c = args.out.data;
   if (args.in.size() > 2) g.bias = args.in[2].data;
+  if (g.k == 0) return empty_product(args.out, args.in.size() > 2 ? &args.in[2] : nullptr);
   if (g.n > 0 && g.m > 0) run(g);
 }
 
@@ -151,7 +202,22 @@ void matmul_kernel(const KernelArgs& args) {
   g.stride_a = batch_b == 1 ? 0 : k * n;
   g.stride_b = batch_a == 1 ? 0 : m * k;
   g.stride_c = m * n;
+  if (k == 0) return empty_product(c, nullptr);
   if (m > 0 && n > 0 && batch > 0) run(g);
+}
+
+// The batch dims of a and b broadcast whole (all equal, or one side's all 1): strides express it.
+bool whole_batch_broadcast(const std::vector<OperandMeta>& in) {
+  const Shape &a = in[0].shape, &b = in[1].shape;
+  if (a.size() < 2 || b.size() < 2) return false;
+  const int64_t ba = numel(Shape(a.begin(), a.end() - 2)), bb = numel(Shape(b.begin(), b.end() - 2));
+  if (ba == 1 || bb == 1) return true;
+  const size_t ra = a.size() - 2, rb = b.size() - 2, r = std::max(ra, rb);
+  for (size_t i = 0; i < r; ++i) {
+    const int64_t da = i < r - ra ? 1 : a[i - (r - ra)], db = i < r - rb ? 1 : b[i - (r - rb)];
+    if (da != db) return false;
+  }
+  return true;
 }
 
 bool same_gemm_dtype(const std::vector<OperandMeta>& in) {
@@ -166,7 +232,9 @@ bool same_gemm_dtype(const std::vector<OperandMeta>& in) {
 
 void add_contraction_kernels(KernelTable& table) {
   table["linear"] = {&linear_kernel, same_gemm_dtype};
-  table["matmul"] = {&matmul_kernel, same_gemm_dtype};
+  table["matmul"] = {&matmul_kernel, [](const std::vector<OperandMeta>& in) {
+                       return same_gemm_dtype(in) && whole_batch_broadcast(in);
+                     }};
 }
 
 }  // namespace kiln::cuda
