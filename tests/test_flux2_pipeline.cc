@@ -55,12 +55,13 @@ fs::path distilled_klein_dir() {
 }
 
 const Flux2Pipeline& dev_pipe() {
-  static const Flux2Pipeline p = Flux2Pipeline::from_pretrained(test::pipeline_dir(kDev), options_with_layers(kDev));
+  static const Flux2Pipeline p =
+      test::on_test_device(Flux2Pipeline::from_pretrained(test::pipeline_dir(kDev), options_with_layers(kDev)));
   return p;
 }
 const Flux2KleinPipeline& klein_pipe() {
   static const Flux2KleinPipeline p =
-      Flux2KleinPipeline::from_pretrained(test::pipeline_dir(kKlein), options_with_layers(kKlein));
+      test::on_test_device(Flux2KleinPipeline::from_pretrained(test::pipeline_dir(kKlein), options_with_layers(kKlein)));
   return p;
 }
 

@@ -17,7 +17,7 @@ class FluxPipelineGolden : public testing::TestWithParam<std::string> {};
 // 1 level per channel (rounding at .5 boundaries).
 TEST_P(FluxPipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
   const std::string set = GetParam();
-  const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
+  const FluxPipeline pipe = test::on_test_device(FluxPipeline::from_pretrained(test::pipeline_dir(set)));
   PipelineCallArgs args = test::fixture_call_args(set);
   args.latents = test::golden(set, "latents.initial_packed");
   const PipelineOutput out = test::run_checking_each_step(pipe, args, set);
@@ -29,7 +29,7 @@ TEST_P(FluxPipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
 
 TEST_P(FluxPipelineGolden, SeedZeroGivesDiffusersImage) {
   const std::string set = GetParam();
-  const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
+  const FluxPipeline pipe = test::on_test_device(FluxPipeline::from_pretrained(test::pipeline_dir(set)));
   PipelineCallArgs args = test::fixture_call_args(set);
   args.seed = 0;  // the fixtures' noise came from torch.Generator("cpu").manual_seed(0)
   const PipelineOutput out = pipe(args);

@@ -109,7 +109,7 @@ TEST_P(SD3PipelineGolden, SchedulerMatchesDiffusers) {
 // Final latents within the manifest's 1e-4, the image within 1 level per channel.
 TEST_P(SD3PipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
   const std::string set = GetParam();
-  const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir(set));
+  const StableDiffusion3Pipeline pipe = test::on_test_device(StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir(set)));
   PipelineCallArgs args = test::fixture_call_args(set);
   args.latents = test::golden(set, "latents.initial");
   const PipelineOutput out = test::run_checking_each_step(pipe, args, set);
@@ -129,7 +129,7 @@ TEST_P(SD3PipelineGolden, MatchesDiffusersFromTheGoldenNoise) {
 
 TEST_P(SD3PipelineGolden, SeedZeroGivesDiffusersImage) {
   const std::string set = GetParam();
-  const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir(set));
+  const StableDiffusion3Pipeline pipe = test::on_test_device(StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir(set)));
   PipelineCallArgs args = test::fixture_call_args(set);
   args.seed = 0;  // the fixtures' noise came from torch.Generator("cpu").manual_seed(0)
   EXPECT_LE(test::byte_diff(pipe(args).image, test::golden_u8(set, "image.uint8")).second, 1) << set;

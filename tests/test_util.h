@@ -26,6 +26,14 @@ inline Device test_device() {
   return d && *d ? Device::parse(d) : Device::cpu();
 }
 
+// A pipeline placed on the test device: its weights copied there (pipe.to) unless that is the
+// CPU, where they are read in place as users run them by default.
+template <class Pipeline>
+Pipeline on_test_device(Pipeline pipe) {
+  if (test_device() != Device::cpu()) pipe.to(test_device());
+  return pipe;
+}
+
 // A fresh folder under `parent` (the system's temporary folder unless given), removed with
 // everything in it at the end.
 class ScopedTempDir {

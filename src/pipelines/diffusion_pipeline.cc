@@ -7,6 +7,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "devices/runtime.h"
+#include "exec/ops.h"
 #include "exec/capture.h"
 #include "exec/deferred.h"
 #include "exec/host.h"
@@ -455,6 +456,8 @@ void DiffusionPipeline::Stages::next(const char* component) {
 }
 
 void DiffusionPipeline::Stages::end() { scope_->profile.reset(); }
+
+Tensor DiffusionPipeline::on_device(const Tensor& t) const { return kiln::to(t, s_->device); }
 
 DiffusionPipeline::CallGuard::CallGuard(const DiffusionPipeline& pipe)
     : pipe_(pipe), lock_(pipe.s_->call_mu), on_device_(pipe.s_->device) {}

@@ -234,6 +234,9 @@ class DiffusionPipeline {
   const std::filesystem::path& model_dir() const;
 
  protected:
+  // A tensor the caller gave (initial latents) on the pipeline's device, copied there when it is
+  // elsewhere (Diffusers: latents.to(device)).
+  Tensor on_device(const Tensor& t) const;
   // The loaded components and their placement (pipelines/pipeline_state.h), from PipelineLoader.
   explicit DiffusionPipeline(std::unique_ptr<PipelineState> state);
   // Moved only as the concrete class (a base reference could otherwise take another class's state).

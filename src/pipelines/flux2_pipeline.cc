@@ -379,7 +379,8 @@ void Flux2Pipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipeli
   const Shape patchified{1, channels, h, w};
   Tensor latents;
   if (args.latents.defined()) {
-    latents = args.latents.rank() == 4 ? flux2_latents::pack(args.latents) : args.latents;
+    const Tensor given = on_device(args.latents);
+    latents = given.rank() == 4 ? flux2_latents::pack(given) : given;
     latents = cast(latents, dt);
   } else {
     // fp32 noise, rounded to the dtype (Diffusers draws bf16 noise with another generator path,

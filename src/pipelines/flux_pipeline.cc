@@ -261,7 +261,8 @@ void FluxPipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipelin
   // 2. Initial latents (packed) and image ids.
   Tensor latents;
   if (args.latents.defined()) {
-    latents = args.latents.rank() == 4 ? pack_latents(args.latents) : args.latents;
+    const Tensor given = on_device(args.latents);
+    latents = given.rank() == 4 ? pack_latents(given) : given;
     latents = cast(latents, dt);
   } else {
     // fp32 noise, rounded to the dtype (Diffusers draws bf16 noise with another generator path,

@@ -360,7 +360,7 @@ void StableDiffusion3Pipeline::run(const PipelineCallArgs& args, const Sized& si
 
   // 2. Initial latents: the given ones, or fp32 noise rounded to the dtype (Diffusers draws bf16
   //    noise in bf16: pass latents to reproduce a bf16 run's noise exactly).
-  Tensor latents = args.latents.defined() ? cast(args.latents, dt)
+  Tensor latents = args.latents.defined() ? cast(on_device(args.latents), dt)
                                           : from_vector(TorchGenerator(args.seed).randn(numel(shape)), shape);
   if (latents.dtype() != dt) latents = cast(latents, dt);
 
