@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -15,7 +16,13 @@
 
 namespace kiln::test {
 
-inline std::filesystem::path fixture(const std::string& set) { return std::filesystem::path(KILN_FIXTURES_DIR) / set; }
+// The fixtures folder: KILN_TEST_FIXTURES where the tests run away from the tree they were built
+// in (scripts/gpu-check.sh carries a build to a GPU machine), else the tree's tests/fixtures.
+inline std::filesystem::path fixtures_root() {
+  const char* moved = std::getenv("KILN_TEST_FIXTURES");
+  return moved && *moved ? std::filesystem::path(moved) : std::filesystem::path(KILN_FIXTURES_DIR);
+}
+inline std::filesystem::path fixture(const std::string& set) { return fixtures_root() / set; }
 inline std::filesystem::path pipeline_dir(const std::string& set) { return fixture(set) / "pipeline"; }
 
 inline const io::SafetensorsFile& golden_file(const std::string& set) {

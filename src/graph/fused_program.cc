@@ -112,4 +112,18 @@ void validate_fused_program(const FusedProgram& program, size_t num_inputs) {
              " is not an instruction of the program (", ins.size(), " instrs)\n", program.describe());
 }
 
+std::vector<int> live_instructions(const FusedProgram& program) {
+  std::vector<char> needed(program.instrs.size(), 0);
+  if (program.result < 0) return {};
+  needed[size_t(program.result)] = 1;
+  for (int i = program.result; i >= 0; --i)
+    if (needed[size_t(i)])
+      for (int r : program.instrs[size_t(i)].operands())
+        if (r >= 0) needed[size_t(r)] = 1;
+  std::vector<int> order;
+  for (int i = 0; i <= program.result; ++i)
+    if (needed[size_t(i)]) order.push_back(i);
+  return order;
+}
+
 }  // namespace kiln

@@ -55,4 +55,8 @@ struct FusedProgram {
 // known); throws kiln::Error "[fused] ...".
 void validate_fused_program(const FusedProgram& program, size_t num_inputs);
 
+// The instructions the result depends on (transitively), ascending: what a device evaluates
+// (dead-code elimination, the same on every device).
+std::vector<int> live_instructions(const FusedProgram& program);
+
 }  // namespace kiln

@@ -214,19 +214,9 @@ KernelSource fused_kernel_source(const FusedProgram& program, const std::vector<
   validate_fused_program(program, inputs.size());
   for (DType t : inputs) KILN_CHECK(codegen_supports(t), "fused", "the CUDA code generator cannot load ", dtype_name(t));
   KILN_CHECK(codegen_supports(out), "fused", "the CUDA code generator cannot store ", dtype_name(out));
-  const int n = int(program.instrs.size());
-  // Only what the result reads (transitively) is emitted, as the CPU interpreter evaluates.
-  std::vector<char> needed(size_t(n), 0);
-  needed[size_t(program.result)] = 1;
-  for (int i = program.result; i >= 0; --i)
-    if (needed[size_t(i)])
-      for (int r : program.instrs[size_t(i)].operands())
-        if (r >= 0) needed[size_t(r)] = 1;
-
   std::ostringstream os;
   os << kKernelPrelude << loop_head(inputs.size());
-  for (int i = 0; i <= program.result; ++i) {
-    if (!needed[size_t(i)]) continue;
+  for (int i : live_instructions(program)) {  // what the CPU interpreter evaluates, too
     const FusedInstr& in = program.instrs[size_t(i)];
     os << "    const float " << reg(i) << " = ";
     switch (in.kind) {

@@ -28,15 +28,7 @@ struct Plan {
 Plan make_plan(const FusedProgram& p, const TileGrid& grid, DType out_dtype) {
   const int n = int(p.instrs.size());
   Plan plan;
-  // Dead-code elimination: only what the result reads (transitively) is evaluated.
-  std::vector<char> needed(size_t(n), 0);
-  needed[size_t(p.result)] = 1;
-  for (int i = p.result; i >= 0; --i)
-    if (needed[size_t(i)])
-      for (int r : p.instrs[size_t(i)].operands())
-        if (r >= 0) needed[size_t(r)] = 1;
-  for (int i = 0; i <= p.result; ++i)
-    if (needed[size_t(i)]) plan.order.push_back(i);
+  plan.order = live_instructions(p);  // only what the result reads (transitively) is evaluated
 
   // Liveness: a register's buffer returns to the pool after its last reader has run. The
   // result stays live to the end, as it is stored after the schedule.
