@@ -321,7 +321,7 @@ void expect_loads_everything(const fs::path& dir, const std::string& summary) {
   for (const char* line : {"text_encoder", "text_encoder_2", "transformer", "vae"})
     EXPECT_NE(summary.find(std::string("  ") + line + " "), std::string::npos) << line << "\n" << summary;
   std::string total = std::to_string(transformer.parameters + t5.parameters + clip.parameters + vae.parameters);
-  for (int i = int(total.size()) - 3; i > 0; i -= 3) total.insert(size_t(i), ",");
+  for (int i = int(total.size()) - 3; i > 0; i -= 3) total.insert(size_t(i), 1, ',');
   EXPECT_NE(summary.find(total + " parameters"), std::string::npos) << total << "\n" << summary;
 }
 
