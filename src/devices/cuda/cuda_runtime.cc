@@ -182,9 +182,7 @@ class CudaRuntime final : public DeviceRuntime {
 
   void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs,
                          const TensorView& out) const override {
-    std::vector<DType> dtypes;
-    for (const TensorView& v : inputs) dtypes.push_back(v.dtype);
-    launch_generated(fused_kernel_source(program, dtypes, out.dtype), inputs, out);
+    launch_fused(program, inputs, out);
   }
   void grouped_linear_rows(const std::vector<KernelArgs>& linears) const override {
     const KernelFn linear = kernel("linear");

@@ -88,6 +88,13 @@ void launch_generated(const KernelSource& kernel, const std::vector<TensorView>&
                                    dim3(kThreads), args.data(), 0, ctx.stream));
 }
 
+void launch_fused(const FusedProgram& program, const std::vector<TensorView>& inputs, const TensorView& out) {
+  std::vector<DType> dtypes;
+  dtypes.reserve(inputs.size());
+  for (const TensorView& v : inputs) dtypes.push_back(v.dtype);
+  launch_generated(fused_kernel_source(program, dtypes, out.dtype), inputs, out);
+}
+
 long long grid_for(long long n, unsigned threads) {
   return std::max<long long>(1, std::min<long long>((n + threads - 1) / threads, 1 << 20));
 }

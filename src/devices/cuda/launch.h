@@ -71,6 +71,10 @@ class LaunchScope {
 // strides broadcast to out's shape (0 along broadcast dims).
 void launch_generated(const KernelSource& kernel, const std::vector<TensorView>& inputs, const TensorView& out);
 
+// Runs a fused elementwise program (graph/fused_program.h) over `out` with the kernel generated
+// for it and these inputs' dtypes: what every elementwise launch on CUDA comes down to.
+void launch_fused(const FusedProgram& program, const std::vector<TensorView>& inputs, const TensorView& out);
+
 // Launches entry `entry` of the built-in kernels (builtin_kernels.h) with these arguments
 // (pointers to each parameter's value), on `blocks` blocks of `threads` threads.
 void launch_builtin(const char* entry, long long blocks, unsigned threads, size_t shared_bytes,

@@ -14,12 +14,6 @@ namespace {
 
 using Kind = FusedInstr::Kind;
 
-std::vector<DType> dtypes_of(const std::vector<TensorView>& views) {
-  std::vector<DType> t;
-  for (const TensorView& v : views) t.push_back(v.dtype);
-  return t;
-}
-
 // Loads of every input, then `last` reading them.
 void run_program(const KernelArgs& args, FusedInstr last) {
   FusedProgram p;
@@ -31,7 +25,7 @@ void run_program(const KernelArgs& args, FusedInstr last) {
   }
   if (last.kind != Kind::load) p.instrs.push_back(last);
   p.result = int(p.instrs.size()) - 1;
-  launch_generated(fused_kernel_source(p, dtypes_of(args.in), args.out.dtype), args.in, args.out);
+  launch_fused(p, args.in, args.out);
 }
 
 template <UnaryOp Op>

@@ -140,14 +140,14 @@ void empty_product(const TensorView& out, const TensorView* bias) {
   p.instrs.push_back(first);
   p.result = 0;
   if (bias) {
-    launch_generated(fused_kernel_source(p, {bias->dtype}, out.dtype), {*bias}, out);
+    launch_fused(p, {*bias}, out);
     return;
   }
   TensorView zero;  // one f32 zero, broadcast
   static const float kZero = 0.0f;
   zero.data = const_cast<float*>(&kZero);
   zero.dtype = DType::f32;
-  launch_generated(fused_kernel_source(p, {DType::f32}, out.dtype), {zero}, out);
+  launch_fused(p, {zero}, out);
 }
 
 // linear: x [..., K] · w[N, K]ᵀ (+ bias[N]) -> [..., N].
