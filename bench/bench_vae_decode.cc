@@ -6,11 +6,16 @@
 //
 // With --tile PIXELS the decode is AutoencoderKL::tiled_decode in tiles of that many image pixels
 // (Diffusers' enable_tiling with tile_sample_min_size); the peak device memory is then one tile's.
+// With --compare-contiguous the same latents are also decoded once with contiguous (NCHW)
+// activations, and the two images compared value by value (issue 16: in f32 the channels-last
+// decode must give the same bits).
 //
 //   build/bench/bench_vae_decode VAE_DIR [SIZE...] [--dtype f32|bf16] [--reps N] [--tile PIXELS]
+//                                [--compare-contiguous]
 //   e.g. build/bench/bench_vae_decode /tmp/schnell-2+4/vae 512 1024 --tile 512
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -76,32 +81,39 @@ double convolutions_alone(const Profile& p, int reps) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s VAE_DIR [SIZE...] [--dtype f32|bf16] [--reps N] [--tile PIXELS]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s VAE_DIR [SIZE...] [--dtype f32|bf16] [--reps N] [--tile PIXELS] [--compare-contiguous]\n",
+                 argv[0]);
     return 2;
   }
   std::vector<int64_t> sizes;
   DType dtype = DType::f32;
   int reps = 2;
   int64_t tile = 0;
+  bool compare_contiguous = false;
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = std::strcmp(argv[++i], "bf16") ? DType::f32 : DType::bf16;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--tile") && i + 1 < argc) tile = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--compare-contiguous")) compare_contiguous = true;
     else sizes.push_back(std::atoll(argv[i]));
   }
   if (sizes.empty()) sizes = {512};
-  const AutoencoderKL vae = AutoencoderKL::from_pretrained(argv[1], dtype);
+  AutoencoderKL vae = AutoencoderKL::from_pretrained(argv[1], dtype);
+  const auto decode = [&](const Tensor& z) { return tile ? vae.tiled_decode(z, VaeTiling{tile}) : vae.decode(z); };
   const int64_t c = vae.config().latent_channels, f = vae.config().vae_scale_factor();
   for (const int64_t size : sizes) {
     const Shape zs{1, c, size / f, size / f};
     const Tensor z = from_vector(smooth_values(size_t(numel(zs)), 1), zs, dtype);
     double best = 1e30;
+    Tensor image;
     for (int r = 0; r < reps + 1; ++r) {  // the first run builds the primitives
       reset_profile();
       runtime(Device::cpu()).reset_peak_memory();
       set_profiling(true, ProfileDetail::shapes);
       const auto t0 = Clock::now();
-      wait(tile ? vae.tiled_decode(z, VaeTiling{tile}) : vae.decode(z));
+      image = decode(z);
+      wait(image);
       const double s = seconds_since(t0);
       set_profiling(false);
       if (r > 0) best = std::min(best, s);
@@ -119,6 +131,25 @@ int main(int argc, char** argv) {
     const double alone = convolutions_alone(p, reps);
     std::printf("decode %lld: %.3f s, its convolutions alone %.3f s, ratio %.2f\n", static_cast<long long>(size), best,
                 alone, best / alone);
+    if (compare_contiguous) {
+      vae.to_memory_format(AutoencoderKL::MemoryFormat::kContiguous);
+      const auto t0 = Clock::now();
+      const Tensor reference = decode(z);
+      wait(reference);
+      const double s = seconds_since(t0);
+      vae.to_memory_format(AutoencoderKL::MemoryFormat::kChannelsLast);
+      const std::vector<float> a = to_vector(image);
+      const std::vector<float> b = to_vector(reference);
+      size_t differ = 0;
+      double largest = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) ++differ;
+        largest = std::max(largest, double(std::fabs(a[i] - b[i])));
+      }
+      std::printf("decode %lld with contiguous activations: %.3f s; %zu of %zu values differ from channels-last's "
+                  "(largest difference %.3g)\n",
+                  static_cast<long long>(size), s, differ, a.size(), largest);
+    }
   }
   return 0;
 }

@@ -3,6 +3,8 @@
 // (enable_tiling) against Diffusers' own output, chosen automatically by the call's memory plan.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 
 #include "devices/cpu/kernels/conv2d.h"
@@ -58,6 +60,63 @@ TEST(ChannelsLast, OpsKeepTheLayoutAndTheValues) {
   const Tensor seq = transpose(reshape(yc, {2, 16, 99}), 1, 2);
   EXPECT_TRUE(seq.is_contiguous());
   EXPECT_FALSE(is_channels_last(contiguous(yc)));
+}
+
+// GroupNorm on channels-last memory sums in the NCHW kernel's order: the same bits, for any thread
+// count, on the fast path (HW a multiple of 4096) and the group-by-group one, f32 and bf16.
+TEST(ChannelsLast, GroupNormHasTheNchwBits) {
+  struct Case {
+    Shape shape;
+    int64_t groups;
+  };
+  const Case cases[] = {{{2, 32, 64, 64}, 4},    // fast path, 8 channels per group
+                        {{1, 96, 64, 128}, 32},  // fast path, 2 chunks per channel, channels past a 64-block
+                        {{1, 24, 9, 11}, 8},     // by groups, channels not a whole vector
+                        {{2, 16, 40, 40}, 16},   // by groups, chunks spanning channels, one channel per group
+                        {{1, 8, 128, 128}, 4}};  // fast path, fewer channels than a vector
+  const int threads = omp_get_max_threads();
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const Case& c : cases) {
+      const int64_t C = c.shape[1];
+      const Tensor x = test::random_tensor(c.shape, 11, dtype, -3, 5);
+      const Tensor w = test::random_tensor({C}, 12), b = test::random_tensor({C}, 13);
+      const Tensor xc = to_channels_last(x);
+      for (const bool then_silu : {false, true}) {
+        const std::vector<float> nchw = to_vector(group_norm(x, c.groups, w, b, 1e-6, then_silu));
+        for (const int t : {1, 2}) {
+          omp_set_num_threads(t);
+          const Tensor y = group_norm(xc, c.groups, w, b, 1e-6, then_silu);
+          ASSERT_TRUE(is_channels_last(y));
+          EXPECT_EQ(to_vector(y), nchw) << dtype_name(dtype) << " " << to_string(c.shape) << " groups " << c.groups
+                                        << " silu " << then_silu << " threads " << t;
+        }
+        omp_set_num_threads(threads);
+      }
+    }
+  }
+}
+
+// The decoder with channels-last activations (the default) decodes to the bits of the contiguous
+// (NCHW) decoder, in f32 and bf16: convolutions, GroupNorm, upsampling and attention all give the
+// same values in either layout. 64x64 latents take GroupNorm's fast path at every level; 9x11 the
+// group-by-group one.
+TEST(VaeDecode, ChannelsLastDecodeHasTheContiguousDecodesBits) {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    AutoencoderKL vae = AutoencoderKL::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "vae", dtype);
+    ASSERT_EQ(vae.memory_format(), AutoencoderKL::MemoryFormat::kChannelsLast);
+    for (const Shape& zs : {Shape{1, 16, 64, 64}, Shape{1, 16, 9, 11}}) {
+      const Tensor z = test::random_tensor(zs, 21, dtype);
+      VaeTrace channels_last, contiguous;
+      const std::vector<float> image = to_vector(vae.decode(z));
+      wait(vae.decode(z, &channels_last));
+      vae.to_memory_format(AutoencoderKL::MemoryFormat::kContiguous);
+      EXPECT_EQ(to_vector(vae.decode(z)), image) << dtype_name(dtype) << " " << to_string(zs);
+      wait(vae.decode(z, &contiguous));
+      vae.to_memory_format(AutoencoderKL::MemoryFormat::kChannelsLast);
+      for (const auto& [name, t] : channels_last)  // names the first layer that differs, if one does
+        EXPECT_EQ(to_vector(t), to_vector(contiguous.at(name))) << name << " " << dtype_name(dtype) << " " << to_string(zs);
+    }
+  }
 }
 
 TEST(VaeDecode, NoLayerReordersActivations) {

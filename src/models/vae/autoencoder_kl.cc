@@ -172,7 +172,8 @@ Tensor AutoencoderKL::decode(const Tensor& z_in, VaeTrace* trace) const {
   // Channels-last activations throughout (ops.h): every conv, GroupNorm, upsample and residual
   // add reads and writes [N, H, W, C] memory, the convolution library's own layout, so no layer
   // reorders activations; the image comes back as a plain NCHW tensor.
-  Tensor z = to_channels_last(as_dtype(z_in, decoder_.conv_in.weight.dtype()));
+  Tensor z = as_dtype(z_in, decoder_.conv_in.weight.dtype());
+  if (memory_format_ == MemoryFormat::kChannelsLast) z = to_channels_last(z);
   if (post_quant_conv_) z = (*post_quant_conv_)(z);
   Tensor h = decoder_.conv_in(z);
   record("decoder.conv_in", h);

@@ -106,6 +106,14 @@ class AutoencoderKL {
   const VaeConfig& config() const { return config_; }
   DType dtype() const;  // torch_dtype it was loaded in
 
+  // The memory format of the decoder's activations, as PyTorch's vae.to(memory_format=...):
+  // channels-last (the default: the convolution library's own layout, no reorders between layers)
+  // or contiguous NCHW. In f32 both decode to the same bits; contiguous is the reference that
+  // proves it (VaeDecodeLayout tests) and is slower.
+  enum class MemoryFormat { kChannelsLast, kContiguous };
+  void to_memory_format(MemoryFormat format) { memory_format_ = format; }
+  MemoryFormat memory_format() const { return memory_format_; }
+
   // AutoencoderKLFlux2: bn.running_mean / bn.running_var [config().batch_norm_channels()] in the
   // VAE's dtype, with eps = batch_norm_eps (flux2.md §4). Neither decode() nor encode applies
   // them; the pipeline does (flux2_latents::bn_normalize / bn_denormalize). Absent for AutoencoderKL.
@@ -136,6 +144,7 @@ class AutoencoderKL {
   std::optional<Encoder> encoder_;
   std::optional<nn::Conv2d> post_quant_conv_, quant_conv_;
   std::optional<LatentBatchNorm> latent_bn_;
+  MemoryFormat memory_format_ = MemoryFormat::kChannelsLast;
 };
 
 }  // namespace kiln

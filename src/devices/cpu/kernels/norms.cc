@@ -253,49 +253,149 @@ void group_norm_nchw(const float* x, const float* w, const float* b, float* y, i
 
 namespace {
 
-// Pixels per block of the channels-last statistics: per-channel sums are taken block by block (in
-// f32 vectors, short enough to stay accurate) and the block sums added in order in double.
+// ---- channels-last GroupNorm, summed in the NCHW kernel's order ----
+//
+// group_norm_nchw sums each group's values channel after channel with sum_span: chunks of
+// kReduceChunk values, inside a chunk value j goes to accumulator (j / lanes) % 4, lane j % lanes
+// (a partial last vector, to accumulator 0), then the four are added pairwise, summed across lanes,
+// and the chunk results added in order in f32. The channels-last kernel adds the same values in the
+// same order, so a channels-last decode has the bits of the NCHW one.
+//
+// When every channel's pixels are whole chunks (HW a multiple of kReduceChunk), each chunk is a run
+// of pixels of one channel and pixel p always lands in slot p % (4 * lanes): the slots then fill
+// across channels in vectors, reading the memory in order (the fast path). Otherwise each group is
+// copied channel-major and normalized by the NCHW code itself.
+
+// Pixels per block when a non-f32 image is widened (a block at a time, never whole).
 constexpr int64_t kPixelBlock = 256;
+// Channels per task of the fast path's statistics: its slots (4 * lanes * 64 floats) stay in L1.
+constexpr int64_t kChannelBlock = 64;
 
-// Pixels [p0, p1) of one image x [HW, C] as f32: x itself, or its values converted into `scratch`
-// (a bf16 tensor is widened one block at a time, never whole).
-const float* f32_pixels(const void* x, DType type, int64_t p0, int64_t p1, int64_t C, std::vector<float>& scratch) {
-  if (type == DType::f32) return static_cast<const float*>(x) + p0 * C;
-  scratch.resize(size_t((p1 - p0) * C));
-  convert_to_f32(static_cast<const char*>(x) + size_t(p0 * C) * dtype_size(type), type, scratch.data(), (p1 - p0) * C);
-  return scratch.data();
+bool chunks_are_pixel_runs(int64_t HW) {
+  return HW % int64_t(kReduceChunk) == 0 && kReduceChunk % (4 * lanes()) == 0;
 }
 
-// Per-channel sums over `pixels` pixels of [pixels, C] f32 data of map(x[p][c] - center[c]).
-template <class Map>
-void channel_sums(const float* x, int64_t pixels, int64_t C, const float* center, float* out, Map map) {
-  std::fill(out, out + C, 0.0f);
-  for (int64_t p = 0; p < pixels; ++p)  // pixel by pixel: the memory is read in order
-    for_each_vec(size_t(C), [&](size_t c, size_t count) {
-      const V v = map(hn::Sub(load_part(x + p * C, c, count, 0.0f), load_part(center, c, count, 0.0f)));
-      store_part(hn::Add(load_part(out, c, count, 0.0f), v), out, c, count);
-    });
+// Pixels [p0, p1), channels [c0, c0 + nc) of one image [HW, C] as f32 rows `ld` apart: x itself, or
+// its values widened into `scratch`.
+struct F32Rows {
+  const float* data;
+  int64_t ld;
+};
+F32Rows f32_rows(const void* x, DType type, int64_t p0, int64_t p1, int64_t C, int64_t c0, int64_t nc,
+                 std::vector<float>& scratch) {
+  if (type == DType::f32) return {static_cast<const float*>(x) + p0 * C + c0, C};
+  scratch.resize(size_t((p1 - p0) * nc));
+  const size_t es = dtype_size(type);
+  for (int64_t p = p0; p < p1; ++p)
+    convert_to_f32(static_cast<const char*>(x) + size_t(p * C + c0) * es, type, scratch.data() + (p - p0) * nc, nc);
+  return {scratch.data(), nc};
 }
 
-// Per-group sums of map(x - center[c]) over one image, in double: fixed pixel blocks, each block's
-// per-channel f32 sums added in block order.
+// sum_span's result for chunk q of each channel [c0, c0 + nc) of map(x - center[c]) (fast path):
+// written to sums[c].
 template <class Map>
-std::vector<double> group_sums(const void* x, DType type, int64_t HW, int64_t C, int64_t groups, const float* center,
-                               Map map) {
+void chunk_sums(const void* x, DType type, int64_t C, int64_t q, int64_t c0, int64_t nc, const float* center,
+                float* sums, Map map) {
+  const D d;
+  const size_t N = lanes();
+  const int64_t slots = int64_t(4 * N);
+  thread_local std::vector<float> acc, scratch;
+  acc.assign(size_t(slots * nc), 0.0f);
+  const int64_t first = q * int64_t(kReduceChunk), last = first + int64_t(kReduceChunk);
+  for (int64_t p0 = first; p0 < last; p0 += kPixelBlock) {
+    const F32Rows rows = f32_rows(x, type, p0, p0 + kPixelBlock, C, c0, nc, scratch);
+    for (int64_t p = 0; p < kPixelBlock; ++p) {
+      float* a = acc.data() + ((p0 + p) % slots) * nc;
+      const float* xp = rows.data + p * rows.ld;
+      for_each_vec(size_t(nc), [&](size_t i, size_t n) {
+        const V v = map(hn::Sub(load_part(xp, i, n, 0.0f), load_part(center + c0, i, n, 0.0f)));
+        store_part(hn::Add(load_part(a, i, n, 0.0f), v), a, i, n);
+      });
+    }
+  }
+  HWY_ALIGN float lane[4][hn::MaxLanes(D())];
+  for (int64_t c = 0; c < nc; ++c) {  // reduce_chunk's combine, then sum_span's lane sum
+    for (size_t k = 0; k < 4; ++k)
+      for (size_t l = 0; l < N; ++l) lane[k][l] = acc[size_t(int64_t(k * N + l) * nc + c)];
+    const V v = hn::Add(hn::Add(hn::LoadU(d, lane[0]), hn::LoadU(d, lane[1])),
+                        hn::Add(hn::LoadU(d, lane[2]), hn::LoadU(d, lane[3])));
+    sums[c0 + c] = hn::GetLane(hn::SumOfLanes(d, v));
+  }
+}
+
+// Per-group sum_span of map(x - center[c]) over one image [HW, C] (fast path): the chunk sums of
+// every channel in parallel, then each group's added channel after channel, chunk after chunk.
+template <class Map>
+std::vector<float> group_sums(const void* x, DType type, int64_t HW, int64_t C, int64_t groups, const float* center,
+                              Map map) {
+  const int64_t chunks = HW / int64_t(kReduceChunk), blocks = (C + kChannelBlock - 1) / kChannelBlock;
+  std::vector<float> sums(size_t(chunks * C));
+  const bool parallel = HW * C >= kParallelMinElems;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t task = 0; task < chunks * blocks; ++task) {
+    const int64_t q = task / blocks, c0 = (task % blocks) * kChannelBlock;
+    chunk_sums(x, type, C, q, c0, std::min(kChannelBlock, C - c0), center, sums.data() + q * C, map);
+  }
+  std::vector<float> totals(size_t(groups), 0.0f);
+  const int64_t cpg = C / groups;
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t q = 0; q < chunks; ++q) totals[size_t(c / cpg)] += sums[size_t(q * C + c)];
+  return totals;
+}
+
+// One image [HW, C] normalized with per-channel mean, scale and shift (fast path).
+void normalize_pixels(const void* x, DType x_type, void* y, DType y_type, int64_t HW, int64_t C, const float* mean,
+                      const float* scale, const float* shift, bool silu) {
+  const size_t ys = dtype_size(y_type);
   const int64_t blocks = (HW + kPixelBlock - 1) / kPixelBlock;
-  std::vector<float> partial(size_t(blocks * C));
   const bool parallel = HW * C >= kParallelMinElems;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t k = 0; k < blocks; ++k) {
-    thread_local std::vector<float> scratch;
+    thread_local std::vector<float> in_scratch, out_scratch;
     const int64_t p0 = k * kPixelBlock, p1 = std::min(HW, p0 + kPixelBlock);
-    channel_sums(f32_pixels(x, type, p0, p1, C, scratch), p1 - p0, C, center, partial.data() + k * C, map);
+    const float* xb = f32_rows(x, x_type, p0, p1, C, 0, C, in_scratch).data;
+    if (y_type != DType::f32) out_scratch.resize(size_t((p1 - p0) * C));
+    float* yb = y_type == DType::f32 ? static_cast<float*>(y) + p0 * C : out_scratch.data();
+    for (int64_t p = 0; p < p1 - p0; ++p) {
+      const float* xp = xb + p * C;
+      float* yp = yb + p * C;
+      for_each_vec(size_t(C), [&](size_t i, size_t cnt) {  // as group_norm_group
+        const V v = hn::MulAdd(hn::Sub(load_part(xp, i, cnt, 0.0f), load_part(mean, i, cnt, 0.0f)),
+                               load_part(scale, i, cnt, 0.0f), load_part(shift, i, cnt, 0.0f));
+        store_part(v, yp, i, cnt);
+      });
+    }
+    if (silu) unary_f32(UnaryOp::silu, yb, yb, (p1 - p0) * C, 0, 0);
+    if (y_type != DType::f32) convert_from_f32(yb, static_cast<char*>(y) + size_t(p0 * C) * ys, y_type, (p1 - p0) * C);
   }
-  std::vector<double> sums(size_t(groups), 0.0);
+}
+
+// One image, any HW: each group copied channel-major (its NCHW span), normalized by the NCHW code,
+// and copied back.
+void group_norm_image_by_groups(const void* x, DType x_type, const float* w, const float* b, void* y, DType y_type,
+                                int64_t HW, int64_t C, int64_t groups, float eps, bool silu) {
   const int64_t cpg = C / groups;
-  for (int64_t k = 0; k < blocks; ++k)
-    for (int64_t c = 0; c < C; ++c) sums[size_t(c / cpg)] += double(partial[size_t(k * C + c)]);
-  return sums;
+  const size_t xs = dtype_size(x_type), ys = dtype_size(y_type);
+  const bool parallel = groups > 1 && HW * C >= kParallelMinElems;
+#pragma omp parallel if (parallel)
+  {
+    std::vector<float> span(size_t(cpg * HW)), out(span.size()), pixel(static_cast<size_t>(cpg));
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * cpg;
+      for (int64_t p = 0; p < HW; ++p) {
+        convert_to_f32(static_cast<const char*>(x) + size_t(p * C + c0) * xs, x_type, pixel.data(), cpg);
+        for (int64_t c = 0; c < cpg; ++c) span[size_t(c * HW + p)] = pixel[size_t(c)];
+      }
+      group_norm_group(span.data(), w ? w + c0 : nullptr, b ? b + c0 : nullptr, out.data(), size_t(cpg), size_t(HW),
+                       eps);
+      if (silu) unary_f32(UnaryOp::silu, out.data(), out.data(), cpg * HW, 0, 0);
+      for (int64_t p = 0; p < HW; ++p) {
+        for (int64_t c = 0; c < cpg; ++c) pixel[size_t(c)] = out[size_t(c * HW + p)];
+        convert_from_f32(pixel.data(), static_cast<char*>(y) + size_t(p * C + c0) * ys, y_type, cpg);
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -307,44 +407,27 @@ void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b
   KILN_CHECK(N * C * HW == 0 || (x && y), "group_norm", "null input or output pointer");
   if (N * C * HW == 0) return;
   const int64_t cpg = C / groups;
-  const double count = double(cpg) * double(HW);
+  const float count = static_cast<float>(size_t(cpg * HW));
   const size_t xs = dtype_size(x_type), ys = dtype_size(y_type);
   std::vector<float> zero(size_t(C), 0.0f), mean(size_t(C), 0.0f), scale(size_t(C), 0.0f), shift(size_t(C), 0.0f);
   for (int64_t n = 0; n < N; ++n) {
     const void* xn = static_cast<const char*>(x) + size_t(n * HW * C) * xs;
     void* yn = static_cast<char*>(y) + size_t(n * HW * C) * ys;
-    // Two passes, as the NCHW kernel: the mean, then the variance around it.
-    const std::vector<double> sum = group_sums(xn, x_type, HW, C, groups, zero.data(), [](V v) { return v; });
-    for (int64_t c = 0; c < C; ++c) mean[size_t(c)] = float(sum[size_t(c / cpg)] / count);
-    const std::vector<double> sq =
+    if (!chunks_are_pixel_runs(HW)) {
+      group_norm_image_by_groups(xn, x_type, w, b, yn, y_type, HW, C, groups, eps, silu);
+      continue;
+    }
+    // Two passes, as group_norm_group: the mean, then the variance around it.
+    const std::vector<float> sum = group_sums(xn, x_type, HW, C, groups, zero.data(), [](V v) { return v; });
+    for (int64_t c = 0; c < C; ++c) mean[size_t(c)] = sum[size_t(c / cpg)] / count;
+    const std::vector<float> sq =
         group_sums(xn, x_type, HW, C, groups, mean.data(), [](V v) { return hn::Mul(v, v); });
     for (int64_t c = 0; c < C; ++c) {
-      const float rstd = inv_sqrt(float(sq[size_t(c / cpg)] / count) + eps);
+      const float rstd = inv_sqrt(sq[size_t(c / cpg)] / count + eps);
       scale[size_t(c)] = w ? rstd * w[c] : rstd;
       shift[size_t(c)] = b ? b[c] : 0.0f;
     }
-    const int64_t blocks = (HW + kPixelBlock - 1) / kPixelBlock;
-    const bool parallel = HW * C >= kParallelMinElems;
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t k = 0; k < blocks; ++k) {
-      thread_local std::vector<float> in_scratch, out_scratch;
-      const int64_t p0 = k * kPixelBlock, p1 = std::min(HW, p0 + kPixelBlock);
-      const float* xb = f32_pixels(xn, x_type, p0, p1, C, in_scratch);
-      if (y_type != DType::f32) out_scratch.resize(size_t((p1 - p0) * C));
-      float* yb = y_type == DType::f32 ? static_cast<float*>(yn) + p0 * C : out_scratch.data();
-      for (int64_t p = 0; p < p1 - p0; ++p) {
-        const float* xp = xb + p * C;
-        float* yp = yb + p * C;
-        for_each_vec(size_t(C), [&](size_t i, size_t cnt) {
-          const V v = hn::MulAdd(hn::Sub(load_part(xp, i, cnt, 0.0f), load_part(mean.data(), i, cnt, 0.0f)),
-                                 load_part(scale.data(), i, cnt, 0.0f), load_part(shift.data(), i, cnt, 0.0f));
-          store_part(v, yp, i, cnt);
-        });
-      }
-      if (silu) unary_f32(UnaryOp::silu, yb, yb, (p1 - p0) * C, 0, 0);
-      if (y_type != DType::f32)
-        convert_from_f32(yb, static_cast<char*>(yn) + size_t(p0 * C) * ys, y_type, (p1 - p0) * C);
-    }
+    normalize_pixels(xn, x_type, yn, y_type, HW, C, mean.data(), scale.data(), shift.data(), silu);
   }
 }
 
