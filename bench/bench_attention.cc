@@ -12,7 +12,7 @@
 //   tiles_bf16/L:*      the same products with bf16 operands through oneDNN's bf16 matmul
 //                       (f32 accumulation): the alternative the kernel was measured against,
 // then prints the ratio attention / (qk + pv) (target <= 1.5), the speedup f32 / bf16, the
-// ratio tiles_bf16 / tiles_widened, and
+// ratio tiles_bf16 / tiles_widened, the ratio attention_bf16 / tiles_bf16 (target <= 1.5), and
 // peak memory: the kernel's attention_workspace_bytes; the peak-RSS growth (VmHWM, reset
 // through /proc/self/clear_refs) of the first attention call, which includes oneDNN's own
 // packing buffers; and that of the reference (its one-head [L,L] buffer and first GEMM), all
@@ -334,6 +334,9 @@ void print_summary(const std::map<std::string, double>& best) {
                   static_cast<long>(c.L), widened, flops / widened * 1e-6, tiles_bf16, flops / tiles_bf16 * 1e-6,
                   tiles_bf16 / widened);
     }
+    if (bf16 > 0.0 && tiles_bf16 > 0.0)
+      std::printf("L=%-5ld attention bf16 %8.1f ms  its bf16 tile products alone %8.1f ms  ratio = %.3f (target <= 1.5)\n",
+                  static_cast<long>(c.L), bf16, tiles_bf16, bf16 / tiles_bf16);
     if (attn == 0.0 || qk == 0.0 || pv == 0.0) continue;  // filtered out
     std::printf("L=%-5ld attention %8.1f ms (%5.1f GFLOP/s)  qk %8.1f ms + pv %8.1f ms = %8.1f ms"
                 "  ratio attention/(qk+pv) = %.3f (target <= 1.5)\n",
