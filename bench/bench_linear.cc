@@ -1,5 +1,6 @@
 // The GEMM of a multi-row linear layer at FLUX.1's shapes (a 512² image: 1024 image + 512 text
-// tokens; rows 512, 1024, 1536 and 4096), f32 against bf16 (kernels/linear_gemm.h):
+// tokens; rows 512, 1024, 1536 and 4096) and T5-XXL's (256 and 512 tokens), f32 against bf16
+// (kernels/linear_gemm.h):
 //   f32:  dnnl_sgemm (kiln's f32 linears of 1024+ rows), the oneDNN matmul primitive reading the
 //         plain [N,K] weight (2..1023 rows) and reading it pre-packed (compiled mode);
 //   bf16: the dot path (oneDNN's bf16 primitive) reading the plain and the pre-packed weight, and
@@ -116,6 +117,11 @@ void linear_shapes(benchmark::internal::Benchmark* b) {
   for (int64_t M : {512, 1024, 1536, 4096})
     for (auto [K, N] : {std::pair<int64_t, int64_t>{3072, 3072}, {3072, 12288}, {12288, 3072}, {15360, 3072},
                         {3072, 9216}})
+      for (int64_t path = 0; path < kPaths; ++path) b->Args({M, K, N, path});
+  // T5-XXL encoding FLUX's 256 (schnell) or 512 (dev) tokens: q/k/v/o (4096 x 4096), the gated
+  // feed-forward's wi_0 / wi_1 (4096 x 10240) and wo (10240 x 4096).
+  for (int64_t M : {256, 512})
+    for (auto [K, N] : {std::pair<int64_t, int64_t>{4096, 4096}, {4096, 10240}, {10240, 4096}})
       for (int64_t path = 0; path < kPaths; ++path) b->Args({M, K, N, path});
 }
 

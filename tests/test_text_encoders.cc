@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "exec/ops.h"
+#include "exec/profile.h"
 #include "golden.h"
 #include "models/clip/clip_text_model.h"
 #include "models/t5/t5_encoder.h"
@@ -68,6 +69,41 @@ TEST_P(TextEncoderGolden, ClipBatchRowsAreIndependent) {
   EXPECT_TRUE(out.hidden_states.empty());
   check(slice(out.last_hidden_state, 0, 1, 2), set, "clip.last_hidden_state");
   check(slice(out.pooler_output, 0, 1, 2), set, "clip.pooler_output");
+}
+
+// FLUX.1 takes only CLIP's pooled output, and pooled_output() encodes only the ids up to the
+// pooled token (causal attention: later tokens cannot change it): transformers' pooled output
+// within the golden tolerance, the full forward's within rounding, and every linear ran on that
+// many rows, not the padded length (the profile's operand shapes). A batch whose rows pool at
+// different positions keeps the later one.
+TEST_P(TextEncoderGolden, ClipPooledOutputEncodesOnlyUpToThePooledToken) {
+  const std::string set = GetParam();
+  const auto model = ClipTextModel::from_pretrained(test::pipeline_dir(set) / "text_encoder");
+  const Tensor ids = test::golden(set, "clip.input_ids");
+  const int64_t L = ids.dim(1), E = model.config().hidden_size;
+  const int64_t pos = ClipTextModel::pooled_positions(to_int_vector(ids), 1, L, model.config().eos_token_id,
+                                                      model.config().pooled_rule)[0];
+  ASSERT_LT(pos + 1, L);  // the fixture's prompt is shorter than the padded sequence
+  reset_profile();
+  set_profiling(true, ProfileDetail::shapes);
+  const Tensor pooled = model.pooled_output(ids);
+  wait(pooled);
+  set_profiling(false);
+  check(pooled, set, "clip.pooler_output");
+  EXPECT_LE(max_abs_err(pooled, model.forward(ids).pooler_output), 1e-5);
+  size_t linears = 0;
+  for (const ProfiledLaunch& l : profile().launches) {
+    if (l.op != "linear") continue;
+    linears += l.cost.launches;
+    EXPECT_EQ(numel(l.shapes[0]) / l.shapes[0].back(), pos + 1) << l.signature();
+  }
+  EXPECT_EQ(linears, size_t(6 * model.config().num_hidden_layers));  // q, k, v, out, fc1, fc2
+  // Two rows: the golden row behind a row of id 7 (no end token: it pools at 0): both rows kept
+  // up to the golden row's end token, the golden row's pooled output unchanged.
+  const Tensor two = model.pooled_output(batch_of_two(ids, 7));
+  check(slice(two, 0, 1, 2), set, "clip.pooler_output");
+  EXPECT_EQ(two.dim(0), 2);
+  EXPECT_EQ(two.dim(1), E);
 }
 
 TEST_P(TextEncoderGolden, T5MatchesTransformers) {

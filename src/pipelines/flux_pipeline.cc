@@ -233,8 +233,7 @@ void FluxPipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipelin
   const auto clip_ids = m_->tokenizer.encode_padded(args.prompt);  // to model_max_length (77)
   const auto t5_ids = m_->tokenizer_2.encode_padded(prompt_2, sized.max_sequence_length);
   use("text_encoder");
-  const Tensor pooled =
-      m_->text_encoder.forward(from_ints(clip_ids, {1, int64_t(clip_ids.size())})).pooler_output;
+  const Tensor pooled = m_->text_encoder.pooled_output(from_ints(clip_ids, {1, int64_t(clip_ids.size())}));
   stages.next("text_encoder_2");
   use("text_encoder_2");
   const Tensor prompt_embeds =

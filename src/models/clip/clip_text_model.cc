@@ -106,19 +106,34 @@ Tensor ClipTextModel::attention(const Layer& layer, const Tensor& x, const Tenso
   return layer.out_proj(reshape(permute(a, {0, 2, 1, 3}), {B, L, config_.hidden_size}));
 }
 
-ClipTextModel::Output ClipTextModel::forward(const Tensor& input_ids, bool output_hidden_states) const {
+std::vector<int64_t> ClipTextModel::checked_ids(const Tensor& input_ids) const {
   KILN_CHECK(input_ids.defined() && input_ids.rank() == 2, kWhere, "input_ids must be [batch, length], got ",
              input_ids.defined() ? to_string(input_ids.shape()) : std::string("an empty tensor"));
   KILN_CHECK(input_ids.dtype() == DType::i64 || input_ids.dtype() == DType::i32, kWhere,
              "input_ids must be i64 or i32, got ", dtype_name(input_ids.dtype()));
-  const int64_t B = input_ids.dim(0), L = input_ids.dim(1);
+  const int64_t L = input_ids.dim(1);
   KILN_CHECK(L >= 1 && L <= config_.max_position_embeddings, kWhere, "sequence length ", L,
              " is outside [1, max_position_embeddings = ", config_.max_position_embeddings, "]");
   const std::vector<int64_t> ids = to_int_vector(input_ids);
   for (int64_t id : ids)
     KILN_CHECK(id >= 0 && id < config_.vocab_size, kWhere, "token id ", id, " is outside [0, vocab_size = ",
                config_.vocab_size, ")");
+  return ids;
+}
 
+Tensor ClipTextModel::pooled_output(const Tensor& input_ids) const {
+  const std::vector<int64_t> ids = checked_ids(input_ids);
+  const int64_t B = input_ids.dim(0), L = input_ids.dim(1);
+  const std::vector<int64_t> pos = pooled_positions(ids, B, L, config_.eos_token_id, config_.pooled_rule);
+  // Truncating after the last pooled position keeps every row's pooled position (the first
+  // <|endoftext|>, or the first largest id, both lie within what is kept).
+  const int64_t keep = pos.empty() ? L : *std::max_element(pos.begin(), pos.end()) + 1;
+  return forward(keep < L ? contiguous(slice(input_ids, 1, 0, keep)) : input_ids).pooler_output;
+}
+
+ClipTextModel::Output ClipTextModel::forward(const Tensor& input_ids, bool output_hidden_states) const {
+  const std::vector<int64_t> ids = checked_ids(input_ids);
+  const int64_t B = input_ids.dim(0), L = input_ids.dim(1);
   Output out;
   Tensor h = add(token_embedding_(input_ids), slice(position_embedding_.weight, 0, 0, L));
   if (output_hidden_states) out.hidden_states.push_back(h);

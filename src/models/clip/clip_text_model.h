@@ -67,6 +67,11 @@ class ClipTextModel {
   // input_ids: integer [B, L] with L <= max_position_embeddings. Reads the ids on the host
   // (for the pooled positions).
   Output forward(const Tensor& input_ids, bool output_hidden_states = false) const;
+  // forward(input_ids).pooler_output alone, all FLUX.1 takes from CLIP. Attention is causal, so
+  // no token after a row's pooled position changes it: only the ids up to the last row's pooled
+  // position are encoded (a short prompt's ~10 tokens instead of 77). The same values within
+  // rounding (the kernels see shorter rows).
+  Tensor pooled_output(const Tensor& input_ids) const;
   const Config& config() const { return config_; }
   DType dtype() const { return token_embedding_.weight.dtype(); }  // torch_dtype it was loaded in
 
@@ -80,6 +85,8 @@ class ClipTextModel {
     nn::Linear q_proj, k_proj, v_proj, out_proj, fc1, fc2;
   };
   Tensor attention(const Layer& layer, const Tensor& x, const Tensor& causal_mask) const;
+  // input_ids' values, after checking its shape, dtype, length and ids.
+  std::vector<int64_t> checked_ids(const Tensor& input_ids) const;
 
   Config config_;
   nn::Embedding token_embedding_, position_embedding_;
