@@ -63,7 +63,8 @@ TEST(ChannelsLast, OpsKeepTheLayoutAndTheValues) {
 }
 
 // GroupNorm on channels-last memory sums in the NCHW kernel's order: the same bits, for any thread
-// count, on the fast path (HW a multiple of 4096) and the group-by-group one, f32 and bf16.
+// count, on each path (HW a multiple of 4096; a multiple of the slot count, chunks spanning
+// channels; any other HW, group by group), f32 and bf16.
 TEST(ChannelsLast, GroupNormHasTheNchwBits) {
   struct Case {
     Shape shape;
@@ -73,7 +74,11 @@ TEST(ChannelsLast, GroupNormHasTheNchwBits) {
                         {{1, 96, 64, 128}, 32},  // fast path, 2 chunks per channel, channels past a 64-block
                         {{1, 24, 9, 11}, 8},     // by groups, channels not a whole vector
                         {{2, 16, 40, 40}, 16},   // by groups, chunks spanning channels, one channel per group
-                        {{1, 8, 128, 128}, 4}};  // fast path, fewer channels than a vector
+                        {{1, 8, 128, 128}, 4},   // fast path, fewer channels than a vector
+                        {{1, 32, 64, 80}, 4},    // chunks spanning channels, 8 channels per group
+                        {{2, 48, 96, 96}, 8},    // the same, 6 channels per group, heads of every length
+                        {{1, 8, 64, 72}, 4},     // the same, fewer channels than a vector
+                        {{1, 16, 64, 80}, 16}};  // one channel per group: each group's last chunk is short
   const int threads = omp_get_max_threads();
   for (const DType dtype : {DType::f32, DType::bf16}) {
     for (const Case& c : cases) {
@@ -99,12 +104,12 @@ TEST(ChannelsLast, GroupNormHasTheNchwBits) {
 // The decoder with channels-last activations (the default) decodes to the bits of the contiguous
 // (NCHW) decoder, in f32 and bf16: convolutions, GroupNorm, upsampling and attention all give the
 // same values in either layout. 64x64 latents take GroupNorm's fast path at every level; 9x11 the
-// group-by-group one.
+// group-by-group one; 48x48 all three (2304, 9216 and 36864 pixels, then 147456).
 TEST(VaeDecode, ChannelsLastDecodeHasTheContiguousDecodesBits) {
   for (const DType dtype : {DType::f32, DType::bf16}) {
     AutoencoderKL vae = AutoencoderKL::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "vae", dtype);
     ASSERT_EQ(vae.memory_format(), AutoencoderKL::MemoryFormat::kChannelsLast);
-    for (const Shape& zs : {Shape{1, 16, 64, 64}, Shape{1, 16, 9, 11}}) {
+    for (const Shape& zs : {Shape{1, 16, 64, 64}, Shape{1, 16, 9, 11}, Shape{1, 16, 48, 48}}) {
       const Tensor z = test::random_tensor(zs, 21, dtype);
       VaeTrace channels_last, contiguous;
       const std::vector<float> image = to_vector(vae.decode(z));

@@ -263,16 +263,38 @@ namespace {
 //
 // When every channel's pixels are whole chunks (HW a multiple of kReduceChunk), each chunk is a run
 // of pixels of one channel and pixel p always lands in slot p % (4 * lanes): the slots then fill
-// across channels in vectors, reading the memory in order (the fast path). Otherwise each group is
-// copied channel-major and normalized by the NCHW code itself.
+// across channels in vectors, reading the memory in order (the fast path). When HW is only a
+// multiple of the slot count (and at least one chunk), pixel p still lands in slot p % slots, but
+// chunks end at other pixels in each channel and one can run on into the next channel's first
+// pixels (group_sums_spanning). Otherwise each group is copied channel-major and normalized by the
+// NCHW code itself.
 
 // Pixels per block when a non-f32 image is widened (a block at a time, never whole).
 constexpr int64_t kPixelBlock = 256;
 // Channels per task of the fast path's statistics: its slots (4 * lanes * 64 floats) stay in L1.
 constexpr int64_t kChannelBlock = 64;
 
+int64_t slot_count() { return int64_t(4 * lanes()); }
+
 bool chunks_are_pixel_runs(int64_t HW) {
-  return HW % int64_t(kReduceChunk) == 0 && kReduceChunk % (4 * lanes()) == 0;
+  return HW % int64_t(kReduceChunk) == 0 && int64_t(kReduceChunk) % slot_count() == 0;
+}
+
+bool chunks_span_channels(int64_t HW) {
+  return HW >= int64_t(kReduceChunk) && HW % slot_count() == 0 && int64_t(kReduceChunk) % slot_count() == 0;
+}
+
+// One channel's chunk sum from its slots acc[s * stride], s < slot_count(): reduce_chunk's combine
+// of the four accumulators, then sum_span's sum across lanes.
+float slots_sum(const float* acc, int64_t stride) {
+  const D d;
+  const size_t N = lanes();
+  HWY_ALIGN float lane[4][hn::MaxLanes(D())];
+  for (size_t k = 0; k < 4; ++k)
+    for (size_t l = 0; l < N; ++l) lane[k][l] = acc[int64_t(k * N + l) * stride];
+  const V v = hn::Add(hn::Add(hn::LoadU(d, lane[0]), hn::LoadU(d, lane[1])),
+                      hn::Add(hn::LoadU(d, lane[2]), hn::LoadU(d, lane[3])));
+  return hn::GetLane(hn::SumOfLanes(d, v));
 }
 
 // Pixels [p0, p1), channels [c0, c0 + nc) of one image [HW, C] as f32 rows `ld` apart: x itself, or
@@ -296,9 +318,7 @@ F32Rows f32_rows(const void* x, DType type, int64_t p0, int64_t p1, int64_t C, i
 template <class Map>
 void chunk_sums(const void* x, DType type, int64_t C, int64_t q, int64_t c0, int64_t nc, const float* center,
                 float* sums, Map map) {
-  const D d;
-  const size_t N = lanes();
-  const int64_t slots = int64_t(4 * N);
+  const int64_t slots = slot_count();
   thread_local std::vector<float> acc, scratch;
   acc.assign(size_t(slots * nc), 0.0f);
   const int64_t first = q * int64_t(kReduceChunk), last = first + int64_t(kReduceChunk);
@@ -313,14 +333,7 @@ void chunk_sums(const void* x, DType type, int64_t C, int64_t q, int64_t c0, int
       });
     }
   }
-  HWY_ALIGN float lane[4][hn::MaxLanes(D())];
-  for (int64_t c = 0; c < nc; ++c) {  // reduce_chunk's combine, then sum_span's lane sum
-    for (size_t k = 0; k < 4; ++k)
-      for (size_t l = 0; l < N; ++l) lane[k][l] = acc[size_t(int64_t(k * N + l) * nc + c)];
-    const V v = hn::Add(hn::Add(hn::LoadU(d, lane[0]), hn::LoadU(d, lane[1])),
-                        hn::Add(hn::LoadU(d, lane[2]), hn::LoadU(d, lane[3])));
-    sums[c0 + c] = hn::GetLane(hn::SumOfLanes(d, v));
-  }
+  for (int64_t c = 0; c < nc; ++c) sums[c0 + c] = slots_sum(acc.data() + c, nc);
 }
 
 // Per-group sum_span of map(x - center[c]) over one image [HW, C] (fast path): the chunk sums of
@@ -340,6 +353,91 @@ std::vector<float> group_sums(const void* x, DType type, int64_t HW, int64_t C, 
   const int64_t cpg = C / groups;
   for (int64_t c = 0; c < C; ++c)
     for (int64_t q = 0; q < chunks; ++q) totals[size_t(c / cpg)] += sums[size_t(q * C + c)];
+  return totals;
+}
+
+// Per-group sum_span of map(x - center[c]) over one image [HW, C] when chunks_span_channels(HW):
+// each task takes one vector of channels through every pixel in order, closing a channel's chunk
+// where its flat index in the group's span (local channel * HW + pixel) reaches a multiple of
+// kReduceChunk. A channel's pixels before its first such boundary (its head) end the previous
+// channel's last chunk, so the pass adds them as +0 (which changes no sum) and afterwards adds them
+// to the previous channel's slots, after that channel's own pixels, as the span orders them.
+template <class Map>
+std::vector<float> group_sums_spanning(const void* x, DType type, int64_t HW, int64_t C, int64_t groups,
+                                       const float* center, Map map) {
+  const D d;
+  const int64_t N = int64_t(lanes()), slots = slot_count(), chunk = int64_t(kReduceChunk), cpg = C / groups;
+  const int64_t chunks_per_group = (cpg * HW + chunk - 1) / chunk;
+  std::vector<int64_t> head(static_cast<size_t>(cpg));
+  for (int64_t cl = 0; cl < cpg; ++cl) head[size_t(cl)] = (chunk - cl * HW % chunk) % chunk;
+  // Per channel: its head, and the head of the next channel of its group (0 after the last).
+  std::vector<float> own_head(static_cast<size_t>(C)), next_head(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    own_head[size_t(c)] = float(head[size_t(c % cpg)]);
+    next_head[size_t(c)] = c % cpg + 1 < cpg ? float(head[size_t(c % cpg + 1)]) : 0.0f;
+  }
+  std::vector<float> sums(size_t(groups * chunks_per_group), 0.0f);
+  const int64_t blocks = (C + N - 1) / N;
+  const bool parallel = HW * C >= kParallelMinElems;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    thread_local std::vector<float> acc, scratch;
+    const int64_t c0 = blk * N, nc = std::min(N, C - c0);
+    acc.assign(size_t(slots * N), 0.0f);  // acc[s * N + i]: slot s of channel c0 + i
+    std::vector<int64_t> filling(static_cast<size_t>(nc)), next_boundary(static_cast<size_t>(nc));
+    for (int64_t i = 0; i < nc; ++i) {
+      const int64_t cl = (c0 + i) % cpg;
+      filling[size_t(i)] = (cl * HW + head[size_t(cl)]) / chunk;  // the chunk its own pixels start
+      next_boundary[size_t(i)] = head[size_t(cl)] + chunk;
+    }
+    const auto close = [&](int64_t i) {
+      sums[size_t(((c0 + i) / cpg) * chunks_per_group + filling[size_t(i)]++)] = slots_sum(acc.data() + i, N);
+      for (int64_t s = 0; s < slots; ++s) acc[size_t(s * N + i)] = 0.0f;
+    };
+    const auto close_chunks_ending_at = [&](int64_t p) {
+      for (int64_t i = 0; i < nc; ++i)
+        if (next_boundary[size_t(i)] == p) close(i), next_boundary[size_t(i)] += chunk;
+    };
+    int64_t soonest = *std::min_element(next_boundary.begin(), next_boundary.end());
+    const V heads = load_part(own_head.data(), size_t(c0), size_t(nc), 0.0f);
+    const V centers = load_part(center, size_t(c0), size_t(nc), 0.0f);
+    for (int64_t p0 = 0; p0 < HW; p0 += kPixelBlock) {
+      const int64_t p1 = std::min(HW, p0 + kPixelBlock);
+      const F32Rows rows = f32_rows(x, type, p0, p1, C, c0, nc, scratch);
+      for (int64_t p = p0; p < p1; ++p) {
+        if (p == soonest) {
+          close_chunks_ending_at(p);
+          soonest = *std::min_element(next_boundary.begin(), next_boundary.end());
+        }
+        const V v = map(hn::Sub(load_part(rows.data + (p - p0) * rows.ld, 0, size_t(nc), 0.0f), centers));
+        float* a = acc.data() + (p % slots) * N;
+        hn::StoreU(hn::Add(hn::LoadU(d, a), hn::IfThenElseZero(hn::Ge(hn::Set(d, float(p)), heads), v)), d, a);
+      }
+    }
+    if (soonest == HW) close_chunks_ending_at(HW);
+    // The next channel's head, into the slots of the chunk still open (none after a group's last
+    // channel: its next_head is 0).
+    const int64_t na = std::min(nc, C - 1 - c0);  // channels whose next channel exists
+    if (na > 0) {
+      const V limits = load_part(next_head.data(), size_t(c0), size_t(na), 0.0f);
+      const V next_centers = load_part(center, size_t(c0 + 1), size_t(na), 0.0f);
+      const int64_t longest = int64_t(hn::GetLane(hn::MaxOfLanes(d, limits)));
+      for (int64_t p0 = 0; p0 < longest; p0 += kPixelBlock) {
+        const int64_t p1 = std::min(longest, p0 + kPixelBlock);
+        const F32Rows rows = f32_rows(x, type, p0, p1, C, c0 + 1, na, scratch);
+        for (int64_t p = p0; p < p1; ++p) {
+          const V v = map(hn::Sub(load_part(rows.data + (p - p0) * rows.ld, 0, size_t(na), 0.0f), next_centers));
+          float* a = acc.data() + (p % slots) * N;
+          hn::StoreU(hn::Add(hn::LoadU(d, a), hn::IfThenElseZero(hn::Lt(hn::Set(d, float(p)), limits), v)), d, a);
+        }
+      }
+    }
+    for (int64_t i = 0; i < nc; ++i)  // the chunk each channel still has open: its group's last, or one just ended
+      if (((c0 + i) % cpg * HW + HW) % chunk != 0) close(i);
+  }
+  std::vector<float> totals(size_t(groups), 0.0f);
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t k = 0; k < chunks_per_group; ++k) totals[size_t(g)] += sums[size_t(g * chunks_per_group + k)];
   return totals;
 }
 
@@ -370,30 +468,60 @@ void normalize_pixels(const void* x, DType x_type, void* y, DType y_type, int64_
   }
 }
 
+// Copies channels [c0, c0 + n) of every pixel of one image [HW, C] into span [n, HW] as f32
+// (read_group), or back from it, rounded to `type` (write_group). f32 and bf16 inline; others
+// through the converters.
+void read_group(const void* x, DType type, int64_t HW, int64_t C, int64_t c0, int64_t n, float* span) {
+  if (type == DType::f32) {
+    const float* xf = static_cast<const float*>(x) + c0;
+    for (int64_t p = 0; p < HW; ++p)
+      for (int64_t c = 0; c < n; ++c) span[c * HW + p] = xf[p * C + c];
+  } else if (type == DType::bf16) {
+    const uint16_t* xb = static_cast<const uint16_t*>(x) + c0;
+    for (int64_t p = 0; p < HW; ++p)
+      for (int64_t c = 0; c < n; ++c) span[c * HW + p] = bf16_to_f32(xb[p * C + c]);
+  } else {
+    std::vector<float> pixel(static_cast<size_t>(n));
+    const size_t es = dtype_size(type);
+    for (int64_t p = 0; p < HW; ++p) {
+      convert_to_f32(static_cast<const char*>(x) + size_t(p * C + c0) * es, type, pixel.data(), n);
+      for (int64_t c = 0; c < n; ++c) span[c * HW + p] = pixel[size_t(c)];
+    }
+  }
+}
+
+void write_group(const float* span, int64_t HW, int64_t C, int64_t c0, int64_t n, void* y, DType type) {
+  if (type == DType::f32) {
+    float* yf = static_cast<float*>(y) + c0;
+    for (int64_t p = 0; p < HW; ++p)
+      for (int64_t c = 0; c < n; ++c) yf[p * C + c] = span[c * HW + p];
+    return;
+  }
+  std::vector<float> pixel(static_cast<size_t>(n));
+  const size_t es = dtype_size(type);
+  for (int64_t p = 0; p < HW; ++p) {
+    for (int64_t c = 0; c < n; ++c) pixel[size_t(c)] = span[c * HW + p];
+    convert_from_f32(pixel.data(), static_cast<char*>(y) + size_t(p * C + c0) * es, type, n);
+  }
+}
+
 // One image, any HW: each group copied channel-major (its NCHW span), normalized by the NCHW code,
 // and copied back.
 void group_norm_image_by_groups(const void* x, DType x_type, const float* w, const float* b, void* y, DType y_type,
                                 int64_t HW, int64_t C, int64_t groups, float eps, bool silu) {
   const int64_t cpg = C / groups;
-  const size_t xs = dtype_size(x_type), ys = dtype_size(y_type);
   const bool parallel = groups > 1 && HW * C >= kParallelMinElems;
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> span(size_t(cpg * HW)), out(span.size()), pixel(static_cast<size_t>(cpg));
+    std::vector<float> span(size_t(cpg * HW)), out(span.size());
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t c0 = g * cpg;
-      for (int64_t p = 0; p < HW; ++p) {
-        convert_to_f32(static_cast<const char*>(x) + size_t(p * C + c0) * xs, x_type, pixel.data(), cpg);
-        for (int64_t c = 0; c < cpg; ++c) span[size_t(c * HW + p)] = pixel[size_t(c)];
-      }
+      read_group(x, x_type, HW, C, c0, cpg, span.data());
       group_norm_group(span.data(), w ? w + c0 : nullptr, b ? b + c0 : nullptr, out.data(), size_t(cpg), size_t(HW),
                        eps);
       if (silu) unary_f32(UnaryOp::silu, out.data(), out.data(), cpg * HW, 0, 0);
-      for (int64_t p = 0; p < HW; ++p) {
-        for (int64_t c = 0; c < cpg; ++c) pixel[size_t(c)] = out[size_t(c * HW + p)];
-        convert_from_f32(pixel.data(), static_cast<char*>(y) + size_t(p * C + c0) * ys, y_type, cpg);
-      }
+      write_group(out.data(), HW, C, c0, cpg, y, y_type);
     }
   }
 }
@@ -413,15 +541,19 @@ void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b
   for (int64_t n = 0; n < N; ++n) {
     const void* xn = static_cast<const char*>(x) + size_t(n * HW * C) * xs;
     void* yn = static_cast<char*>(y) + size_t(n * HW * C) * ys;
-    if (!chunks_are_pixel_runs(HW)) {
+    const bool runs = chunks_are_pixel_runs(HW);
+    if (!runs && !chunks_span_channels(HW)) {
       group_norm_image_by_groups(xn, x_type, w, b, yn, y_type, HW, C, groups, eps, silu);
       continue;
     }
+    const auto sums = [&](const float* center, auto map) {
+      return runs ? group_sums(xn, x_type, HW, C, groups, center, map)
+                  : group_sums_spanning(xn, x_type, HW, C, groups, center, map);
+    };
     // Two passes, as group_norm_group: the mean, then the variance around it.
-    const std::vector<float> sum = group_sums(xn, x_type, HW, C, groups, zero.data(), [](V v) { return v; });
+    const std::vector<float> sum = sums(zero.data(), [](V v) { return v; });
     for (int64_t c = 0; c < C; ++c) mean[size_t(c)] = sum[size_t(c / cpg)] / count;
-    const std::vector<float> sq =
-        group_sums(xn, x_type, HW, C, groups, mean.data(), [](V v) { return hn::Mul(v, v); });
+    const std::vector<float> sq = sums(mean.data(), [](V v) { return hn::Mul(v, v); });
     for (int64_t c = 0; c < C; ++c) {
       const float rstd = inv_sqrt(sq[size_t(c / cpg)] / count + eps);
       scale[size_t(c)] = w ? rstd * w[c] : rstd;

@@ -26,8 +26,8 @@ void group_norm_nchw(const float* x, const float* w, const float* b, float* y, i
 // The same on channels-last data: x [N, HW, C], f32 or bf16 (x and y each; computed in f32, a
 // block of pixels at a time, so a bf16 tensor is never widened whole). The statistics are summed
 // in group_norm_nchw's order, so both give the same bits whatever the thread count (a channels-last
-// VAE decode equals the NCHW one). Fast when HW is a multiple of 4096 (every 512-pixel multiple
-// of the FLUX VAE); other sizes copy one group at a time channel-major.
+// VAE decode equals the NCHW one). Vectorized across channels when HW is a multiple of 64 and at
+// least 4096; smaller or odd HW copy one group at a time channel-major.
 void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b, void* y, DType y_type, int64_t N,
                      int64_t HW, int64_t C, int64_t groups, float eps, bool silu = false);
 
