@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "exec/ops.h"
+#include "exec/mode.h"
 #include "exec/profile.h"
 #include "golden.h"
 #include "models/clip/clip_text_model.h"
@@ -84,11 +85,15 @@ TEST_P(TextEncoderGolden, ClipPooledOutputEncodesOnlyUpToThePooledToken) {
   const int64_t pos = ClipTextModel::pooled_positions(to_int_vector(ids), 1, L, model.config().eos_token_id,
                                                       model.config().pooled_rule)[0];
   ASSERT_LT(pos + 1, L);  // the fixture's prompt is shorter than the padded sequence
-  reset_profile();
-  set_profiling(true, ProfileDetail::shapes);
-  const Tensor pooled = model.pooled_output(ids);
-  wait(pooled);
-  set_profiling(false);
+  Tensor pooled;
+  {
+    const EagerModeGuard strict(EagerMode::DeferNever);  // each op its own launch (deferred mode fuses them)
+    reset_profile();
+    set_profiling(true, ProfileDetail::shapes);
+    pooled = model.pooled_output(ids);
+    wait(pooled);
+    set_profiling(false);
+  }
   check(pooled, set, "clip.pooler_output");
   EXPECT_LE(max_abs_err(pooled, model.forward(ids).pooler_output), 1e-5);
   size_t linears = 0;
