@@ -65,33 +65,40 @@ void for_each_vec(size_t n, Body body) {
   if (i < n) body(i, n - i);
 }
 
-// Reduces map(x) over x[0, n) (n <= kReduceChunk) to one vector with four independent
-// accumulators (hides add latency). `fill` must map to the identity of `combine`.
-template <class Map, class Combine>
-V reduce_chunk(const float* x, size_t n, float fill, V identity, Map map, Combine combine) {
+// The accumulation steps of the sums: acc + v, and acc + v * v as one fused multiply-add.
+V add_step(V acc, V v) { return hn::Add(acc, v); }
+V square_step(V acc, V v) { return hn::MulAdd(v, v, acc); }
+
+// Reduces x[0, n) (n <= kReduceChunk) to one vector with four independent accumulators (hides
+// add latency): acc = step(acc, x vector), then the four joined by `combine`. A step that
+// multiplies and adds does so as one fused multiply-add, written out (MulAdd), never left to the
+// compiler (this file builds with -ffp-contract=off). Lanes past n load `fill`, for which step
+// must leave acc as it is.
+template <class Step, class Combine>
+V reduce_chunk(const float* x, size_t n, float fill, V identity, Step step, Combine combine) {
   const D d;
   const size_t N = lanes();
   V a0 = identity, a1 = identity, a2 = identity, a3 = identity;
   size_t i = 0;
   for (; i + 4 * N <= n; i += 4 * N) {
-    a0 = combine(a0, map(hn::LoadU(d, x + i)));
-    a1 = combine(a1, map(hn::LoadU(d, x + i + N)));
-    a2 = combine(a2, map(hn::LoadU(d, x + i + 2 * N)));
-    a3 = combine(a3, map(hn::LoadU(d, x + i + 3 * N)));
+    a0 = step(a0, hn::LoadU(d, x + i));
+    a1 = step(a1, hn::LoadU(d, x + i + N));
+    a2 = step(a2, hn::LoadU(d, x + i + 2 * N));
+    a3 = step(a3, hn::LoadU(d, x + i + 3 * N));
   }
-  for (; i < n; i += N) a0 = combine(a0, map(load_part(x, i, std::min(N, n - i), fill)));
+  for (; i < n; i += N) a0 = step(a0, load_part(x, i, std::min(N, n - i), fill));
   return combine(combine(a0, a1), combine(a2, a3));
 }
 
-// Sum of map(x[i]) over [0, n); `fill` must satisfy map(fill) == 0.
-template <class Map>
-float sum_span(const float* x, size_t n, float fill, Map map) {
+// The sum that step(acc, v) accumulates over x[0, n) (step(acc, fill) == acc).
+template <class Step>
+float sum_span(const float* x, size_t n, float fill, Step step) {
   const D d;
   const auto add = [](V a, V b) { return hn::Add(a, b); };
   float total = 0.0f;
   for (size_t start = 0; start < n; start += kReduceChunk) {
     const size_t len = std::min(kReduceChunk, n - start);
-    const V v = reduce_chunk(x + start, len, fill, hn::Zero(d), map, add);
+    const V v = reduce_chunk(x + start, len, fill, hn::Zero(d), step, add);
     total += hn::GetLane(hn::SumOfLanes(d, v));
   }
   return total;
@@ -99,34 +106,29 @@ float sum_span(const float* x, size_t n, float fill, Map map) {
 
 float max_span(const float* x, size_t n) {
   const D d;
-  const auto id = [](V v) { return v; };
   const auto mx = [](V a, V b) { return hn::Max(a, b); };
   float best = kNegInf;
   for (size_t start = 0; start < n; start += kReduceChunk) {
     const size_t len = std::min(kReduceChunk, n - start);
-    const V v = reduce_chunk(x + start, len, kNegInf, hn::Set(d, kNegInf), id, mx);
+    const V v = reduce_chunk(x + start, len, kNegInf, hn::Set(d, kNegInf), mx, mx);
     best = std::max(best, hn::GetLane(hn::MaxOfLanes(d, v)));
   }
   return best;
 }
 
 float mean_span(const float* x, size_t n) {
-  return sum_span(x, n, 0.0f, [](V v) { return v; }) / static_cast<float>(n);
+  return sum_span(x, n, 0.0f, add_step) / static_cast<float>(n);
 }
 
 // Biased variance around a known mean (second pass of the two-pass algorithm, which
 // avoids the cancellation of E[x^2] - mean^2).
 float variance_span(const float* x, size_t n, float mean) {
   const V m = hn::Set(D(), mean);
-  const auto sq_dev = [m](V v) {
-    const V dv = hn::Sub(v, m);
-    return hn::Mul(dv, dv);
-  };
-  return sum_span(x, n, mean, sq_dev) / static_cast<float>(n);
+  return sum_span(x, n, mean, [m](V acc, V v) { return square_step(acc, hn::Sub(v, m)); }) / static_cast<float>(n);
 }
 
 float mean_square_span(const float* x, size_t n) {
-  return sum_span(x, n, 0.0f, [](V v) { return hn::Mul(v, v); }) / static_cast<float>(n);
+  return sum_span(x, n, 0.0f, square_step) / static_cast<float>(n);
 }
 
 // y = (x - mean) * scale * w + b elementwise, w / b nullable (treated as 1 / 0).
@@ -313,11 +315,11 @@ F32Rows f32_rows(const void* x, DType type, int64_t p0, int64_t p1, int64_t C, i
   return {scratch.data(), nc};
 }
 
-// sum_span's result for chunk q of each channel [c0, c0 + nc) of map(x - center[c]) (fast path):
+// sum_span's result for chunk q of each channel [c0, c0 + nc) of step over x - center[c] (fast path):
 // written to sums[c].
-template <class Map>
+template <class Step>
 void chunk_sums(const void* x, DType type, int64_t C, int64_t q, int64_t c0, int64_t nc, const float* center,
-                float* sums, Map map) {
+                float* sums, Step step) {
   const int64_t slots = slot_count();
   thread_local std::vector<float> acc, scratch;
   acc.assign(size_t(slots * nc), 0.0f);
@@ -328,26 +330,26 @@ void chunk_sums(const void* x, DType type, int64_t C, int64_t q, int64_t c0, int
       float* a = acc.data() + ((p0 + p) % slots) * nc;
       const float* xp = rows.data + p * rows.ld;
       for_each_vec(size_t(nc), [&](size_t i, size_t n) {
-        const V v = map(hn::Sub(load_part(xp, i, n, 0.0f), load_part(center + c0, i, n, 0.0f)));
-        store_part(hn::Add(load_part(a, i, n, 0.0f), v), a, i, n);
+        const V v = hn::Sub(load_part(xp, i, n, 0.0f), load_part(center + c0, i, n, 0.0f));
+        store_part(step(load_part(a, i, n, 0.0f), v), a, i, n);
       });
     }
   }
   for (int64_t c = 0; c < nc; ++c) sums[c0 + c] = slots_sum(acc.data() + c, nc);
 }
 
-// Per-group sum_span of map(x - center[c]) over one image [HW, C] (fast path): the chunk sums of
+// Per-group sum_span of step over x - center[c], one image [HW, C] (fast path): the chunk sums of
 // every channel in parallel, then each group's added channel after channel, chunk after chunk.
-template <class Map>
+template <class Step>
 std::vector<float> group_sums(const void* x, DType type, int64_t HW, int64_t C, int64_t groups, const float* center,
-                              Map map) {
+                              Step step) {
   const int64_t chunks = HW / int64_t(kReduceChunk), blocks = (C + kChannelBlock - 1) / kChannelBlock;
   std::vector<float> sums(size_t(chunks * C));
   const bool parallel = HW * C >= kParallelMinElems;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t task = 0; task < chunks * blocks; ++task) {
     const int64_t q = task / blocks, c0 = (task % blocks) * kChannelBlock;
-    chunk_sums(x, type, C, q, c0, std::min(kChannelBlock, C - c0), center, sums.data() + q * C, map);
+    chunk_sums(x, type, C, q, c0, std::min(kChannelBlock, C - c0), center, sums.data() + q * C, step);
   }
   std::vector<float> totals(size_t(groups), 0.0f);
   const int64_t cpg = C / groups;
@@ -356,15 +358,15 @@ std::vector<float> group_sums(const void* x, DType type, int64_t HW, int64_t C, 
   return totals;
 }
 
-// Per-group sum_span of map(x - center[c]) over one image [HW, C] when chunks_span_channels(HW):
+// Per-group sum_span of step over x - center[c], one image [HW, C], when chunks_span_channels(HW):
 // each task takes one vector of channels through every pixel in order, closing a channel's chunk
 // where its flat index in the group's span (local channel * HW + pixel) reaches a multiple of
 // kReduceChunk. A channel's pixels before its first such boundary (its head) end the previous
-// channel's last chunk, so the pass adds them as +0 (which changes no sum) and afterwards adds them
+// channel's last chunk, so the pass adds them as zeros (which change no sum) and afterwards adds them
 // to the previous channel's slots, after that channel's own pixels, as the span orders them.
-template <class Map>
+template <class Step>
 std::vector<float> group_sums_spanning(const void* x, DType type, int64_t HW, int64_t C, int64_t groups,
-                                       const float* center, Map map) {
+                                       const float* center, Step step) {
   const D d;
   const int64_t N = int64_t(lanes()), slots = slot_count(), chunk = int64_t(kReduceChunk), cpg = C / groups;
   const int64_t chunks_per_group = (cpg * HW + chunk - 1) / chunk;
@@ -409,9 +411,9 @@ std::vector<float> group_sums_spanning(const void* x, DType type, int64_t HW, in
           close_chunks_ending_at(p);
           soonest = *std::min_element(next_boundary.begin(), next_boundary.end());
         }
-        const V v = map(hn::Sub(load_part(rows.data + (p - p0) * rows.ld, 0, size_t(nc), 0.0f), centers));
+        const V v = hn::Sub(load_part(rows.data + (p - p0) * rows.ld, 0, size_t(nc), 0.0f), centers);
         float* a = acc.data() + (p % slots) * N;
-        hn::StoreU(hn::Add(hn::LoadU(d, a), hn::IfThenElseZero(hn::Ge(hn::Set(d, float(p)), heads), v)), d, a);
+        hn::StoreU(step(hn::LoadU(d, a), hn::IfThenElseZero(hn::Ge(hn::Set(d, float(p)), heads), v)), d, a);
       }
     }
     if (soonest == HW) close_chunks_ending_at(HW);
@@ -426,9 +428,9 @@ std::vector<float> group_sums_spanning(const void* x, DType type, int64_t HW, in
         const int64_t p1 = std::min(longest, p0 + kPixelBlock);
         const F32Rows rows = f32_rows(x, type, p0, p1, C, c0 + 1, na, scratch);
         for (int64_t p = p0; p < p1; ++p) {
-          const V v = map(hn::Sub(load_part(rows.data + (p - p0) * rows.ld, 0, size_t(na), 0.0f), next_centers));
+          const V v = hn::Sub(load_part(rows.data + (p - p0) * rows.ld, 0, size_t(na), 0.0f), next_centers);
           float* a = acc.data() + (p % slots) * N;
-          hn::StoreU(hn::Add(hn::LoadU(d, a), hn::IfThenElseZero(hn::Lt(hn::Set(d, float(p)), limits), v)), d, a);
+          hn::StoreU(step(hn::LoadU(d, a), hn::IfThenElseZero(hn::Lt(hn::Set(d, float(p)), limits), v)), d, a);
         }
       }
     }
@@ -546,14 +548,14 @@ void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b
       group_norm_image_by_groups(xn, x_type, w, b, yn, y_type, HW, C, groups, eps, silu);
       continue;
     }
-    const auto sums = [&](const float* center, auto map) {
-      return runs ? group_sums(xn, x_type, HW, C, groups, center, map)
-                  : group_sums_spanning(xn, x_type, HW, C, groups, center, map);
+    const auto sums = [&](const float* center, auto step) {
+      return runs ? group_sums(xn, x_type, HW, C, groups, center, step)
+                  : group_sums_spanning(xn, x_type, HW, C, groups, center, step);
     };
     // Two passes, as group_norm_group: the mean, then the variance around it.
-    const std::vector<float> sum = sums(zero.data(), [](V v) { return v; });
+    const std::vector<float> sum = sums(zero.data(), add_step);
     for (int64_t c = 0; c < C; ++c) mean[size_t(c)] = sum[size_t(c / cpg)] / count;
-    const std::vector<float> sq = sums(mean.data(), [](V v) { return hn::Mul(v, v); });
+    const std::vector<float> sq = sums(mean.data(), square_step);
     for (int64_t c = 0; c < C; ++c) {
       const float rstd = inv_sqrt(sq[size_t(c / cpg)] / count + eps);
       scale[size_t(c)] = w ? rstd * w[c] : rstd;
@@ -574,7 +576,7 @@ void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols) {
 
 namespace kiln::cpu {
 
-float row_sum(const float* x, int64_t n) { return sum_span(x, size_t(n), 0.0f, [](V v) { return v; }); }
+float row_sum(const float* x, int64_t n) { return sum_span(x, size_t(n), 0.0f, add_step); }
 float row_max(const float* x, int64_t n) { return max_span(x, size_t(n)); }
 float row_squared_deviation_sum(const float* x, int64_t n, float mean) {
   return variance_span(x, size_t(n), mean) * static_cast<float>(n);
