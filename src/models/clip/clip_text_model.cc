@@ -128,11 +128,19 @@ Tensor ClipTextModel::pooled_output(const Tensor& input_ids) const {
   // Truncating after the last pooled position keeps every row's pooled position (the first
   // <|endoftext|>, or the first largest id, both lie within what is kept).
   const int64_t keep = pos.empty() ? L : *std::max_element(pos.begin(), pos.end()) + 1;
-  return forward(keep < L ? contiguous(slice(input_ids, 1, 0, keep)) : input_ids).pooler_output;
+  if (keep == L) return encode(input_ids, ids, false).pooler_output;
+  std::vector<int64_t> kept;
+  kept.reserve(size_t(B * keep));
+  for (int64_t b = 0; b < B; ++b) kept.insert(kept.end(), ids.begin() + b * L, ids.begin() + b * L + keep);
+  return encode(from_ints(kept, {B, keep}), kept, false).pooler_output;
 }
 
 ClipTextModel::Output ClipTextModel::forward(const Tensor& input_ids, bool output_hidden_states) const {
-  const std::vector<int64_t> ids = checked_ids(input_ids);
+  return encode(input_ids, checked_ids(input_ids), output_hidden_states);
+}
+
+ClipTextModel::Output ClipTextModel::encode(const Tensor& input_ids, const std::vector<int64_t>& ids,
+                                            bool output_hidden_states) const {
   const int64_t B = input_ids.dim(0), L = input_ids.dim(1);
   Output out;
   Tensor h = add(token_embedding_(input_ids), slice(position_embedding_.weight, 0, 0, L));

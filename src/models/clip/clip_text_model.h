@@ -87,6 +87,8 @@ class ClipTextModel {
   Tensor attention(const Layer& layer, const Tensor& x, const Tensor& causal_mask) const;
   // input_ids' values, after checking its shape, dtype, length and ids.
   std::vector<int64_t> checked_ids(const Tensor& input_ids) const;
+  // forward() on ids already checked and read to the host (`ids`, row-major [B, L]).
+  Output encode(const Tensor& input_ids, const std::vector<int64_t>& ids, bool output_hidden_states) const;
 
   Config config_;
   nn::Embedding token_embedding_, position_embedding_;
