@@ -294,15 +294,15 @@ struct RowStats {
 };
 
 // Turns the raw score tile s[nq, nk] of key block j0 into probabilities relative to the
-// updated running max, and updates the running sums and per-row rescale factors. With `scale`
-// the scores are scaled first (the bf16 products leave them unscaled); with `pb` the
+// updated running max, and updates the running sums and per-row rescale factors. Scores are
+// multiplied by `scale` first unless it is 1 (the bf16 products leave them unscaled); with `pb` the
 // probabilities are also written rounded to bf16 there, rows `ld` apart. Each row goes through
 // every step in turn while it is in L1, rather than the tile through L2 once per step.
 void softmax_tile(const Head& h, int64_t i0, int64_t j0, int64_t nq, int64_t nk, float* s,
-                  int64_t ld, RowStats& st, const float* scale = nullptr, uint16_t* pb = nullptr) {
+                  int64_t ld, RowStats& st, float scale = 1.0f, uint16_t* pb = nullptr) {
   for (int64_t r = 0; r < nq; ++r) {
     float* row = s + r * ld;
-    if (scale != nullptr) scale_row(row, nk, *scale);
+    if (scale != 1.0f) scale_row(row, nk, scale);
     if (h.mask != nullptr) {
       add_mask(row, nk, h.mask + (i0 + r) * h.mask_row_stride + j0 * h.mask_col_stride,
                h.mask_col_stride);
@@ -340,7 +340,7 @@ void attend_query_block(const Head& h, int64_t i0, int64_t nq, const Tiles& t, f
     const bool first = j0 == 0;
     if (dot) {  // v is bf16 too: the probabilities go to the PV product rounded to bf16
       bf16_tile_product({nq, nk, h.D, h.q.ld, h.k.ld, t.ld, true, false}, h.q.row(i0), h.k.row(j0), s);
-      softmax_tile(h, i0, j0, nq, nk, s, t.ld, st, &h.scale, pb);
+      softmax_tile(h, i0, j0, nq, nk, s, t.ld, st, h.scale, pb);
     } else {
       const float* k = h.k.f32(j0, nk, h.D, scratch + sl.kf, ldk);
       sgemm(false, true, nq, nk, h.D, h.scale, q, ldq, k, ldk, 0.0f, s, t.ld);
