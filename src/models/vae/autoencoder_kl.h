@@ -109,7 +109,7 @@ class AutoencoderKL {
   // The memory format of the decoder's activations, as PyTorch's vae.to(memory_format=...):
   // channels-last (the default: the convolution library's own layout, no reorders between layers)
   // or contiguous NCHW. In f32 both decode to the same bits; contiguous is the reference that
-  // proves it (VaeDecodeLayout tests) and is slower.
+  // proves it (VaeDecode.ChannelsLastDecodeHasTheContiguousDecodesBits) and is slower.
   enum class MemoryFormat { kChannelsLast, kContiguous };
   void to_memory_format(MemoryFormat format) { memory_format_ = format; }
   MemoryFormat memory_format() const { return memory_format_; }
