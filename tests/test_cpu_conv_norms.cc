@@ -339,6 +339,28 @@ TEST(CpuGroupNorm, SingleGroupAndLargeSpatial) {
   }
 }
 
+// GroupStats::chunk_moments (bf16 activations) joins each chunk's mean and squared deviations
+// instead of summing squares: as accurate as two passes when the values sit far from zero (here
+// 1000 + [0, 1), where E[x^2] - mean^2 in f32 would lose every digit), for groups of whole chunks
+// and for chunks that run across channels (HW = 77) or end short.
+TEST(CpuGroupNorm, ChunkMomentsMatchTheReferenceFarFromZero) {
+  const int64_t N = 1, C = 64;
+  for (int64_t HW : {int64_t{4096}, int64_t{77}}) {
+    for (int64_t groups : {int64_t{4}, int64_t{64}}) {
+      SCOPED_TRACE(std::to_string(HW) + " pixels, " + std::to_string(groups) + " groups");
+      const Vec x = random_vec(N * C * HW, 18, 1000.0f, 1001.0f);
+      const Vec w = random_vec(C, 19, 0.5f, 1.5f), b = random_vec(C, 20);
+      const auto ref = group_norm_ref(x, w.data(), b.data(), N, C, HW, groups, 1e-6);
+      Vec y(x.size());
+      group_norm_nchw(x.data(), w.data(), b.data(), y.data(), N, C, HW, groups, 1e-6f, false,
+                      GroupStats::chunk_moments);
+      expect_close(y, ref, 1e-3, 1e-3, "chunk moments");
+      group_norm_nchw(x.data(), w.data(), b.data(), y.data(), N, C, HW, groups, 1e-6f, false, GroupStats::two_pass);
+      expect_close(y, ref, 1e-3, 1e-3, "two passes");
+    }
+  }
+}
+
 TEST(CpuGroupNorm, RejectsIndivisibleGroups) {
   Vec x(30), y(30);
   EXPECT_THROW(group_norm_nchw(x.data(), nullptr, nullptr, y.data(), 1, 10, 3, 4, 1e-6f),

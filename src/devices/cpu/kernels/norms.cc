@@ -65,9 +65,16 @@ void for_each_vec(size_t n, Body body) {
   if (i < n) body(i, n - i);
 }
 
-// The accumulation steps of the sums: acc + v, and acc + v * v as one fused multiply-add.
-V add_step(V acc, V v) { return hn::Add(acc, v); }
-V square_step(V acc, V v) { return hn::MulAdd(v, v, acc); }
+// The accumulation steps of the sums: acc + v, and acc + v * v as one fused multiply-add. Function
+// objects, so the loops they are passed to inline them.
+struct AddStep {
+  V operator()(V acc, V v) const { return hn::Add(acc, v); }
+};
+struct SquareStep {
+  V operator()(V acc, V v) const { return hn::MulAdd(v, v, acc); }
+};
+constexpr AddStep add_step;
+constexpr SquareStep square_step;
 
 // Reduces x[0, n) (n <= kReduceChunk) to one vector with four independent accumulators (hides
 // add latency): acc = step(acc, x vector), then the four joined by `combine`. A step that
@@ -120,11 +127,42 @@ float mean_span(const float* x, size_t n) {
   return sum_span(x, n, 0.0f, add_step) / static_cast<float>(n);
 }
 
-// Biased variance around a known mean (second pass of the two-pass algorithm, which
-// avoids the cancellation of E[x^2] - mean^2).
-float variance_span(const float* x, size_t n, float mean) {
+// The sum of squared deviations from a known mean (the second pass of the two-pass algorithm,
+// which avoids the cancellation of E[x^2] - mean^2).
+float deviation_sum(const float* x, size_t n, float mean) {
   const V m = hn::Set(D(), mean);
-  return sum_span(x, n, mean, [m](V acc, V v) { return square_step(acc, hn::Sub(v, m)); }) / static_cast<float>(n);
+  return sum_span(x, n, mean, [m](V acc, V v) { return square_step(acc, hn::Sub(v, m)); });
+}
+
+// Biased variance around a known mean.
+float variance_span(const float* x, size_t n, float mean) {
+  return deviation_sum(x, n, mean) / static_cast<float>(n);
+}
+
+// Count, mean and sum of squared deviations of a run of values (GroupStats::chunk_moments).
+struct Moments {
+  double count = 0, mean = 0, m2 = 0;
+  // This run followed by one of n values with mean `mean_b` and squared deviations `m2_b`
+  // (Chan, Golub and LeVeque's update).
+  void join(double n, double mean_b, double m2_b) {
+    const double total = count + n, delta = mean_b - mean;
+    mean += delta * n / total;
+    m2 += m2_b + delta * delta * count * n / total;
+    count = total;
+  }
+  float variance() const { return static_cast<float>(m2 / count); }
+};
+
+// x[0, n) chunk by chunk (kReduceChunk values): each chunk's mean, then its squared deviations
+// from that mean while the chunk is in cache, joined in order.
+Moments span_moments(const float* x, size_t n) {
+  Moments m;
+  for (size_t start = 0; start < n; start += kReduceChunk) {
+    const size_t len = std::min(kReduceChunk, n - start);
+    const float mean = mean_span(x + start, len);
+    m.join(double(len), mean, deviation_sum(x + start, len, mean));
+  }
+  return m;
 }
 
 float mean_square_span(const float* x, size_t n) {
@@ -160,10 +198,18 @@ void rms_norm_row(const float* x, const float* w, float* y, size_t n, float eps)
 // One group of `channels` contiguous channels of `hw` values each; w, b point at the
 // group's first channel (or are null).
 void group_norm_group(const float* x, const float* w, const float* b, float* y, size_t channels,
-                      size_t hw, float eps) {
+                      size_t hw, float eps, GroupStats stats) {
   const size_t n = channels * hw;
-  const float mean = mean_span(x, n);
-  const float rstd = inv_sqrt(variance_span(x, n, mean) + eps);
+  float mean, variance;
+  if (stats == GroupStats::two_pass) {
+    mean = mean_span(x, n);
+    variance = variance_span(x, n, mean);
+  } else {
+    const Moments m = span_moments(x, n);
+    mean = static_cast<float>(m.mean);
+    variance = m.variance();
+  }
+  const float rstd = inv_sqrt(variance + eps);
   const D d;
   const V m = hn::Set(d, mean);
   for (size_t c = 0; c < channels; ++c) {
@@ -234,7 +280,7 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64
 }
 
 void group_norm_nchw(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t C,
-                     int64_t HW, int64_t groups, float eps, bool silu) {
+                     int64_t HW, int64_t groups, float eps, bool silu, GroupStats stats) {
   KILN_CHECK(N >= 0 && C >= 0 && HW >= 0, "group_norm", "negative shape: N=", N, " C=", C,
              " HW=", HW);
   KILN_CHECK(groups > 0 && C % groups == 0, "group_norm", "channels ", C, " not divisible into ",
@@ -248,7 +294,7 @@ void group_norm_nchw(const float* x, const float* w, const float* b, float* y, i
     const int64_t c0 = (u % groups) * cpg;
     const int64_t off = u * group_elems;
     group_norm_group(x + off, w ? w + c0 : nullptr, b ? b + c0 : nullptr, y + off,
-                     static_cast<size_t>(cpg), static_cast<size_t>(HW), eps);
+                     static_cast<size_t>(cpg), static_cast<size_t>(HW), eps, stats);
     if (silu) unary_f32(UnaryOp::silu, y + off, y + off, group_elems, 0, 0);
   });
 }
@@ -299,20 +345,37 @@ float slots_sum(const float* acc, int64_t stride) {
   return hn::GetLane(hn::SumOfLanes(d, v));
 }
 
-// Pixels [p0, p1), channels [c0, c0 + nc) of one image [HW, C] as f32 rows `ld` apart: x itself, or
-// its values widened into `scratch`.
-struct F32Rows {
-  const float* data;
-  int64_t ld;
+// Pixels [p0, p1), channels [c0, c0 + nc) of one image [HW, C], read as f32 vectors: f32 and bf16
+// where they lie (bf16 widened in registers: its bits are f32's top half), other types widened
+// into `scratch` first.
+struct PixelRows {
+  const void* data;  // pixel p0's channel c0
+  DType type;        // f32 or bf16
+  int64_t ld;        // elements from one pixel to the next
+
+  // Channels [i, i + count) (count <= lanes) of the p-th pixel; lanes past count are 0.
+  V load(int64_t p, size_t i, size_t count) const {
+    if (type == DType::f32) return load_part(static_cast<const float*>(data) + p * ld, i, count, 0.0f);
+    const uint16_t* h = static_cast<const uint16_t*>(data) + p * ld + int64_t(i);
+    const D d;
+    if (count == lanes()) {
+      const hn::Rebind<uint16_t, D> d16;
+      const hn::RebindToUnsigned<D> du;
+      return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, h))));
+    }
+    HWY_ALIGN float buf[hn::MaxLanes(D())];
+    for (size_t k = 0; k < lanes(); ++k) buf[k] = k < count ? bf16_to_f32(h[k]) : 0.0f;
+    return hn::Load(d, buf);
+  }
 };
-F32Rows f32_rows(const void* x, DType type, int64_t p0, int64_t p1, int64_t C, int64_t c0, int64_t nc,
-                 std::vector<float>& scratch) {
-  if (type == DType::f32) return {static_cast<const float*>(x) + p0 * C + c0, C};
-  scratch.resize(size_t((p1 - p0) * nc));
+PixelRows pixel_rows(const void* x, DType type, int64_t p0, int64_t p1, int64_t C, int64_t c0, int64_t nc,
+                     std::vector<float>& scratch) {
   const size_t es = dtype_size(type);
+  if (type == DType::f32 || type == DType::bf16) return {static_cast<const char*>(x) + size_t(p0 * C + c0) * es, type, C};
+  scratch.resize(size_t((p1 - p0) * nc));
   for (int64_t p = p0; p < p1; ++p)
     convert_to_f32(static_cast<const char*>(x) + size_t(p * C + c0) * es, type, scratch.data() + (p - p0) * nc, nc);
-  return {scratch.data(), nc};
+  return {scratch.data(), DType::f32, nc};
 }
 
 // sum_span's result for chunk q of each channel [c0, c0 + nc) of step over x - center[c] (fast path):
@@ -325,12 +388,11 @@ void chunk_sums(const void* x, DType type, int64_t C, int64_t q, int64_t c0, int
   acc.assign(size_t(slots * nc), 0.0f);
   const int64_t first = q * int64_t(kReduceChunk), last = first + int64_t(kReduceChunk);
   for (int64_t p0 = first; p0 < last; p0 += kPixelBlock) {
-    const F32Rows rows = f32_rows(x, type, p0, p0 + kPixelBlock, C, c0, nc, scratch);
+    const PixelRows rows = pixel_rows(x, type, p0, p0 + kPixelBlock, C, c0, nc, scratch);
     for (int64_t p = 0; p < kPixelBlock; ++p) {
       float* a = acc.data() + ((p0 + p) % slots) * nc;
-      const float* xp = rows.data + p * rows.ld;
       for_each_vec(size_t(nc), [&](size_t i, size_t n) {
-        const V v = hn::Sub(load_part(xp, i, n, 0.0f), load_part(center + c0, i, n, 0.0f));
+        const V v = hn::Sub(rows.load(p, i, n), load_part(center + c0, i, n, 0.0f));
         store_part(step(load_part(a, i, n, 0.0f), v), a, i, n);
       });
     }
@@ -405,13 +467,13 @@ std::vector<float> group_sums_spanning(const void* x, DType type, int64_t HW, in
     const V centers = load_part(center, size_t(c0), size_t(nc), 0.0f);
     for (int64_t p0 = 0; p0 < HW; p0 += kPixelBlock) {
       const int64_t p1 = std::min(HW, p0 + kPixelBlock);
-      const F32Rows rows = f32_rows(x, type, p0, p1, C, c0, nc, scratch);
+      const PixelRows rows = pixel_rows(x, type, p0, p1, C, c0, nc, scratch);
       for (int64_t p = p0; p < p1; ++p) {
         if (p == soonest) {
           close_chunks_ending_at(p);
           soonest = *std::min_element(next_boundary.begin(), next_boundary.end());
         }
-        const V v = hn::Sub(load_part(rows.data + (p - p0) * rows.ld, 0, size_t(nc), 0.0f), centers);
+        const V v = hn::Sub(rows.load(p - p0, 0, size_t(nc)), centers);
         float* a = acc.data() + (p % slots) * N;
         hn::StoreU(step(hn::LoadU(d, a), hn::IfThenElseZero(hn::Ge(hn::Set(d, float(p)), heads), v)), d, a);
       }
@@ -426,9 +488,9 @@ std::vector<float> group_sums_spanning(const void* x, DType type, int64_t HW, in
       const int64_t longest = int64_t(hn::GetLane(hn::MaxOfLanes(d, limits)));
       for (int64_t p0 = 0; p0 < longest; p0 += kPixelBlock) {
         const int64_t p1 = std::min(longest, p0 + kPixelBlock);
-        const F32Rows rows = f32_rows(x, type, p0, p1, C, c0 + 1, na, scratch);
+        const PixelRows rows = pixel_rows(x, type, p0, p1, C, c0 + 1, na, scratch);
         for (int64_t p = p0; p < p1; ++p) {
-          const V v = hn::Sub(load_part(rows.data + (p - p0) * rows.ld, 0, size_t(na), 0.0f), next_centers);
+          const V v = hn::Sub(rows.load(p - p0, 0, size_t(na)), next_centers);
           float* a = acc.data() + (p % slots) * N;
           hn::StoreU(step(hn::LoadU(d, a), hn::IfThenElseZero(hn::Lt(hn::Set(d, float(p)), limits), v)), d, a);
         }
@@ -443,6 +505,31 @@ std::vector<float> group_sums_spanning(const void* x, DType type, int64_t HW, in
   return totals;
 }
 
+// span_moments of each group of one image [HW, C] (fast path, GroupStats::chunk_moments): each task
+// takes one chunk of pixels of a block of channels, sums it, then sums its squared deviations
+// from each channel's chunk mean while the block is in cache; the chunks' moments are then joined
+// channel after channel, chunk after chunk, as the group's NCHW span orders them.
+std::vector<Moments> group_moments(const void* x, DType type, int64_t HW, int64_t C, int64_t groups) {
+  const int64_t chunks = HW / int64_t(kReduceChunk), blocks = (C + kChannelBlock - 1) / kChannelBlock;
+  const std::vector<float> zero(size_t(C), 0.0f);
+  std::vector<float> means(size_t(chunks * C)), m2(size_t(chunks * C));
+  const bool parallel = HW * C >= kParallelMinElems;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t task = 0; task < chunks * blocks; ++task) {
+    const int64_t q = task / blocks, c0 = (task % blocks) * kChannelBlock, nc = std::min(kChannelBlock, C - c0);
+    float* mean = means.data() + q * C;
+    chunk_sums(x, type, C, q, c0, nc, zero.data(), mean, add_step);
+    for (int64_t c = c0; c < c0 + nc; ++c) mean[c] /= static_cast<float>(kReduceChunk);  // as mean_span
+    chunk_sums(x, type, C, q, c0, nc, mean, m2.data() + q * C, square_step);
+  }
+  std::vector<Moments> moments(static_cast<size_t>(groups));
+  const int64_t cpg = C / groups;
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t q = 0; q < chunks; ++q)
+      moments[size_t(c / cpg)].join(double(kReduceChunk), means[size_t(q * C + c)], m2[size_t(q * C + c)]);
+  return moments;
+}
+
 // One image [HW, C] normalized with per-channel mean, scale and shift (fast path).
 void normalize_pixels(const void* x, DType x_type, void* y, DType y_type, int64_t HW, int64_t C, const float* mean,
                       const float* scale, const float* shift, bool silu) {
@@ -453,14 +540,13 @@ void normalize_pixels(const void* x, DType x_type, void* y, DType y_type, int64_
   for (int64_t k = 0; k < blocks; ++k) {
     thread_local std::vector<float> in_scratch, out_scratch;
     const int64_t p0 = k * kPixelBlock, p1 = std::min(HW, p0 + kPixelBlock);
-    const float* xb = f32_rows(x, x_type, p0, p1, C, 0, C, in_scratch).data;
+    const PixelRows rows = pixel_rows(x, x_type, p0, p1, C, 0, C, in_scratch);
     if (y_type != DType::f32) out_scratch.resize(size_t((p1 - p0) * C));
     float* yb = y_type == DType::f32 ? static_cast<float*>(y) + p0 * C : out_scratch.data();
     for (int64_t p = 0; p < p1 - p0; ++p) {
-      const float* xp = xb + p * C;
       float* yp = yb + p * C;
       for_each_vec(size_t(C), [&](size_t i, size_t cnt) {  // as group_norm_group
-        const V v = hn::MulAdd(hn::Sub(load_part(xp, i, cnt, 0.0f), load_part(mean, i, cnt, 0.0f)),
+        const V v = hn::MulAdd(hn::Sub(rows.load(p, i, cnt), load_part(mean, i, cnt, 0.0f)),
                                load_part(scale, i, cnt, 0.0f), load_part(shift, i, cnt, 0.0f));
         store_part(v, yp, i, cnt);
       });
@@ -510,7 +596,7 @@ void write_group(const float* span, int64_t HW, int64_t C, int64_t c0, int64_t n
 // One image, any HW: each group copied channel-major (its NCHW span), normalized by the NCHW code,
 // and copied back.
 void group_norm_image_by_groups(const void* x, DType x_type, const float* w, const float* b, void* y, DType y_type,
-                                int64_t HW, int64_t C, int64_t groups, float eps, bool silu) {
+                                int64_t HW, int64_t C, int64_t groups, float eps, bool silu, GroupStats stats) {
   const int64_t cpg = C / groups;
   const bool parallel = groups > 1 && HW * C >= kParallelMinElems;
 #pragma omp parallel if (parallel)
@@ -521,7 +607,7 @@ void group_norm_image_by_groups(const void* x, DType x_type, const float* w, con
       const int64_t c0 = g * cpg;
       read_group(x, x_type, HW, C, c0, cpg, span.data());
       group_norm_group(span.data(), w ? w + c0 : nullptr, b ? b + c0 : nullptr, out.data(), size_t(cpg), size_t(HW),
-                       eps);
+                       eps, stats);
       if (silu) unary_f32(UnaryOp::silu, out.data(), out.data(), cpg * HW, 0, 0);
       write_group(out.data(), HW, C, c0, cpg, y, y_type);
     }
@@ -539,27 +625,37 @@ void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b
   const int64_t cpg = C / groups;
   const float count = static_cast<float>(size_t(cpg * HW));
   const size_t xs = dtype_size(x_type), ys = dtype_size(y_type);
+  const GroupStats stats = group_stats_for(x_type);
   std::vector<float> zero(size_t(C), 0.0f), mean(size_t(C), 0.0f), scale(size_t(C), 0.0f), shift(size_t(C), 0.0f);
+  const auto set_scale = [&](int64_t c, float variance) {
+    const float rstd = inv_sqrt(variance + eps);
+    scale[size_t(c)] = w ? rstd * w[c] : rstd;
+    shift[size_t(c)] = b ? b[c] : 0.0f;
+  };
   for (int64_t n = 0; n < N; ++n) {
     const void* xn = static_cast<const char*>(x) + size_t(n * HW * C) * xs;
     void* yn = static_cast<char*>(y) + size_t(n * HW * C) * ys;
     const bool runs = chunks_are_pixel_runs(HW);
-    if (!runs && !chunks_span_channels(HW)) {
-      group_norm_image_by_groups(xn, x_type, w, b, yn, y_type, HW, C, groups, eps, silu);
+    if (!runs && (stats == GroupStats::chunk_moments || !chunks_span_channels(HW))) {
+      group_norm_image_by_groups(xn, x_type, w, b, yn, y_type, HW, C, groups, eps, silu, stats);
       continue;
     }
-    const auto sums = [&](const float* center, auto step) {
-      return runs ? group_sums(xn, x_type, HW, C, groups, center, step)
-                  : group_sums_spanning(xn, x_type, HW, C, groups, center, step);
-    };
-    // Two passes, as group_norm_group: the mean, then the variance around it.
-    const std::vector<float> sum = sums(zero.data(), add_step);
-    for (int64_t c = 0; c < C; ++c) mean[size_t(c)] = sum[size_t(c / cpg)] / count;
-    const std::vector<float> sq = sums(mean.data(), square_step);
-    for (int64_t c = 0; c < C; ++c) {
-      const float rstd = inv_sqrt(sq[size_t(c / cpg)] / count + eps);
-      scale[size_t(c)] = w ? rstd * w[c] : rstd;
-      shift[size_t(c)] = b ? b[c] : 0.0f;
+    if (stats == GroupStats::chunk_moments) {
+      const std::vector<Moments> m = group_moments(xn, x_type, HW, C, groups);
+      for (int64_t c = 0; c < C; ++c) {
+        mean[size_t(c)] = static_cast<float>(m[size_t(c / cpg)].mean);
+        set_scale(c, m[size_t(c / cpg)].variance());
+      }
+    } else {
+      const auto sums = [&](const float* center, auto step) {
+        return runs ? group_sums(xn, x_type, HW, C, groups, center, step)
+                    : group_sums_spanning(xn, x_type, HW, C, groups, center, step);
+      };
+      // Two passes, as group_norm_group: the mean, then the variance around it.
+      const std::vector<float> sum = sums(zero.data(), add_step);
+      for (int64_t c = 0; c < C; ++c) mean[size_t(c)] = sum[size_t(c / cpg)] / count;
+      const std::vector<float> sq = sums(mean.data(), square_step);
+      for (int64_t c = 0; c < C; ++c) set_scale(c, sq[size_t(c / cpg)] / count);
     }
     normalize_pixels(xn, x_type, yn, y_type, HW, C, mean.data(), scale.data(), shift.data(), silu);
   }
