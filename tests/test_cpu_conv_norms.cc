@@ -339,7 +339,7 @@ TEST(CpuGroupNorm, SingleGroupAndLargeSpatial) {
   }
 }
 
-// GroupStats::chunk_moments (bf16 activations) joins each chunk's mean and squared deviations
+// GroupNormMath::narrow (bf16 activations) joins each chunk's mean and squared deviations
 // instead of summing squares: as accurate as two passes when the values sit far from zero (here
 // 1000 + [0, 1), where E[x^2] - mean^2 in f32 would lose every digit), for groups of whole chunks
 // and for chunks that run across channels (HW = 77) or end short.
@@ -353,9 +353,9 @@ TEST(CpuGroupNorm, ChunkMomentsMatchTheReferenceFarFromZero) {
       const auto ref = group_norm_ref(x, w.data(), b.data(), N, C, HW, groups, 1e-6);
       Vec y(x.size());
       group_norm_nchw(x.data(), w.data(), b.data(), y.data(), N, C, HW, groups, 1e-6f, false,
-                      GroupStats::chunk_moments);
+                      GroupNormMath::narrow);
       expect_close(y, ref, 1e-3, 1e-3, "chunk moments");
-      group_norm_nchw(x.data(), w.data(), b.data(), y.data(), N, C, HW, groups, 1e-6f, false, GroupStats::two_pass);
+      group_norm_nchw(x.data(), w.data(), b.data(), y.data(), N, C, HW, groups, 1e-6f, false, GroupNormMath::f32);
       expect_close(y, ref, 1e-3, 1e-3, "two passes");
     }
   }

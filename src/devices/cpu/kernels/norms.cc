@@ -139,7 +139,7 @@ float variance_span(const float* x, size_t n, float mean) {
   return deviation_sum(x, n, mean) / static_cast<float>(n);
 }
 
-// Count, mean and sum of squared deviations of a run of values (GroupStats::chunk_moments).
+// Count, mean and sum of squared deviations of a run of values (GroupNormMath::narrow).
 struct Moments {
   double count = 0, mean = 0, m2 = 0;
   // This run followed by one of n values with mean `mean_b` and squared deviations `m2_b`
@@ -184,6 +184,24 @@ void normalize_span(const float* x, const float* w, const float* b, float* y, si
 
 float inv_sqrt(float v) { return 1.0f / std::sqrt(v); }
 
+// SiLU of GroupNormMath::narrow: x / (1 + exp(-x)) with the reciprocal estimated and refined once
+// (r' = r (2 - d r)). exp's argument is clamped to [-100, 88], where it is finite and the
+// reciprocal of 1 + exp is a normal number or 0; NaN stays NaN.
+V silu_narrow(D d, V x) {
+  const V one = hn::Set(d, 1.0f);
+  const V t = hn::Min(hn::Max(hn::Neg(x), hn::Set(d, -100.0f)), hn::Set(d, 88.0f));
+  const V den = hn::Add(one, hn::Exp(d, t));
+  const V r = hn::ApproximateReciprocal(den);
+  return hn::Mul(x, hn::Mul(r, hn::NegMulAdd(den, r, hn::Set(d, 2.0f))));
+}
+
+// SiLU of y[0, n) in place, as `math` computes it.
+void silu_span(float* y, int64_t n, GroupNormMath math) {
+  if (math == GroupNormMath::f32) return unary_f32(UnaryOp::silu, y, y, n, 0, 0);
+  const D d;
+  for_each_vec(size_t(n), [&](size_t i, size_t count) { store_part(silu_narrow(d, load_part(y, i, count, 0.0f)), y, i, count); });
+}
+
 void layer_norm_row(const float* x, const float* w, const float* b, float* y, size_t n, float eps) {
   const float mean = mean_span(x, n);
   const float rstd = inv_sqrt(variance_span(x, n, mean) + eps);
@@ -198,10 +216,10 @@ void rms_norm_row(const float* x, const float* w, float* y, size_t n, float eps)
 // One group of `channels` contiguous channels of `hw` values each; w, b point at the
 // group's first channel (or are null).
 void group_norm_group(const float* x, const float* w, const float* b, float* y, size_t channels,
-                      size_t hw, float eps, GroupStats stats) {
+                      size_t hw, float eps, GroupNormMath math) {
   const size_t n = channels * hw;
   float mean, variance;
-  if (stats == GroupStats::two_pass) {
+  if (math == GroupNormMath::f32) {
     mean = mean_span(x, n);
     variance = variance_span(x, n, mean);
   } else {
@@ -280,7 +298,7 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64
 }
 
 void group_norm_nchw(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t C,
-                     int64_t HW, int64_t groups, float eps, bool silu, GroupStats stats) {
+                     int64_t HW, int64_t groups, float eps, bool silu, GroupNormMath math) {
   KILN_CHECK(N >= 0 && C >= 0 && HW >= 0, "group_norm", "negative shape: N=", N, " C=", C,
              " HW=", HW);
   KILN_CHECK(groups > 0 && C % groups == 0, "group_norm", "channels ", C, " not divisible into ",
@@ -294,8 +312,8 @@ void group_norm_nchw(const float* x, const float* w, const float* b, float* y, i
     const int64_t c0 = (u % groups) * cpg;
     const int64_t off = u * group_elems;
     group_norm_group(x + off, w ? w + c0 : nullptr, b ? b + c0 : nullptr, y + off,
-                     static_cast<size_t>(cpg), static_cast<size_t>(HW), eps, stats);
-    if (silu) unary_f32(UnaryOp::silu, y + off, y + off, group_elems, 0, 0);
+                     static_cast<size_t>(cpg), static_cast<size_t>(HW), eps, math);
+    if (silu) silu_span(y + off, group_elems, math);
   });
 }
 
@@ -505,7 +523,7 @@ std::vector<float> group_sums_spanning(const void* x, DType type, int64_t HW, in
   return totals;
 }
 
-// span_moments of each group of one image [HW, C] (fast path, GroupStats::chunk_moments): each task
+// span_moments of each group of one image [HW, C] (fast path, GroupNormMath::narrow): each task
 // takes one chunk of pixels of a block of channels, sums it, then sums its squared deviations
 // from each channel's chunk mean while the block is in cache; the chunks' moments are then joined
 // channel after channel, chunk after chunk, as the group's NCHW span orders them.
@@ -532,7 +550,7 @@ std::vector<Moments> group_moments(const void* x, DType type, int64_t HW, int64_
 
 // One image [HW, C] normalized with per-channel mean, scale and shift (fast path).
 void normalize_pixels(const void* x, DType x_type, void* y, DType y_type, int64_t HW, int64_t C, const float* mean,
-                      const float* scale, const float* shift, bool silu) {
+                      const float* scale, const float* shift, bool silu, GroupNormMath math) {
   const size_t ys = dtype_size(y_type);
   const int64_t blocks = (HW + kPixelBlock - 1) / kPixelBlock;
   const bool parallel = HW * C >= kParallelMinElems;
@@ -551,7 +569,7 @@ void normalize_pixels(const void* x, DType x_type, void* y, DType y_type, int64_
         store_part(v, yp, i, cnt);
       });
     }
-    if (silu) unary_f32(UnaryOp::silu, yb, yb, (p1 - p0) * C, 0, 0);
+    if (silu) silu_span(yb, (p1 - p0) * C, math);
     if (y_type != DType::f32) convert_from_f32(yb, static_cast<char*>(y) + size_t(p0 * C) * ys, y_type, (p1 - p0) * C);
   }
 }
@@ -596,7 +614,7 @@ void write_group(const float* span, int64_t HW, int64_t C, int64_t c0, int64_t n
 // One image, any HW: each group copied channel-major (its NCHW span), normalized by the NCHW code,
 // and copied back.
 void group_norm_image_by_groups(const void* x, DType x_type, const float* w, const float* b, void* y, DType y_type,
-                                int64_t HW, int64_t C, int64_t groups, float eps, bool silu, GroupStats stats) {
+                                int64_t HW, int64_t C, int64_t groups, float eps, bool silu, GroupNormMath math) {
   const int64_t cpg = C / groups;
   const bool parallel = groups > 1 && HW * C >= kParallelMinElems;
 #pragma omp parallel if (parallel)
@@ -607,8 +625,8 @@ void group_norm_image_by_groups(const void* x, DType x_type, const float* w, con
       const int64_t c0 = g * cpg;
       read_group(x, x_type, HW, C, c0, cpg, span.data());
       group_norm_group(span.data(), w ? w + c0 : nullptr, b ? b + c0 : nullptr, out.data(), size_t(cpg), size_t(HW),
-                       eps, stats);
-      if (silu) unary_f32(UnaryOp::silu, out.data(), out.data(), cpg * HW, 0, 0);
+                       eps, math);
+      if (silu) silu_span(out.data(), cpg * HW, math);
       write_group(out.data(), HW, C, c0, cpg, y, y_type);
     }
   }
@@ -625,7 +643,7 @@ void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b
   const int64_t cpg = C / groups;
   const float count = static_cast<float>(size_t(cpg * HW));
   const size_t xs = dtype_size(x_type), ys = dtype_size(y_type);
-  const GroupStats stats = group_stats_for(x_type);
+  const GroupNormMath math = group_norm_math_for(x_type);
   std::vector<float> zero(size_t(C), 0.0f), mean(size_t(C), 0.0f), scale(size_t(C), 0.0f), shift(size_t(C), 0.0f);
   const auto set_scale = [&](int64_t c, float variance) {
     const float rstd = inv_sqrt(variance + eps);
@@ -636,11 +654,11 @@ void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b
     const void* xn = static_cast<const char*>(x) + size_t(n * HW * C) * xs;
     void* yn = static_cast<char*>(y) + size_t(n * HW * C) * ys;
     const bool runs = chunks_are_pixel_runs(HW);
-    if (!runs && (stats == GroupStats::chunk_moments || !chunks_span_channels(HW))) {
-      group_norm_image_by_groups(xn, x_type, w, b, yn, y_type, HW, C, groups, eps, silu, stats);
+    if (!runs && (math == GroupNormMath::narrow || !chunks_span_channels(HW))) {
+      group_norm_image_by_groups(xn, x_type, w, b, yn, y_type, HW, C, groups, eps, silu, math);
       continue;
     }
-    if (stats == GroupStats::chunk_moments) {
+    if (math == GroupNormMath::narrow) {
       const std::vector<Moments> m = group_moments(xn, x_type, HW, C, groups);
       for (int64_t c = 0; c < C; ++c) {
         mean[size_t(c)] = static_cast<float>(m[size_t(c / cpg)].mean);
@@ -657,7 +675,7 @@ void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b
       const std::vector<float> sq = sums(mean.data(), square_step);
       for (int64_t c = 0; c < C; ++c) set_scale(c, sq[size_t(c / cpg)] / count);
     }
-    normalize_pixels(xn, x_type, yn, y_type, HW, C, mean.data(), scale.data(), shift.data(), silu);
+    normalize_pixels(xn, x_type, yn, y_type, HW, C, mean.data(), scale.data(), shift.data(), silu, math);
   }
 }
 

@@ -17,15 +17,17 @@ void layer_norm_rows(const float* x, const float* w, const float* b, float* y, i
 // y = x * rsqrt(mean(x^2) + eps) * w over each row (w may be nullptr). y may alias x.
 void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t cols, float eps);
 
-// How GroupNorm finds a group's mean and variance.
-//  - two_pass: the group's sum, then its squared deviations from the group's mean: two reads of
-//    the group. f32 activations keep it, so a decode keeps the bits it had.
-//  - chunk_moments: each chunk of the group (4096 values in NCHW order) summed, then its
-//    squared deviations from its own mean summed while the chunk is still in cache, and the chunks'
-//    moments joined in order (Chan et al.'s update, in double). One read of the group from memory,
-//    as accurate; used for bf16 and other narrow activations, where memory time is GroupNorm's cost.
-enum class GroupStats { two_pass, chunk_moments };
-inline GroupStats group_stats_for(DType x) { return x == DType::f32 ? GroupStats::two_pass : GroupStats::chunk_moments; }
+// How GroupNorm computes, by the activations' dtype.
+//  - f32: a group's sum, then its squared deviations from the group's mean (two reads of the
+//    group), and SiLU as the silu op computes it. f32 activations keep the bits they had.
+//  - narrow (bf16 and other narrow activations, where memory time is GroupNorm's cost): each chunk
+//    of the group (4096 values in NCHW order) summed, then its squared deviations from its own mean
+//    summed while the chunk is still in cache, and the chunks' moments joined in order (Chan et
+//    al.'s update, in double): one read of the group from memory, as accurate. SiLU takes
+//    1 / (1 + exp(-x)) from a reciprocal estimate refined by one Newton step instead of a
+//    division (within a few f32 ulp; the result is rounded to the narrow dtype).
+enum class GroupNormMath { f32, narrow };
+inline GroupNormMath group_norm_math_for(DType x) { return x == DType::f32 ? GroupNormMath::f32 : GroupNormMath::narrow; }
 
 // GroupNorm on NCHW: x [N, C, HW]; each of `groups` groups of C/groups channels is
 // normalised over its (C/groups)*HW values (biased variance), then per-channel w[c],
@@ -33,12 +35,12 @@ inline GroupStats group_stats_for(DType x) { return x == DType::f32 ? GroupStats
 // (the same formula as the silu kernel, so silu(group_norm(x)) gets the same bits either way).
 void group_norm_nchw(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t C,
                      int64_t HW, int64_t groups, float eps, bool silu = false,
-                     GroupStats stats = GroupStats::two_pass);
+                     GroupNormMath math = GroupNormMath::f32);
 // The same on channels-last data: x [N, HW, C], f32 or bf16 (x and y each; computed in f32, a
-// block of pixels at a time, so a bf16 tensor is never widened whole), with group_stats_for(x's
+// block of pixels at a time, so a bf16 tensor is never widened whole), with group_norm_math_for(x's
 // dtype). The statistics are summed in group_norm_nchw's order, so both give the same bits
 // whatever the thread count (a channels-last VAE decode equals the NCHW one). Vectorized across
-// channels when HW is a multiple of 4096 (two_pass: of 64 and at least 4096); other HW copy one
+// channels when HW is a multiple of 4096 (f32: of 64 and at least 4096); other HW copy one
 // group at a time channel-major.
 void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b, void* y, DType y_type, int64_t N,
                      int64_t HW, int64_t C, int64_t groups, float eps, bool silu = false);

@@ -154,7 +154,7 @@ void group_norm_kernel(const KernelArgs& args) {
   F32Out out(args.out);
   const int64_t n = x.shape[0], c = x.shape[1];
   group_norm_nchw(in.get(), w, b, out.get(), n, c, n * c != 0 ? x.numel() / (n * c) : 0, groups, eps, silu,
-                  group_stats_for(x.dtype));
+                  group_norm_math_for(x.dtype));
 }
 
 }  // namespace
