@@ -70,8 +70,9 @@ double convolutions_alone(const Profile& p, int reps) {
       wait(dispatch("conv2d", in, l.attrs));
       best = std::min(best, seconds_since(t0));
     }
-    std::printf("  %-100s x%-3llu %8.1f ms\n", l.signature().c_str(), static_cast<unsigned long long>(l.cost.launches),
-                best * 1e3);
+    std::printf("  %-100s x%-3llu %8.1f ms alone, %8.1f ms in the decode\n", l.signature().c_str(),
+                static_cast<unsigned long long>(l.cost.launches), best * 1e3,
+                l.cost.seconds / double(std::max<uint64_t>(1, l.cost.launches)) * 1e3);
     total += best * double(l.cost.launches);
   }
   return total;
@@ -107,7 +108,9 @@ int main(int argc, char** argv) {
     const Tensor z = from_vector(smooth_values(size_t(numel(zs)), 1), zs, dtype);
     double best = 1e30;
     Tensor image;
+    uint64_t evictions = 0;  // pooled blocks the timed decodes gave back to the system
     for (int r = 0; r < reps + 1; ++r) {  // the first run builds the primitives
+      const uint64_t evicted_before = runtime(Device::cpu()).memory().pool_evictions;
       reset_profile();
       runtime(Device::cpu()).reset_peak_memory();
       set_profiling(true, ProfileDetail::shapes);
@@ -116,9 +119,12 @@ int main(int argc, char** argv) {
       wait(image);
       const double s = seconds_since(t0);
       set_profiling(false);
-      if (r > 0) best = std::min(best, s);
+      if (r > 0) best = std::min(best, s), evictions += runtime(Device::cpu()).memory().pool_evictions - evicted_before;
     }
     const Profile p = profile();
+    const MemoryStats mem = runtime(Device::cpu()).memory();
+    std::printf("allocator: %.1f pooled blocks given back to the system per timed decode, reserved peak %.2f GiB\n",
+                double(evictions) / reps, double(mem.reserved_peak_bytes) / double(1 << 30));
     std::printf("decode %lldx%lld %s%s: %.3f s (best of %d), peak device memory %.2f GiB\n",
                 static_cast<long long>(size), static_cast<long long>(size), dtype_name(dtype),
                 tile ? (" in " + std::to_string(tile) + "-pixel tiles").c_str() : "", best, reps,
