@@ -154,6 +154,57 @@ float exp_and_sum(float* row, int64_t n, float shift) {
   return sum;
 }
 
+// scale_row, then row_max of the scaled row, in one pass.
+float scale_row_and_max(float* row, int64_t n, float f) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vf = hn::Set(d, f);
+  auto vmax = hn::Set(d, kNegInf);
+  int64_t j = 0;
+  for (; j + lanes <= n; j += lanes) {
+    const auto v = hn::Mul(hn::LoadU(d, row + j), vf);
+    hn::StoreU(v, d, row + j);
+    vmax = hn::Max(vmax, v);
+  }
+  float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  for (; j < n; ++j) {
+    row[j] *= f;
+    mx = std::max(mx, row[j]);
+  }
+  return mx;
+}
+
+// exp_and_sum, with the probabilities stored rounded to bf16 in `out` (as convert_from_f32 rounds:
+// to nearest, ties to even, NaN quieted) instead of back into the row: the same values, one pass.
+float exp_sum_to_bf16(const float* row, int64_t n, float shift, uint16_t* out) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> d16;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vshift = hn::Set(d, shift);
+  const auto bias = hn::Set(du, 0x7fffu), one = hn::Set(du, 1u), quiet = hn::Set(du, 0x40u);
+  auto vsum = hn::Zero(d);
+  int64_t j = 0;
+  for (; j + lanes <= n; j += lanes) {
+    const auto x = hn::Sub(hn::LoadU(d, row + j), vshift);
+    const auto p = hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
+    vsum = hn::Add(vsum, p);
+    const auto bits = hn::BitCast(du, p);
+    const auto high = hn::ShiftRight<16>(bits);
+    const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(bias, hn::And(high, one))));
+    const auto h = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(p)), hn::Or(high, quiet), rounded);
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, h)), d16, out + j);
+  }
+  float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
+  for (; j < n; ++j) {
+    const float p = std::exp(row[j] - shift);
+    sum += p;
+    out[j] = f32_to_bf16(p);
+  }
+  return sum;
+}
+
 void scale_row(float* row, int64_t n, float f) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -302,6 +353,15 @@ void softmax_tile(const Head& h, int64_t i0, int64_t j0, int64_t nq, int64_t nk,
                   int64_t ld, RowStats& st, float scale = 1.0f, uint16_t* pb = nullptr) {
   for (int64_t r = 0; r < nq; ++r) {
     float* row = s + r * ld;
+    if (pb != nullptr && h.mask == nullptr) {  // the steps below in two passes over the row, not four
+      const float new_max = std::max(st.max[r], scale_row_and_max(row, nk, scale));
+      const float shift = new_max == kNegInf ? 0.0f : new_max;
+      const float tile_sum = exp_sum_to_bf16(row, nk, shift, pb + r * ld);
+      st.corr[r] = std::exp(st.max[r] - shift);
+      st.sum[r] = st.sum[r] * st.corr[r] + tile_sum;
+      st.max[r] = new_max;
+      continue;
+    }
     if (scale != 1.0f) scale_row(row, nk, scale);
     if (h.mask != nullptr) {
       add_mask(row, nk, h.mask + (i0 + r) * h.mask_row_stride + j0 * h.mask_col_stride,
