@@ -154,6 +154,15 @@ float exp_and_sum(float* row, int64_t n, float shift) {
   return sum;
 }
 
+// The bf16 bits of f32 lanes (as u32 lanes holding the upper half), rounded to nearest with ties
+// to even as f32_to_bf16 rounds; NaN lanes are left to the caller.
+hn::Vec<hn::RebindToUnsigned<DF>> bf16_rounded_bits(hn::Vec<DF> x) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::BitCast(du, x);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  return hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb)));
+}
+
 // scale_row, then row_max of the scaled row, in one pass.
 float scale_row_and_max(float* row, int64_t n, float f) {
   const DF d;
@@ -183,17 +192,15 @@ float exp_sum_to_bf16(const float* row, int64_t n, float shift, uint16_t* out) {
   const hn::Rebind<uint16_t, DF> d16;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const auto vshift = hn::Set(d, shift);
-  const auto bias = hn::Set(du, 0x7fffu), one = hn::Set(du, 1u), quiet = hn::Set(du, 0x40u);
+  const auto quiet = hn::Set(du, 0x40u);
   auto vsum = hn::Zero(d);
   int64_t j = 0;
   for (; j + lanes <= n; j += lanes) {
     const auto x = hn::Sub(hn::LoadU(d, row + j), vshift);
     const auto p = hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
     vsum = hn::Add(vsum, p);
-    const auto bits = hn::BitCast(du, p);
-    const auto high = hn::ShiftRight<16>(bits);
-    const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(bias, hn::And(high, one))));
-    const auto h = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(p)), hn::Or(high, quiet), rounded);
+    const auto quieted = hn::Or(hn::ShiftRight<16>(hn::BitCast(du, p)), quiet);
+    const auto h = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(p)), quieted, bf16_rounded_bits(p));
     hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, h)), d16, out + j);
   }
   float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
@@ -218,15 +225,11 @@ void scale_row(float* row, int64_t n, float f) {
 // even), so each value is exactly the bf16 that convert_from_f32 would store. NaNs stay.
 void round_to_bf16(float* row, int64_t n) {
   const DF d;
-  const hn::RebindToUnsigned<DF> du;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto bias = hn::Set(du, 0x7fffu), one = hn::Set(du, 1u), high = hn::Set(du, 0xffff0000u);
   int64_t j = 0;
   for (; j + lanes <= n; j += lanes) {
     const auto x = hn::LoadU(d, row + j);
-    const auto bits = hn::BitCast(du, x);
-    const auto lsb = hn::And(hn::ShiftRight<16>(bits), one);
-    const auto r = hn::BitCast(d, hn::And(hn::Add(bits, hn::Add(bias, lsb)), high));
+    const auto r = hn::BitCast(d, hn::ShiftLeft<16>(bf16_rounded_bits(x)));
     hn::StoreU(hn::IfThenElse(hn::IsNaN(x), x, r), d, row + j);
   }
   for (; j < n; ++j) row[j] = std::isnan(row[j]) ? row[j] : bf16_to_f32(f32_to_bf16(row[j]));

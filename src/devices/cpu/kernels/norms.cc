@@ -335,7 +335,8 @@ namespace {
 // pixels (group_sums_spanning). Otherwise each group is copied channel-major and normalized by the
 // NCHW code itself.
 
-// Pixels per block when a non-f32 image is widened (a block at a time, never whole).
+// Pixels per block of the statistics and the normalization (an image of a type other than f32 and
+// bf16 is widened a block at a time, never whole).
 constexpr int64_t kPixelBlock = 256;
 // Channels per task of the fast path's statistics: its slots (4 * lanes * 64 floats) stay in L1.
 constexpr int64_t kChannelBlock = 64;
@@ -527,16 +528,16 @@ std::vector<float> group_sums_spanning(const void* x, DType type, int64_t HW, in
 // takes one chunk of pixels of a block of channels, sums it, then sums its squared deviations
 // from each channel's chunk mean while the block is in cache; the chunks' moments are then joined
 // channel after channel, chunk after chunk, as the group's NCHW span orders them.
-std::vector<Moments> group_moments(const void* x, DType type, int64_t HW, int64_t C, int64_t groups) {
+std::vector<Moments> group_moments(const void* x, DType type, int64_t HW, int64_t C, int64_t groups,
+                                  const float* zero) {
   const int64_t chunks = HW / int64_t(kReduceChunk), blocks = (C + kChannelBlock - 1) / kChannelBlock;
-  const std::vector<float> zero(size_t(C), 0.0f);
   std::vector<float> means(size_t(chunks * C)), m2(size_t(chunks * C));
   const bool parallel = HW * C >= kParallelMinElems;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t task = 0; task < chunks * blocks; ++task) {
     const int64_t q = task / blocks, c0 = (task % blocks) * kChannelBlock, nc = std::min(kChannelBlock, C - c0);
     float* mean = means.data() + q * C;
-    chunk_sums(x, type, C, q, c0, nc, zero.data(), mean, add_step);
+    chunk_sums(x, type, C, q, c0, nc, zero, mean, add_step);
     for (int64_t c = c0; c < c0 + nc; ++c) mean[c] /= static_cast<float>(kReduceChunk);  // as mean_span
     chunk_sums(x, type, C, q, c0, nc, mean, m2.data() + q * C, square_step);
   }
@@ -659,7 +660,7 @@ void group_norm_nhwc(const void* x, DType x_type, const float* w, const float* b
       continue;
     }
     if (math == GroupNormMath::narrow) {
-      const std::vector<Moments> m = group_moments(xn, x_type, HW, C, groups);
+      const std::vector<Moments> m = group_moments(xn, x_type, HW, C, groups, zero.data());
       for (int64_t c = 0; c < C; ++c) {
         mean[size_t(c)] = static_cast<float>(m[size_t(c / cpg)].mean);
         set_scale(c, m[size_t(c / cpg)].variance());
