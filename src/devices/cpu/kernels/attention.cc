@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/tensor_view.h"
+#include "devices/cpu/kernels/exp2_to_bf16.h"
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/onednn.h"
@@ -29,6 +30,7 @@ using DF = hn::ScalableTag<float>;
 
 constexpr const char* kWhere = "attention";
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kLog2e = 1.44269504088896340736f;
 
 // Tile sizes, measured at L=4608, D=128 with oneDNN on a 2-core Zen 5 (GFLOP/s counting
 // the two GEMMs' flops). One thread: q-block 64..256 x k-block 256..1024 all gave
@@ -123,8 +125,16 @@ void add_mask(float* row, int64_t n, const float* mask_row, int64_t stride) {
 float row_max(const float* row, int64_t n) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  auto vmax = hn::Set(d, kNegInf);
+  // Four running maxima, so that consecutive vectors do not wait on one another.
+  auto vmax = hn::Set(d, kNegInf), vmax1 = vmax, vmax2 = vmax, vmax3 = vmax;
   int64_t j = 0;
+  for (; j + 4 * lanes <= n; j += 4 * lanes) {
+    vmax = hn::Max(vmax, hn::LoadU(d, row + j));
+    vmax1 = hn::Max(vmax1, hn::LoadU(d, row + j + lanes));
+    vmax2 = hn::Max(vmax2, hn::LoadU(d, row + j + 2 * lanes));
+    vmax3 = hn::Max(vmax3, hn::LoadU(d, row + j + 3 * lanes));
+  }
+  vmax = hn::Max(hn::Max(vmax, vmax1), hn::Max(vmax2, vmax3));
   for (; j + lanes <= n; j += lanes) vmax = hn::Max(vmax, hn::LoadU(d, row + j));
   float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
   for (; j < n; ++j) mx = std::max(mx, row[j]);
@@ -161,55 +171,6 @@ hn::Vec<hn::RebindToUnsigned<DF>> bf16_rounded_bits(hn::Vec<DF> x) {
   const auto bits = hn::BitCast(du, x);
   const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
   return hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb)));
-}
-
-// scale_row, then row_max of the scaled row, in one pass.
-float scale_row_and_max(float* row, int64_t n, float f) {
-  const DF d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto vf = hn::Set(d, f);
-  auto vmax = hn::Set(d, kNegInf);
-  int64_t j = 0;
-  for (; j + lanes <= n; j += lanes) {
-    const auto v = hn::Mul(hn::LoadU(d, row + j), vf);
-    hn::StoreU(v, d, row + j);
-    vmax = hn::Max(vmax, v);
-  }
-  float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
-  for (; j < n; ++j) {
-    row[j] *= f;
-    mx = std::max(mx, row[j]);
-  }
-  return mx;
-}
-
-// exp_and_sum, with the probabilities stored rounded to bf16 in `out` (as convert_from_f32 rounds:
-// to nearest, ties to even, NaN quieted) instead of back into the row: the same values, one pass.
-float exp_sum_to_bf16(const float* row, int64_t n, float shift, uint16_t* out) {
-  const DF d;
-  const hn::RebindToUnsigned<DF> du;
-  const hn::RebindToSigned<DF> di;
-  const hn::Rebind<uint16_t, DF> d16;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto vshift = hn::Set(d, shift);
-  const auto quiet = hn::Set(du, 0x40u);
-  auto vsum = hn::Zero(d);
-  int64_t j = 0;
-  for (; j + lanes <= n; j += lanes) {
-    const auto x = hn::Sub(hn::LoadU(d, row + j), vshift);
-    const auto p = hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
-    vsum = hn::Add(vsum, p);
-    const auto quieted = hn::Or(hn::ShiftRight<16>(hn::BitCast(du, p)), quiet);
-    const auto h = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(p)), quieted, bf16_rounded_bits(p));
-    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, h)), d16, out + j);
-  }
-  float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
-  for (; j < n; ++j) {
-    const float p = std::exp(row[j] - shift);
-    sum += p;
-    out[j] = f32_to_bf16(p);
-  }
-  return sum;
 }
 
 void scale_row(float* row, int64_t n, float f) {
@@ -356,10 +317,12 @@ void softmax_tile(const Head& h, int64_t i0, int64_t j0, int64_t nq, int64_t nk,
                   int64_t ld, RowStats& st, float scale = 1.0f, uint16_t* pb = nullptr) {
   for (int64_t r = 0; r < nq; ++r) {
     float* row = s + r * ld;
-    if (pb != nullptr && h.mask == nullptr) {  // the steps below in two passes over the row, not four
-      const float new_max = std::max(st.max[r], scale_row_and_max(row, nk, scale));
+    if (pb != nullptr && h.mask == nullptr && scale > 0.0f) {
+      // The steps below in two passes over the row, not four, the first only reading it: with
+      // scale > 0 the scaled row's max is the scaled max, and scale joins the exponent's multiply-add.
+      const float new_max = std::max(st.max[r], row_max(row, nk) * scale);
       const float shift = new_max == kNegInf ? 0.0f : new_max;
-      const float tile_sum = exp_sum_to_bf16(row, nk, shift, pb + r * ld);
+      const float tile_sum = exp2_sum_to_bf16(row, nk, scale * kLog2e, shift * kLog2e, pb + r * ld);
       st.corr[r] = std::exp(st.max[r] - shift);
       st.sum[r] = st.sum[r] * st.corr[r] + tile_sum;
       st.max[r] = new_max;
