@@ -361,6 +361,24 @@ TEST(CpuGroupNorm, ChunkMomentsMatchTheReferenceFarFromZero) {
   }
 }
 
+// GroupNormMath::narrow's SiLU (2^t polynomial, refined reciprocal) against x / (1 + e^-x) in
+// double on the same normalized values, shifted from -120 to 120: x itself where e^-x vanishes,
+// 0 (to within 1e-30) where it overflows, and in between within the rounding of the exponent
+// t = -x log2(e) (2^-24 |t|, |t| <= 126: 5.2e-6 of the result) and a few f32 roundings.
+TEST(CpuGroupNorm, NarrowSiluMatchesTheReferenceAcrossItsRange) {
+  const int64_t N = 1, C = 240, HW = 256, groups = 240;
+  const Vec x = random_vec(N * C * HW, 21, -1.0f, 1.0f);
+  Vec b(C);
+  for (int64_t c = 0; c < C; ++c) b[size_t(c)] = -120.0f + float(c);
+  Vec normalized(x.size()), y(x.size());
+  group_norm_nchw(x.data(), nullptr, b.data(), normalized.data(), N, C, HW, groups, 1e-6f, false,
+                  GroupNormMath::narrow);
+  group_norm_nchw(x.data(), nullptr, b.data(), y.data(), N, C, HW, groups, 1e-6f, true, GroupNormMath::narrow);
+  std::vector<double> ref(x.size());
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] = normalized[i] / (1.0 + std::exp(-double(normalized[i])));
+  expect_close(y, ref, 6e-6, 1e-30, "narrow silu");
+}
+
 TEST(CpuGroupNorm, RejectsIndivisibleGroups) {
   Vec x(30), y(30);
   EXPECT_THROW(group_norm_nchw(x.data(), nullptr, nullptr, y.data(), 1, 10, 3, 4, 1e-6f),

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "devices/cpu/kernels/elementwise_math.h"
+#include "devices/cpu/kernels/exp2_vec.h"
 
 namespace kiln::cpu {
 namespace {
@@ -184,13 +185,14 @@ void normalize_span(const float* x, const float* w, const float* b, float* y, si
 
 float inv_sqrt(float v) { return 1.0f / std::sqrt(v); }
 
-// SiLU of GroupNormMath::narrow: x / (1 + exp(-x)) with the reciprocal estimated and refined once
-// (r' = r (2 - d r)). exp's argument is clamped to [-100, 88], where it is finite and the
-// reciprocal of 1 + exp is a normal number or 0; NaN stays NaN.
+// SiLU of GroupNormMath::narrow: x / (1 + exp(-x)), exp(-x) as 2^(-x log2(e)) through
+// narrow::exp2_vec, the reciprocal estimated and refined once (r' = r (2 - d r)). The exponent is
+// clamped to at most 126, where 1 + 2^t is finite and its reciprocal a normal number; NaN stays
+// NaN (x multiplies the quotient).
 V silu_narrow(D d, V x) {
   const V one = hn::Set(d, 1.0f);
-  const V t = hn::Min(hn::Max(hn::Neg(x), hn::Set(d, -100.0f)), hn::Set(d, 88.0f));
-  const V den = hn::Add(one, hn::Exp(d, t));
+  const V t = hn::Min(hn::Mul(x, hn::Set(d, -1.44269504088896340736f)), hn::Set(d, 126.0f));
+  const V den = hn::Add(one, narrow::exp2_vec(t));
   const V r = hn::ApproximateReciprocal(den);
   return hn::Mul(x, hn::Mul(r, hn::NegMulAdd(den, r, hn::Set(d, 2.0f))));
 }
