@@ -278,7 +278,7 @@ TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
       {"warmup", "warmup needs --sizes"},
       {"generate --offload fast --out " + png.string(), "--offload fast: expected none"},
       {"generate --device-memory lots --out " + png.string(), "--device-memory expects a size"},
-      {"generate --offload none --vae-tiling off --device-memory 19MiB --out " + png.string(), "--offload model"},
+      {"generate --offload none --vae-tiling off --device-memory 18MiB --out " + png.string(), "--offload model"},
       {"generate --vae-tiling sometimes --out " + png.string(), "--vae-tiling sometimes: expected auto"},
       {"generate --vae-tiling off --vae-tile-size 256 --out " + png.string(), "--vae-tile-size has no effect"},
       {"generate --profile --out " + png.string(), "--profile adds to the report: it needs --report FILE"},

@@ -173,6 +173,18 @@ const std::vector<OpCase>& cases() {
                        {"channels_last", int64_t(1)}}, 1e-4, 1e-4});
     c.push_back({"conv2d/1x1", "conv2d", {in({1, 8, 5, 5}), in({6, 8, 1, 1}), in({6})},
                  Attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{0, 0}}}, 1e-4, 1e-4});
+    // A residual (the last input) added to the result: with a bias, without one (three inputs, the
+    // third the residual), channels-last (where a bf16 primitive adds it itself, conv2d.h).
+    c.push_back({"conv2d/residual", "conv2d", {in({2, 3, 9, 10}), in({4, 3, 3, 3}), in({4}), in({2, 4, 9, 10})},
+                 Attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{1, 1}},
+                       {"residual", int64_t(1)}}, 1e-4, 1e-4});
+    c.push_back({"conv2d/channels_last_residual", "conv2d",
+                 {in({2, 9, 10, 16}), in({8, 16, 3, 3}), in({8}), in({2, 9, 10, 8})},
+                 Attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{1, 1}},
+                       {"channels_last", int64_t(1)}, {"residual", int64_t(1)}}, 1e-4, 1e-4});
+    c.push_back({"conv2d/channels_last_residual_no_bias", "conv2d", {in({1, 6, 7, 32}), in({16, 32, 1, 1}), in({1, 6, 7, 16})},
+                 Attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{0, 0}},
+                       {"channels_last", int64_t(1)}, {"residual", int64_t(1)}}, 1e-4, 1e-4});
     c.push_back({"flip/last", "flip", {in({3, 5, 2})}, Attrs{{"axis", int64_t(-1)}}});
     c.push_back({"flip/transposed", "flip", {in({4, 6, 5}, L::transposed)}, Attrs{{"axis", int64_t(1)}}});
     c.push_back({"sdpa/plain", "sdpa", {in({2, 3, 37, 16}), in({2, 3, 53, 16}), in({2, 3, 53, 8})}, {}, 1e-4, 1e-4});

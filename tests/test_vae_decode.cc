@@ -35,6 +35,28 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
+// conv2d with a residual: one kernel when the residual has the result's shape, dtype and layout
+// (NCHW or channels-last), `+` otherwise (a broadcast residual); in f32 always the bits of the
+// convolution followed by the add.
+TEST(Conv2dResidual, IsTheConvolutionPlusTheResidual) {
+  const Tensor x = test::random_tensor({1, 8, 9, 11}, 1), w = test::random_tensor({8, 8, 3, 3}, 2, DType::f32, -0.2, 0.2);
+  const Tensor b = test::random_tensor({8}, 3), r = test::random_tensor({1, 8, 9, 11}, 4);
+  const Tensor per_channel = test::random_tensor({8, 1, 1}, 5);
+  for (const bool cl : {false, true}) {
+    const Tensor xi = cl ? to_channels_last(x) : x, ri = cl ? to_channels_last(r) : r;
+    const std::vector<float> expected = to_vector(conv2d(xi, w, b, {1, 1}, {1, 1}) + ri);
+    synchronize();
+    reset_counters();
+    const Tensor fused = conv2d(xi, w, b, {1, 1}, {1, 1}, ri);
+    wait(fused);
+    EXPECT_EQ(counters().kernels_launched, 1u) << "channels-last " << cl;
+    EXPECT_EQ(to_vector(fused), expected) << "channels-last " << cl;
+    EXPECT_EQ(fused.shape(), (Shape{1, 8, 9, 11}));
+    EXPECT_EQ(to_vector(conv2d(xi, w, b, {1, 1}, {1, 1}, per_channel)),
+              to_vector(conv2d(xi, w, b, {1, 1}, {1, 1}) + per_channel)) << "channels-last " << cl;
+  }
+}
+
 TEST(ChannelsLast, OpsKeepTheLayoutAndTheValues) {
   const Tensor x = test::random_tensor({2, 32, 9, 11}, 1), w = test::random_tensor({16, 32, 3, 3}, 2, DType::f32, -0.1, 0.1);
   const Tensor b = test::random_tensor({16}, 3), gw = test::random_tensor({16}, 4), gb = test::random_tensor({16}, 5);
@@ -101,26 +123,53 @@ TEST(ChannelsLast, GroupNormHasTheNchwBits) {
   }
 }
 
-// The decoder with channels-last activations (the default) decodes to the bits of the contiguous
-// (NCHW) decoder, in f32 and bf16: convolutions, GroupNorm, upsampling and attention all give the
-// same values in either layout. 64x64 latents take GroupNorm's fast path at every level; 9x11 the
-// group-by-group one; 48x48 all three (2304, 9216 and 36864 pixels, then 147456).
+// The f32 decoder with channels-last activations (the default) decodes to the bits of the
+// contiguous (NCHW) decoder: convolutions, GroupNorm, upsampling, attention and the residual adds
+// all give the same values in either layout. 64x64 latents take GroupNorm's fast path at every
+// level; 9x11 the group-by-group one; 48x48 all three (2304, 9216 and 36864 pixels, then 147456).
 TEST(VaeDecode, ChannelsLastDecodeHasTheContiguousDecodesBits) {
-  for (const DType dtype : {DType::f32, DType::bf16}) {
-    AutoencoderKL vae = AutoencoderKL::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "vae", dtype);
-    ASSERT_EQ(vae.memory_format(), AutoencoderKL::MemoryFormat::kChannelsLast);
-    for (const Shape& zs : {Shape{1, 16, 64, 64}, Shape{1, 16, 9, 11}, Shape{1, 16, 48, 48}}) {
-      const Tensor z = test::random_tensor(zs, 21, dtype);
-      VaeTrace channels_last, contiguous;
-      const std::vector<float> image = to_vector(vae.decode(z));
-      wait(vae.decode(z, &channels_last));
-      vae.to_memory_format(AutoencoderKL::MemoryFormat::kContiguous);
-      EXPECT_EQ(to_vector(vae.decode(z)), image) << dtype_name(dtype) << " " << to_string(zs);
-      wait(vae.decode(z, &contiguous));
-      vae.to_memory_format(AutoencoderKL::MemoryFormat::kChannelsLast);
-      for (const auto& [name, t] : channels_last)  // names the first layer that differs, if one does
-        EXPECT_EQ(to_vector(t), to_vector(contiguous.at(name))) << name << " " << dtype_name(dtype) << " " << to_string(zs);
+  AutoencoderKL vae = AutoencoderKL::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "vae", DType::f32);
+  ASSERT_EQ(vae.memory_format(), AutoencoderKL::MemoryFormat::kChannelsLast);
+  for (const Shape& zs : {Shape{1, 16, 64, 64}, Shape{1, 16, 9, 11}, Shape{1, 16, 48, 48}}) {
+    const Tensor z = test::random_tensor(zs, 21);
+    VaeTrace channels_last, contiguous;
+    const std::vector<float> image = to_vector(vae.decode(z));
+    wait(vae.decode(z, &channels_last));
+    vae.to_memory_format(AutoencoderKL::MemoryFormat::kContiguous);
+    EXPECT_EQ(to_vector(vae.decode(z)), image) << to_string(zs);
+    wait(vae.decode(z, &contiguous));
+    vae.to_memory_format(AutoencoderKL::MemoryFormat::kChannelsLast);
+    for (const auto& [name, t] : channels_last)  // names the first layer that differs, if one does
+      EXPECT_EQ(to_vector(t), to_vector(contiguous.at(name))) << name << " " << to_string(zs);
+  }
+}
+
+// In bf16 the layouts differ where a bf16 convolution writes channels-last y itself: it adds a
+// ResNet block's skip path to its f32 accumulator and rounds once (conv2d.h), where the contiguous
+// decoder rounds the convolution and then the sum. Both stay as close to the f32 decode of the
+// same latents as bf16 activations allow (~2% rms on this tiny random model), the channels-last
+// one no farther than the contiguous one; a wrong residual would be off by its whole size.
+TEST(VaeDecode, Bf16ChannelsLastDecodeIsAsCloseToF32AsTheContiguousOne) {
+  AutoencoderKL vae = AutoencoderKL::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "vae", DType::bf16);
+  const AutoencoderKL& f32 = tiny_arch_vae();
+  const auto relative_rms = [](const std::vector<float>& got, const std::vector<float>& ref) {
+    double d2 = 0, r2 = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      d2 += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+      r2 += double(ref[i]) * ref[i];
     }
+    return std::sqrt(d2 / r2);
+  };
+  for (const Shape& zs : {Shape{1, 16, 64, 64}, Shape{1, 16, 9, 11}}) {
+    const Tensor z = test::random_tensor(zs, 21, DType::bf16);
+    const std::vector<float> ref = to_vector(f32.decode(cast(z, DType::f32)));
+    const double channels_last = relative_rms(to_vector(vae.decode(z)), ref);
+    vae.to_memory_format(AutoencoderKL::MemoryFormat::kContiguous);
+    const double contiguous = relative_rms(to_vector(vae.decode(z)), ref);
+    vae.to_memory_format(AutoencoderKL::MemoryFormat::kChannelsLast);
+    EXPECT_LT(channels_last, 0.04) << to_string(zs);
+    EXPECT_LT(contiguous, 0.04) << to_string(zs);
+    EXPECT_LE(channels_last, contiguous * 1.02) << to_string(zs);
   }
 }
 
@@ -140,7 +189,26 @@ TEST(VaeDecode, NoLayerReordersActivations) {
   // The latents into channels-last memory and the image out of it: the only copies.
   EXPECT_EQ(kernels.count("copy") ? kernels.at("copy") : 0, 2u);
   EXPECT_EQ(kernels.count("silu"), 0u);  // every SiLU rides in its GroupNorm
+  // Every ResNet block adds its skip path inside its last convolution; the mid-block attention's
+  // residual is the one add left.
+  EXPECT_EQ(kernels.count("add") ? kernels.at("add") : 0, 1u);
   EXPECT_TRUE(image.is_contiguous());
+}
+
+// In bf16, where the convolutions run as bf16 primitives, those 14 skip paths are added by the
+// primitives themselves (a oneDNN post-op), never in a pass of their own.
+TEST(VaeDecode, Bf16ResnetSkipPathsAreAddedByTheirConvolutions) {
+  const AutoencoderKL vae = AutoencoderKL::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "vae", DType::bf16);
+  const Tensor z = test::random_tensor({1, 16, 8, 8}, 7, DType::bf16);
+  wait(vae.decode(z));
+  const cpu::Conv2dStats before = cpu::conv2d_stats();
+  reset_counters();
+  wait(vae.decode(z));
+  const cpu::Conv2dStats after = cpu::conv2d_stats();
+  const bool bf16_primitives = cpu::detail::conv2d_bf16_math() == cpu::detail::ConvMath::kBf16;
+  EXPECT_EQ(after.residual_post_ops - before.residual_post_ops, bf16_primitives ? 14u : 0u);
+  const auto kernels = kernels_by_name();
+  EXPECT_EQ(kernels.count("add") ? kernels.at("add") : 0, 1u);
 }
 
 TEST(VaeTiledDecode, MatchesDiffusersTiledDecode) {

@@ -1,6 +1,7 @@
 // Views share their input's buffer (no kernel, no copy); errors name the op and the shapes.
 #include "devices/runtime.h"
 #include "exec/counters.h"
+#include "exec/dispatch.h"
 #include "exec/mode.h"
 #include "exec/ops.h"
 #include "test_util.h"
@@ -52,6 +53,10 @@ TEST(Errors, NameTheOpAndTheShapes) {
   test::expect_error([&] { reshape(a, {4, 2}); }, {"[reshape]", "[2,3]", "[4,2]"});
   test::expect_error([&] { linear(a, zeros({5, 4})); }, {"[linear]", "[2,3]", "[5,4]"});
   test::expect_error([&] { conv2d(zeros({1, 3, 8, 8}), zeros({4, 2, 3, 3})); }, {"[conv2d]", "3 channels"});
+  test::expect_error([&] {
+    dispatch("conv2d", {zeros({1, 3, 8, 8}), zeros({4, 3, 3, 3}), zeros({1, 4, 7, 8})},
+             Attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{1, 1}}, {"residual", int64_t(1)}});
+  }, {"[conv2d]", "residual", "f32[1,4,8,8]", "f32[1,4,7,8]"});
   test::expect_error([&] { layer_norm(a, zeros({4}), Tensor(), 1e-5); }, {"[layer_norm]", "weight", "[3]"});
   test::expect_error([&] { softmax(a, 2); }, {"[softmax]", "axis 2 out of range"});
   test::expect_error([&] { where(a, a, a); }, {"[where]", "condition must be bool"});

@@ -49,6 +49,19 @@ Tensor binary(const char* op, const Tensor& a, const Tensor& b) {
 Tensor lift(double v, const Tensor& like) {
   return scalar(v, is_floating(like.dtype()) ? like.dtype() : DType::f32, like.device());
 }
+// Whether conv2d's kernel can add `residual` itself: the result's [N, O, OH, OW] shape and dtype, on
+// the same device, in the layout the result takes (channels-last when x is). Anything else (a
+// broadcast, another dtype) is left to `+` and its promotion.
+bool residual_fits_conv2d(const Tensor& x, const Tensor& w, const std::vector<int64_t>& stride,
+                          const std::vector<int64_t>& padding, const Tensor& residual, bool channels_last) {
+  if (x.rank() != 4 || w.rank() != 4 || stride.size() != 2 || padding.size() != 2 || stride[0] <= 0 ||
+      stride[1] <= 0)
+    return false;
+  const Shape out{x.dim(0), w.dim(0), (x.dim(2) + 2 * padding[0] - w.dim(2)) / stride[0] + 1,
+                  (x.dim(3) + 2 * padding[1] - w.dim(3)) / stride[1] + 1};
+  return residual.shape() == out && residual.dtype() == promote(x.dtype(), w.dtype()) &&
+         residual.device() == x.device() && is_channels_last(residual) == channels_last;
+}
 std::vector<Tensor> present(std::initializer_list<Tensor> ts) {
   std::vector<Tensor> out;
   for (const Tensor& t : ts)
@@ -172,11 +185,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return dispatch("linear", present({x, weight, bias}));
 }
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::vector<int64_t> stride,
-              std::vector<int64_t> padding) {
+              std::vector<int64_t> padding, const Tensor& residual) {
+  const bool cl = is_channels_last(x);
+  if (residual.defined() && !residual_fits_conv2d(x, weight, stride, padding, residual, cl))
+    return conv2d(x, weight, bias, std::move(stride), std::move(padding)) + residual;
   Attrs attrs{{"stride", stride}, {"padding", padding}};
-  if (!is_channels_last(x)) return dispatch("conv2d", present({x, weight, bias}), std::move(attrs));
+  if (residual.defined()) attrs.set("residual", int64_t(1));
+  if (!cl) return dispatch("conv2d", present({x, weight, bias, residual}), std::move(attrs));
   attrs.set("channels_last", int64_t(1));
-  return from_nhwc(dispatch("conv2d", present({as_nhwc(x), weight, bias}), std::move(attrs)));
+  const Tensor r = residual.defined() ? as_nhwc(residual) : Tensor();
+  return from_nhwc(dispatch("conv2d", present({as_nhwc(x), weight, bias, r}), std::move(attrs)));
 }
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                                     std::optional<double> scale) {

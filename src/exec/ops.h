@@ -87,8 +87,11 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
 // ---- contractions and attention ----
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// With a residual, conv2d(...) + residual: added inside the convolution (its result is never
+// written alone) when the residual has the result's shape, dtype and layout; otherwise by `+`.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
-              std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0});
+              std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0},
+              const Tensor& residual = Tensor());
 // softmax(q k^T * scale + mask) v over [B, H, L, D]; scale defaults to 1/sqrt(D). k and v may have
 // fewer heads Hkv (H a multiple of Hkv): grouped-query attention, query head h reads K/V head
 // h / (H / Hkv), as torch's enable_gqa=True, without a copy of K/V.

@@ -64,7 +64,10 @@ struct Conv2d {
   Conv2d() = default;
   Conv2d(const Weights& w, int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride = 1,
          int64_t padding = 0, bool bias = true);
-  Tensor operator()(const Tensor& x) const { return conv2d(x, weight, bias, {stride, stride}, {padding, padding}); }
+  // With a residual: conv(x) + residual, added by the convolution itself where it can (ops.h).
+  Tensor operator()(const Tensor& x, const Tensor& residual = Tensor()) const {
+    return conv2d(x, weight, bias, {stride, stride}, {padding, padding}, residual);
+  }
   Tensor weight, bias;
   int64_t stride = 1, padding = 0;
 };

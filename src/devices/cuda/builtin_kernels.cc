@@ -266,8 +266,10 @@ extern "C" __global__ void kiln_sdpa(const void* q, const void* k, const void* v
   }
 }
 
-// conv2d, one output element per thread (NCHW, or NHWC with channels_last); weight [O, C, KH, KW].
-extern "C" __global__ void kiln_conv2d(const void* x, const void* w, const void* bias, int t, void* y, int yt,
+// conv2d, one output element per thread (NCHW, or NHWC with channels_last); weight [O, C, KH, KW];
+// res (or null): added to the result, in y's dtype and element order.
+extern "C" __global__ void kiln_conv2d(const void* x, const void* w, const void* bias, const void* res, int t,
+                                       void* y, int yt,
                                        long long n, long long C, long long H, long long W, long long O, long long KH,
                                        long long KW, long long OH, long long OW, long long sh, long long sw,
                                        long long ph, long long pw, int channels_last) {
@@ -290,6 +292,7 @@ extern "C" __global__ void kiln_conv2d(const void* x, const void* w, const void*
           acc += kiln_ld(x, t, xi) * kiln_ld(w, t, ((o * C + c) * KH + kh) * KW + kw);
         }
       }
+    if (res) acc += kiln_ld(res, yt, i);
     kiln_st(y, yt, i, acc);
   }
 }

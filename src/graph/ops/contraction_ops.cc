@@ -105,15 +105,21 @@ void register_linear() {
 
 // conv2d: x [N, C, H, W], weight [O, C, KH, KW], optional bias [O]; attrs stride [2], padding [2].
 // With channels_last = 1, x is [N, H, W, C] and the output [N, OH, OW, O] (the memory order of a
-// channels-last tensor, ops.h: the public conv2d() passes such tensors this way).
+// channels-last tensor, ops.h: the public conv2d() passes such tensors this way). With residual = 1
+// the last input is added to the result: a tensor of the output's shape (in the same order) and
+// dtype, as a ResNet block adds its skip path to its last convolution.
 void register_conv2d() {
   OpDef def;
   def.name = "conv2d";
   def.kind = OpKind::contraction;
   def.min_inputs = 2;
-  def.max_inputs = 3;
+  def.max_inputs = 4;
   def.infer = [](const std::vector<Tensor>& in, const Attrs& attrs) {
     const Tensor &x = in[0], &w = in[1];
+    const bool residual = attrs.get_int("residual", 0) != 0;
+    const size_t operands = in.size() - (residual ? 1 : 0);
+    KILN_CHECK(operands >= 2 && operands <= 3, "conv2d", "expects x, weight, an optional bias",
+               residual ? " and the residual" : "", ", got ", in.size(), " inputs");
     check_float(x, "conv2d", "input");
     check_float(w, "conv2d", "weight");
     const bool cl = attrs.get_int("channels_last", 0) != 0;
@@ -129,11 +135,16 @@ void register_conv2d() {
     const int64_t ow = (wd + 2 * pad[1] - w.dim(3)) / st[1] + 1;
     KILN_CHECK(h + 2 * pad[0] >= w.dim(2) && wd + 2 * pad[1] >= w.dim(3), "conv2d",
                "kernel ", to_string(w.shape()), " larger than padded input ", to_string(x.shape()));
-    if (in.size() > 2)
+    if (operands > 2)
       KILN_CHECK(in[2].rank() == 1 && in[2].dim(0) == w.dim(0), "conv2d", "bias must have shape [", w.dim(0),
                  "], got ", to_string(in[2].shape()));
     const Shape out = cl ? Shape{x.dim(0), oh, ow, w.dim(0)} : Shape{x.dim(0), w.dim(0), oh, ow};
-    return OutputMeta{out, promote(x.dtype(), w.dtype())};
+    const DType dtype = promote(x.dtype(), w.dtype());
+    if (residual)
+      KILN_CHECK(in.back().shape() == out && in.back().dtype() == dtype, "conv2d", "the residual must be ",
+                 dtype_name(dtype), to_string(out), " (the output's dtype and shape), got ",
+                 dtype_name(in.back().dtype()), to_string(in.back().shape()));
+    return OutputMeta{out, dtype};
   };
   def.reference = [](const std::vector<HostTensor>& in, const Attrs& attrs, const OutputMeta& meta) {
     const bool cl = attrs.get_int("channels_last", 0) != 0;
@@ -142,10 +153,12 @@ void register_conv2d() {
     const OutputMeta out{cl ? ref::nchw_shape(meta.shape) : meta.shape, meta.dtype};
     const auto &st = attrs.get_ints("stride"), &pad = attrs.get_ints("padding");
     const int64_t C = x.shape[1], H = x.shape[2], W = x.shape[3], KH = w.shape[2], KW = w.shape[3];
+    const bool residual = attrs.get_int("residual", 0) != 0;
+    const bool has_bias = in.size() - (residual ? 1 : 0) > 2;
     std::vector<double> r(static_cast<size_t>(numel(out.shape)));
     for (size_t i = 0; i < r.size(); ++i) {
       const auto idx = ref::unravel(int64_t(i), out.shape);
-      double s = in.size() > 2 ? in[2].data[size_t(idx[1])] : 0.0;
+      double s = has_bias ? in[2].data[size_t(idx[1])] : 0.0;
       for (int64_t c = 0; c < C; ++c)
         for (int64_t kh = 0; kh < KH; ++kh)
           for (int64_t kw = 0; kw < KW; ++kw) {
@@ -156,7 +169,10 @@ void register_conv2d() {
           }
       r[i] = s;
     }
-    return cl ? ref::nchw_to_nhwc(r, out.shape) : r;
+    if (cl) r = ref::nchw_to_nhwc(r, out.shape);
+    if (residual)  // in the output's own order, like r now
+      for (size_t i = 0; i < r.size(); ++i) r[i] += in.back().data[i];
+    return r;
   };
   register_op(std::move(def));
 }

@@ -12,10 +12,9 @@ ResnetBlock2D::ResnetBlock2D(const nn::Weights& w, int64_t in, int64_t out, Norm
 }
 
 Tensor ResnetBlock2D::operator()(const Tensor& x) const {
-  Tensor h = conv1(norm1.then_silu(x));
-  h = conv2(norm2.then_silu(h));
+  const Tensor h = conv1(norm1.then_silu(x));
   const Tensor skip = conv_shortcut ? (*conv_shortcut)(x) : x;
-  return skip + h;  // output_scale_factor is 1 in the VAE
+  return conv2(norm2.then_silu(h), skip);  // skip + conv2(...); output_scale_factor is 1 in the VAE
 }
 
 namespace {

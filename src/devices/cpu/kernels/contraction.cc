@@ -157,7 +157,9 @@ namespace {
 void conv2d_kernel(const KernelArgs& args) {
   const TensorView &x = args.in[0], &w = args.in[1], &y = args.out;
   const auto &st = args.attrs->get_ints("stride"), &pad = args.attrs->get_ints("padding");
-  const bool has_bias = args.in.size() > 2;
+  // The residual, when present, is the last input (graph/ops/contraction_ops.cc).
+  const TensorView* residual = args.attrs->get_int("residual", 0) != 0 ? &args.in.back() : nullptr;
+  const bool has_bias = args.in.size() - (residual ? 1 : 0) > 2;
   // channels_last: x is [N, H, W, C] (graph/ops/contraction_ops.cc).
   const bool cl = args.attrs->get_int("channels_last", 0) != 0;
   const int64_t N = x.shape[0], C = x.shape[cl ? 3 : 1], H = x.shape[cl ? 1 : 2], W = x.shape[cl ? 2 : 3];
@@ -166,16 +168,19 @@ void conv2d_kernel(const KernelArgs& args) {
   if (f32_or_bf16(x.dtype) && f32_or_bf16(w.dtype) && f32_or_bf16(y.dtype) &&
       (!has_bias || f32_or_bf16(args.in[2].dtype))) {
     const ConvOperand bias = has_bias ? ConvOperand{args.in[2].data, args.in[2].dtype} : ConvOperand{};
+    const ConvOperand r = residual ? ConvOperand{residual->data, residual->dtype} : ConvOperand{};
     conv2d({x.data, x.dtype}, {w.data, w.dtype}, bias, y.data, y.dtype, N, C, H, W, w.shape[0], w.shape[2], w.shape[3],
-           st[0], st[1], pad[0], pad[1], cl);
+           st[0], st[1], pad[0], pad[1], cl, r);
     return;
   }
   F32In fx(x), fw(w);
-  std::vector<F32In> bias;
+  std::vector<F32In> bias, r;
   if (has_bias) bias.emplace_back(args.in[2]);
+  if (residual) r.emplace_back(*residual);
   F32Out fo(y);
   conv2d({fx.get(), DType::f32}, {fw.get(), DType::f32}, {bias.empty() ? nullptr : bias[0].get(), DType::f32}, fo.get(),
-         DType::f32, N, C, H, W, w.shape[0], w.shape[2], w.shape[3], st[0], st[1], pad[0], pad[1], cl);
+         DType::f32, N, C, H, W, w.shape[0], w.shape[2], w.shape[3], st[0], st[1], pad[0], pad[1], cl,
+         {r.empty() ? nullptr : r[0].get(), DType::f32});
 }
 
 // A dense row-major f32 copy of any strided view.

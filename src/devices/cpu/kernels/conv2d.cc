@@ -10,6 +10,15 @@
 // and C=O=512 at 64x64: 105 ms vs 125 ms. So the blocked ("any") path is the default.
 // Reordered weights are not cached: one shape serves many layers with different weights.
 //
+// A residual (y = conv(x) + r, a ResNet block's skip path) is a binary-add post-op of a bf16
+// primitive that writes y itself (channels-last): the sum is formed from the f32 accumulator and
+// rounded once, and y is never written without it. oneDNN then picks its jit AMX kernel over
+// brgconv: on an AMX Xeon faster at 256x256x512, ~10% slower at 1024x1024x128, either way less
+// than the pass over y and the residual that a separate add takes. Elsewhere the residual is added to y afterwards, as
+// the add op would: an f32 primitive with a binary post-op is a different kernel (jit rather than
+// brgconv) that sums in another order, and f32 results keep their bits. 1x1 kernels too: oneDNN
+// 2.6's AMX jit_1x1 convolution with a binary post-op wrote past the end of a 6x7 y.
+//
 // bf16 tensors: the caller's nchw/oihw bf16 buffers enter through the same reorders, which
 // change the dtype in the same pass as the layout. Whether the primitive itself computes in
 // bf16 or in f32 is ConvMath's choice (conv2d.h); a bf16 y is rounded once, by the last reorder
@@ -21,6 +30,7 @@
 // its own scratchpad and intermediate buffers. Streams are per thread.
 #include "devices/cpu/kernels/conv2d.h"
 
+#include <algorithm>
 #include <atomic>
 #include <compare>
 #include <map>
@@ -30,6 +40,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "devices/cpu/kernels/elementwise_math.h"
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/onednn.h"
 
@@ -55,6 +66,7 @@ struct ConvShape {
 struct ConvTypes {
   DType x, w, bias, y;
   bool bf16_math;  // the primitive reads bf16 src and weights (else f32)
+  bool residual;   // y = conv + a residual of y's dtype and layout
   auto operator<=>(const ConvTypes&) const = default;
 };
 
@@ -78,6 +90,7 @@ struct ConvPlan {
   dnnl::convolution_forward::primitive_desc pd;
   dnnl::convolution_forward conv;
   std::optional<Reorder> src_in, wei_in, dst_out;
+  memory::desc residual;  // the binary-add post-op's operand; zero when added after the primitive
 };
 
 using onednn::add_scratchpad;
@@ -119,7 +132,14 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvShape& s, ConvLayout layout
   const dnnl::convolution_forward::desc desc(
       dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, wei, plan->bias,
       dst, {s.stride_h, s.stride_w}, {s.pad_h, s.pad_w}, {s.pad_h, s.pad_w});
-  plan->pd = dnnl::convolution_forward::primitive_desc(desc, user_scratchpad_attr(), onednn::engine());
+  dnnl::primitive_attr attr = user_scratchpad_attr();
+  if (types.residual && types.bf16_math && cl && dst_dt == onednn::data_type(types.y) && s.KH * s.KW > 1) {
+    plan->residual = plan->user_dst;
+    dnnl::post_ops add;
+    add.append_binary(dnnl::algorithm::binary_add, plan->residual);
+    attr.set_post_ops(add);
+  }
+  plan->pd = dnnl::convolution_forward::primitive_desc(desc, attr, onednn::engine());
   plan->conv = dnnl::convolution_forward(plan->pd);
   plan->src_in = make_reorder(plan->user_src, plan->pd.src_desc());
   plan->wei_in = make_reorder(plan->user_wei, plan->pd.weights_desc());
@@ -156,9 +176,41 @@ memory prepare_input(const std::optional<Reorder>& r, const memory& user,
   return converted;
 }
 
-std::atomic<uint64_t> g_calls{0}, g_activation_reorders{0}, g_weight_reorders{0};
+std::atomic<uint64_t> g_calls{0}, g_activation_reorders{0}, g_weight_reorders{0}, g_residual_post_ops{0};
 
-void run_plan(const ConvPlan& p, const void* x, const void* w, ConvOperand bias, void* y) {
+// y[0, n) += r[0, n), both of `dtype`: in f32 and rounded once, as the add op computes, in
+// chunks shared among the threads as the add op's tiles are.
+void add_residual(void* y, const void* r, DType dtype, int64_t n) {
+  constexpr int64_t kChunk = 4096;
+  const size_t es = dtype_size(dtype);
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel
+  {
+    std::vector<float> a, b;
+    if (dtype != DType::f32) {
+      a.resize(kChunk);
+      b.resize(kChunk);
+    }
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t i = c * kChunk, m = std::min(kChunk, n - i);
+      char* yi = static_cast<char*>(y) + size_t(i) * es;
+      const char* ri = static_cast<const char*>(r) + size_t(i) * es;
+      if (dtype == DType::f32) {
+        binary_f32(BinaryOp::add, reinterpret_cast<const float*>(yi), reinterpret_cast<const float*>(ri),
+                   reinterpret_cast<float*>(yi), m);
+        continue;
+      }
+      convert_to_f32(yi, dtype, a.data(), m);
+      convert_to_f32(ri, dtype, b.data(), m);
+      binary_f32(BinaryOp::add, a.data(), b.data(), a.data(), m);
+      convert_from_f32(a.data(), yi, dtype, m);
+    }
+  }
+}
+
+void run_plan(const ConvPlan& p, const void* x, const void* w, ConvOperand bias, const void* residual, void* y,
+              DType y_dtype) {
   g_calls.fetch_add(1, std::memory_order_relaxed);
   g_activation_reorders.fetch_add(uint64_t(p.src_in.has_value()) + uint64_t(p.dst_out.has_value()),
                                   std::memory_order_relaxed);
@@ -185,10 +237,20 @@ void run_plan(const ConvPlan& p, const void* x, const void* w, ConvOperand bias,
     }
     args.emplace(DNNL_ARG_BIAS, memory(p.bias, eng, const_cast<void*>(b)));
   }
+  const bool post_op = residual != nullptr && !p.residual.is_zero();
+  if (post_op) {
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                 memory(p.residual, eng, const_cast<void*>(residual)));
+    g_residual_post_ops.fetch_add(1, std::memory_order_relaxed);
+  }
   add_scratchpad(args, p.pd.scratchpad_desc());
   p.conv.execute(stream, args);
   if (p.dst_out) run_reorder(*p.dst_out, dst, user_y, stream);
   stream.wait();
+  if (residual != nullptr && !post_op) {
+    const memory::dims& d = p.user_dst.dims();
+    add_residual(y, residual, y_dtype, d[0] * d[1] * d[2] * d[3]);
+  }
 }
 
 void check_shape(const ConvShape& s, const void* x, const void* w, const void* y) {
@@ -205,16 +267,19 @@ void check_shape(const ConvShape& s, const void* x, const void* w, const void* y
 
 void run_conv(ConvLayout layout, ConvMath math, ConvOperand x, ConvOperand w, ConvOperand bias, void* y,
               DType y_dtype, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW,
-              int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w) {
+              int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, ConvOperand residual = {}) {
   const ConvShape s{N, C, H, W, O, KH, KW, stride_h, stride_w, pad_h, pad_w, bias.data != nullptr};
   check_shape(s, x.data, w.data, y);
   KILN_CHECK(f32_or_bf16(x.dtype) && f32_or_bf16(w.dtype) && f32_or_bf16(bias.dtype) && f32_or_bf16(y_dtype), kOp,
              "x, weight, bias and y must be f32 or bf16, got ", dtype_name(x.dtype), ", ", dtype_name(w.dtype), ", ",
              dtype_name(bias.dtype), ", ", dtype_name(y_dtype));
+  KILN_CHECK(residual.data == nullptr || residual.dtype == y_dtype, kOp, "the residual must be ", dtype_name(y_dtype),
+             " like y, got ", dtype_name(residual.dtype));
   const bool bf16_math = math == ConvMath::kBf16 && x.dtype == DType::bf16 && w.dtype == DType::bf16;
-  const ConvTypes types{x.dtype, w.dtype, bias.data ? bias.dtype : DType::f32, y_dtype, bf16_math};
+  const ConvTypes types{x.dtype, w.dtype, bias.data ? bias.dtype : DType::f32, y_dtype, bf16_math,
+                        residual.data != nullptr};
   try {
-    run_plan(*get_plan(s, layout, types), x.data, w.data, bias, y);
+    run_plan(*get_plan(s, layout, types), x.data, w.data, bias, residual.data, y, y_dtype);
   } catch (const dnnl::error& e) {
     fail(kOp, "oneDNN error (status ", static_cast<int>(e.status), "): ", e.what());
   }
@@ -223,7 +288,7 @@ void run_conv(ConvLayout layout, ConvMath math, ConvOperand x, ConvOperand w, Co
 }  // namespace
 
 Conv2dStats conv2d_stats() {
-  return {g_calls.load(), g_activation_reorders.load(), g_weight_reorders.load()};
+  return {g_calls.load(), g_activation_reorders.load(), g_weight_reorders.load(), g_residual_post_ops.load()};
 }
 
 namespace detail {
@@ -245,9 +310,9 @@ ConvMath conv2d_bf16_math() {
 
 void conv2d_with_math(ConvMath math, ConvOperand x, ConvOperand w, ConvOperand bias, void* y, DType y_dtype,
                       int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h,
-                      int64_t stride_w, int64_t pad_h, int64_t pad_w, bool channels_last) {
-  run_conv(channels_last ? ConvLayout::kChannelsLast : ConvLayout::kBlocked, math, x, w, bias, y, y_dtype, N, C, H, W, O, KH, KW, stride_h, stride_w, pad_h,
-           pad_w);
+                      int64_t stride_w, int64_t pad_h, int64_t pad_w, bool channels_last, ConvOperand residual) {
+  run_conv(channels_last ? ConvLayout::kChannelsLast : ConvLayout::kBlocked, math, x, w, bias, y, y_dtype, N, C, H, W,
+           O, KH, KW, stride_h, stride_w, pad_h, pad_w, residual);
 }
 
 }  // namespace detail
@@ -266,9 +331,9 @@ void conv2d_f32(const float* x, const float* w, const float* bias, float* y, int
 
 void conv2d(ConvOperand x, ConvOperand w, ConvOperand bias, void* y, DType y_dtype, int64_t N, int64_t C,
             int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h, int64_t stride_w,
-            int64_t pad_h, int64_t pad_w, bool channels_last) {
+            int64_t pad_h, int64_t pad_w, bool channels_last, ConvOperand residual) {
   detail::conv2d_with_math(detail::conv2d_bf16_math(), x, w, bias, y, y_dtype, N, C, H, W, O, KH, KW, stride_h,
-                           stride_w, pad_h, pad_w, channels_last);
+                           stride_w, pad_h, pad_w, channels_last, residual);
 }
 
 }  // namespace kiln::cpu

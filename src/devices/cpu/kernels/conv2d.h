@@ -30,15 +30,19 @@ struct ConvOperand {
 // weight is never converted as a whole beyond the reorder into the primitive's layout that the
 // f32 path does too. `channels_last`: x is [N,H,W,C] and y [N,OH,OW,O] in memory (the dims
 // passed stay N, C, H, W); the primitive then reads and writes them in place, with no reorder of
-// activations (oneDNN's direct convolutions prefer that layout on AVX-512).
+// activations (oneDNN's direct convolutions prefer that layout on AVX-512). With a `residual` (of
+// y's dtype, shape and layout) y = conv + residual: added by a bf16 primitive from its f32
+// accumulator where it writes y itself (channels-last), else to y after the convolution, as the
+// add op would (so f32 results keep their bits).
 void conv2d(ConvOperand x, ConvOperand w, ConvOperand bias, void* y, DType y_dtype, int64_t N, int64_t C,
             int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h, int64_t stride_w,
-            int64_t pad_h, int64_t pad_w, bool channels_last = false);
+            int64_t pad_h, int64_t pad_w, bool channels_last = false, ConvOperand residual = {});
 
 // Convolutions run so far, and the reorders of their tensors into and out of the primitive's
-// layouts (an activation reorder copies a whole input or output; channels-last callers need none).
+// layouts (an activation reorder copies a whole input or output; channels-last callers need none),
+// and the residuals the primitive added itself (no pass over y of their own).
 struct Conv2dStats {
-  uint64_t calls = 0, activation_reorders = 0, weight_reorders = 0;
+  uint64_t calls = 0, activation_reorders = 0, weight_reorders = 0, residual_post_ops = 0;
 };
 Conv2dStats conv2d_stats();
 
@@ -59,7 +63,8 @@ enum class ConvMath {
 ConvMath conv2d_bf16_math();
 void conv2d_with_math(ConvMath math, ConvOperand x, ConvOperand w, ConvOperand bias, void* y, DType y_dtype,
                       int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t stride_h,
-                      int64_t stride_w, int64_t pad_h, int64_t pad_w, bool channels_last = false);
+                      int64_t stride_w, int64_t pad_h, int64_t pad_w, bool channels_last = false,
+                      ConvOperand residual = {});
 
 // How the oneDNN primitive sees its tensors. conv2d_f32 uses kBlocked (measured faster,
 // see conv2d.cc); kPlain is kept so tests and benchmarks can compare the two.
