@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "exec/dispatch.h"
 #include "exec/host.h"
+#include "graph/conv2d_inputs.h"
 #include "graph/op.h"
 
 namespace kiln {
@@ -57,8 +58,8 @@ bool residual_fits_conv2d(const Tensor& x, const Tensor& w, const std::vector<in
   if (x.rank() != 4 || w.rank() != 4 || stride.size() != 2 || padding.size() != 2 || stride[0] <= 0 ||
       stride[1] <= 0)
     return false;
-  const Shape out{x.dim(0), w.dim(0), (x.dim(2) + 2 * padding[0] - w.dim(2)) / stride[0] + 1,
-                  (x.dim(3) + 2 * padding[1] - w.dim(3)) / stride[1] + 1};
+  const Shape out{x.dim(0), w.dim(0), conv2d_out_size(x.dim(2), w.dim(2), stride[0], padding[0]),
+                  conv2d_out_size(x.dim(3), w.dim(3), stride[1], padding[1])};
   return residual.shape() == out && residual.dtype() == promote(x.dtype(), w.dtype()) &&
          residual.device() == x.device() && is_channels_last(residual) == channels_last;
 }

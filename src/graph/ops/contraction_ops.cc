@@ -2,6 +2,7 @@
 #include <cmath>
 #include <limits>
 
+#include "graph/conv2d_inputs.h"
 #include "graph/ops/ref_util.h"
 
 namespace kiln {
@@ -116,10 +117,10 @@ void register_conv2d() {
   def.max_inputs = 4;
   def.infer = [](const std::vector<Tensor>& in, const Attrs& attrs) {
     const Tensor &x = in[0], &w = in[1];
-    const bool residual = attrs.get_int("residual", 0) != 0;
-    const size_t operands = in.size() - (residual ? 1 : 0);
+    const Conv2dInputs inputs = conv2d_inputs(in.size(), attrs);
+    const size_t operands = in.size() - (inputs.residual ? 1 : 0);  // x, weight and the bias if any
     KILN_CHECK(operands >= 2 && operands <= 3, "conv2d", "expects x, weight, an optional bias",
-               residual ? " and the residual" : "", ", got ", in.size(), " inputs");
+               inputs.residual ? " and the residual" : "", ", got ", in.size(), " inputs");
     check_float(x, "conv2d", "input");
     check_float(w, "conv2d", "weight");
     const bool cl = attrs.get_int("channels_last", 0) != 0;
@@ -131,16 +132,16 @@ void register_conv2d() {
     const auto &st = attrs.get_ints("stride"), &pad = attrs.get_ints("padding");
     KILN_CHECK(st.size() == 2 && pad.size() == 2 && st[0] > 0 && st[1] > 0 && pad[0] >= 0 && pad[1] >= 0,
                "conv2d", "stride and padding must be 2 values (stride > 0, padding >= 0)");
-    const int64_t oh = (h + 2 * pad[0] - w.dim(2)) / st[0] + 1;
-    const int64_t ow = (wd + 2 * pad[1] - w.dim(3)) / st[1] + 1;
+    const int64_t oh = conv2d_out_size(h, w.dim(2), st[0], pad[0]);
+    const int64_t ow = conv2d_out_size(wd, w.dim(3), st[1], pad[1]);
     KILN_CHECK(h + 2 * pad[0] >= w.dim(2) && wd + 2 * pad[1] >= w.dim(3), "conv2d",
                "kernel ", to_string(w.shape()), " larger than padded input ", to_string(x.shape()));
-    if (operands > 2)
+    if (inputs.bias)
       KILN_CHECK(in[2].rank() == 1 && in[2].dim(0) == w.dim(0), "conv2d", "bias must have shape [", w.dim(0),
                  "], got ", to_string(in[2].shape()));
     const Shape out = cl ? Shape{x.dim(0), oh, ow, w.dim(0)} : Shape{x.dim(0), w.dim(0), oh, ow};
     const DType dtype = promote(x.dtype(), w.dtype());
-    if (residual)
+    if (inputs.residual)
       KILN_CHECK(in.back().shape() == out && in.back().dtype() == dtype, "conv2d", "the residual must be ",
                  dtype_name(dtype), to_string(out), " (the output's dtype and shape), got ",
                  dtype_name(in.back().dtype()), to_string(in.back().shape()));
@@ -153,12 +154,11 @@ void register_conv2d() {
     const OutputMeta out{cl ? ref::nchw_shape(meta.shape) : meta.shape, meta.dtype};
     const auto &st = attrs.get_ints("stride"), &pad = attrs.get_ints("padding");
     const int64_t C = x.shape[1], H = x.shape[2], W = x.shape[3], KH = w.shape[2], KW = w.shape[3];
-    const bool residual = attrs.get_int("residual", 0) != 0;
-    const bool has_bias = in.size() - (residual ? 1 : 0) > 2;
+    const Conv2dInputs inputs = conv2d_inputs(in.size(), attrs);
     std::vector<double> r(static_cast<size_t>(numel(out.shape)));
     for (size_t i = 0; i < r.size(); ++i) {
       const auto idx = ref::unravel(int64_t(i), out.shape);
-      double s = has_bias ? in[2].data[size_t(idx[1])] : 0.0;
+      double s = inputs.bias ? in[2].data[size_t(idx[1])] : 0.0;
       for (int64_t c = 0; c < C; ++c)
         for (int64_t kh = 0; kh < KH; ++kh)
           for (int64_t kw = 0; kw < KW; ++kw) {
@@ -170,7 +170,7 @@ void register_conv2d() {
       r[i] = s;
     }
     if (cl) r = ref::nchw_to_nhwc(r, out.shape);
-    if (residual)  // in the output's own order, like r now
+    if (inputs.residual)  // in the output's own order, like r now
       for (size_t i = 0; i < r.size(); ++i) r[i] += in.back().data[i];
     return r;
   };

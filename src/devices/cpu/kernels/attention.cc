@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/tensor_view.h"
 #include "devices/cpu/kernels/exp2_to_bf16.h"
+#include "devices/cpu/kernels/exp2_vec.h"
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/onednn.h"
@@ -30,7 +31,6 @@ using DF = hn::ScalableTag<float>;
 
 constexpr const char* kWhere = "attention";
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr float kLog2e = 1.44269504088896340736f;
 
 // Tile sizes, measured at L=4608, D=128 with oneDNN on a 2-core Zen 5 (GFLOP/s counting
 // the two GEMMs' flops). One thread: q-block 64..256 x k-block 256..1024 all gave
@@ -322,7 +322,7 @@ void softmax_tile(const Head& h, int64_t i0, int64_t j0, int64_t nq, int64_t nk,
       // scale > 0 the scaled row's max is the scaled max, and scale joins the exponent's multiply-add.
       const float new_max = std::max(st.max[r], row_max(row, nk) * scale);
       const float shift = new_max == kNegInf ? 0.0f : new_max;
-      const float tile_sum = exp2_sum_to_bf16(row, nk, scale * kLog2e, shift * kLog2e, pb + r * ld);
+      const float tile_sum = exp2_sum_to_bf16(row, nk, scale * narrow::kLog2e, shift * narrow::kLog2e, pb + r * ld);
       st.corr[r] = std::exp(st.max[r] - shift);
       st.sum[r] = st.sum[r] * st.corr[r] + tile_sum;
       st.max[r] = new_max;

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "graph/conv2d_inputs.h"
 #include "devices/cpu/kernels/attention.h"
 #include "devices/cpu/kernels/conv2d.h"
 #include "devices/cpu/kernels/f32_io.h"
@@ -157,17 +158,16 @@ namespace {
 void conv2d_kernel(const KernelArgs& args) {
   const TensorView &x = args.in[0], &w = args.in[1], &y = args.out;
   const auto &st = args.attrs->get_ints("stride"), &pad = args.attrs->get_ints("padding");
-  // The residual, when present, is the last input (graph/ops/contraction_ops.cc).
-  const TensorView* residual = args.attrs->get_int("residual", 0) != 0 ? &args.in.back() : nullptr;
-  const bool has_bias = args.in.size() - (residual ? 1 : 0) > 2;
+  const Conv2dInputs inputs = conv2d_inputs(args.in.size(), *args.attrs);
+  const TensorView* residual = inputs.residual ? &args.in.back() : nullptr;
   // channels_last: x is [N, H, W, C] (graph/ops/contraction_ops.cc).
   const bool cl = args.attrs->get_int("channels_last", 0) != 0;
   const int64_t N = x.shape[0], C = x.shape[cl ? 3 : 1], H = x.shape[cl ? 1 : 2], W = x.shape[cl ? 2 : 3];
   // f32 and bf16 tensors go to oneDNN as they are (its reorders change the dtype); others (f16)
   // through f32 copies.
   if (f32_or_bf16(x.dtype) && f32_or_bf16(w.dtype) && f32_or_bf16(y.dtype) &&
-      (!has_bias || f32_or_bf16(args.in[2].dtype))) {
-    const ConvOperand bias = has_bias ? ConvOperand{args.in[2].data, args.in[2].dtype} : ConvOperand{};
+      (!inputs.bias || f32_or_bf16(args.in[2].dtype))) {
+    const ConvOperand bias = inputs.bias ? ConvOperand{args.in[2].data, args.in[2].dtype} : ConvOperand{};
     const ConvOperand r = residual ? ConvOperand{residual->data, residual->dtype} : ConvOperand{};
     conv2d({x.data, x.dtype}, {w.data, w.dtype}, bias, y.data, y.dtype, N, C, H, W, w.shape[0], w.shape[2], w.shape[3],
            st[0], st[1], pad[0], pad[1], cl, r);
@@ -175,7 +175,7 @@ void conv2d_kernel(const KernelArgs& args) {
   }
   F32In fx(x), fw(w);
   std::vector<F32In> bias, r;
-  if (has_bias) bias.emplace_back(args.in[2]);
+  if (inputs.bias) bias.emplace_back(args.in[2]);
   if (residual) r.emplace_back(*residual);
   F32Out fo(y);
   conv2d({fx.get(), DType::f32}, {fw.get(), DType::f32}, {bias.empty() ? nullptr : bias[0].get(), DType::f32}, fo.get(),

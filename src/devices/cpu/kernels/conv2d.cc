@@ -90,7 +90,7 @@ struct ConvPlan {
   dnnl::convolution_forward::primitive_desc pd;
   dnnl::convolution_forward conv;
   std::optional<Reorder> src_in, wei_in, dst_out;
-  memory::desc residual;  // the binary-add post-op's operand; zero when added after the primitive
+  bool residual_post_op = false;  // a residual is the binary-add post-op's operand (in user_dst's layout)
 };
 
 using onednn::add_scratchpad;
@@ -134,9 +134,9 @@ std::shared_ptr<const ConvPlan> build_plan(const ConvShape& s, ConvLayout layout
       dst, {s.stride_h, s.stride_w}, {s.pad_h, s.pad_w}, {s.pad_h, s.pad_w});
   dnnl::primitive_attr attr = user_scratchpad_attr();
   if (types.residual && types.bf16_math && cl && dst_dt == onednn::data_type(types.y) && s.KH * s.KW > 1) {
-    plan->residual = plan->user_dst;
+    plan->residual_post_op = true;
     dnnl::post_ops add;
-    add.append_binary(dnnl::algorithm::binary_add, plan->residual);
+    add.append_binary(dnnl::algorithm::binary_add, plan->user_dst);
     attr.set_post_ops(add);
   }
   plan->pd = dnnl::convolution_forward::primitive_desc(desc, attr, onednn::engine());
@@ -237,10 +237,10 @@ void run_plan(const ConvPlan& p, const void* x, const void* w, ConvOperand bias,
     }
     args.emplace(DNNL_ARG_BIAS, memory(p.bias, eng, const_cast<void*>(b)));
   }
-  const bool post_op = residual != nullptr && !p.residual.is_zero();
+  const bool post_op = residual != nullptr && p.residual_post_op;
   if (post_op) {
     args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
-                 memory(p.residual, eng, const_cast<void*>(residual)));
+                 memory(p.user_dst, eng, const_cast<void*>(residual)));
     g_residual_post_ops.fetch_add(1, std::memory_order_relaxed);
   }
   add_scratchpad(args, p.pd.scratchpad_desc());

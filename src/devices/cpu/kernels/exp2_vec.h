@@ -17,6 +17,9 @@ namespace kiln::cpu::narrow {
 
 namespace hn = hwy::HWY_NAMESPACE;
 
+// e^x = 2^(x log2(e)): callers scale their exponents by this.
+inline constexpr float kLog2e = 1.44269504088896340736f;
+
 // 2^t for t ≤ 127. Exponents below −126 (−inf included) give 0, so every nonzero result is a
 // normal number; NaN gives NaN. 2^t = 2^f · 2^n with n = round(t) and f = t − n in [−1/2, 1/2];
 // 2^f is the minimax polynomial of degree 5 for relative error there (Remez: 7.5e-8 before its

@@ -191,7 +191,7 @@ float inv_sqrt(float v) { return 1.0f / std::sqrt(v); }
 // NaN (x multiplies the quotient).
 V silu_narrow(D d, V x) {
   const V one = hn::Set(d, 1.0f);
-  const V t = hn::Min(hn::Mul(x, hn::Set(d, -1.44269504088896340736f)), hn::Set(d, 126.0f));
+  const V t = hn::Min(hn::Mul(x, hn::Set(d, -narrow::kLog2e)), hn::Set(d, 126.0f));
   const V den = hn::Add(one, narrow::exp2_vec(t));
   const V r = hn::ApproximateReciprocal(den);
   return hn::Mul(x, hn::Mul(r, hn::NegMulAdd(den, r, hn::Set(d, 2.0f))));

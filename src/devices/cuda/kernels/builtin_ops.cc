@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "graph/conv2d_inputs.h"
 #include "devices/cuda/builtin_kernels.h"
 #include "devices/cuda/kernels/kernel_table.h"
 #include "devices/cuda/launch.h"
@@ -206,11 +207,10 @@ void conv2d_kernel(const KernelArgs& a) {
   long long O = w.shape[0], KH = w.shape[2], KW = w.shape[3];
   long long OH = a.out.shape[cl ? 1 : 2], OW = a.out.shape[cl ? 2 : 3], n = a.out.numel();
   long long sh = st[0], sw = st[1], ph = pad[0], pw = pad[1];
-  // With residual = 1 the last input is added to the result (in y's dtype and element order).
-  const bool residual = a.attrs->get_int("residual", 0) != 0;
-  const size_t operands = a.in.size() - (residual ? 1 : 0);
-  const void *xp = x.data, *wp = w.data, *bp = operands > 2 ? a.in[2].data : nullptr;
-  const void* rp = residual ? a.in.back().data : nullptr;
+  // A residual is added to the result (in y's dtype and element order).
+  const Conv2dInputs inputs = conv2d_inputs(a.in.size(), *a.attrs);
+  const void *xp = x.data, *wp = w.data, *bp = inputs.bias ? a.in[2].data : nullptr;
+  const void* rp = inputs.residual ? a.in.back().data : nullptr;
   int t = code(x.dtype), yt = code(a.out.dtype);
   void* y = a.out.data;
   launch_builtin("kiln_conv2d", grid_for(n, kThreads), kThreads, 0,
