@@ -3,8 +3,9 @@
 // (kernels/linear_gemm.h):
 //   f32:  dnnl_sgemm (kiln's f32 linears of 1024+ rows), the oneDNN matmul primitive reading the
 //         plain [N,K] weight (2..1023 rows) and reading it pre-packed (compiled mode);
-//   bf16: the dot path (oneDNN's bf16 primitive) reading the plain and the pre-packed weight, and
-//         the widened path (bf16 widened to f32 a weight panel at a time, then the f32 primitive).
+//   bf16: the dot path (oneDNN's bf16 primitive) reading the plain and the pre-packed weight, the
+//         widened path (bf16 widened to f32 a weight panel at a time, then the f32 primitive), and
+//         the amx path (kiln's AMX tile kernel, kernels/amx_gemm.h) where AMX is usable.
 // GFLOP/s counters (2*M*N*K per product); after the runs a summary prints each path's best
 // GFLOP/s per shape, kiln's f32 and bf16 linear as this process runs them (eager: plain weights;
 // compiled: pre-packed where the path reads packs) and their ratio bf16/f32.
@@ -20,11 +21,13 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <new>
 #include <tuple>
 #include <vector>
 
 #include "core/buffer.h"
 #include "core/dtype.h"
+#include "devices/cpu/kernels/amx_gemm.h"
 #include "devices/cpu/kernels/linear_gemm.h"
 
 namespace {
@@ -32,11 +35,25 @@ namespace {
 using kiln::DType;
 using kiln::cpu::Bf16LinearPath;
 
+// 64-byte aligned, as kiln's tensors are (its allocator's blocks).
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  bool operator==(const Aligned64&) const { return true; }
+};
+template <class T>
+using AlignedVector = std::vector<T, Aligned64<T>>;
+
 // A = [M,K] activations, W = [N,K] weight, C = [M,N]; the same values in f32 and bf16.
 struct Problem {
   int64_t M, K, N;
-  std::vector<float> a, w, c;
-  std::vector<uint16_t> a16, w16, c16;
+  AlignedVector<float> a, w, c;
+  AlignedVector<uint16_t> a16, w16, c16;
   Problem(int64_t m, int64_t k, int64_t n)
       : M(m), K(k), N(n), a(size_t(m * k)), w(size_t(n * k)), c(size_t(m * n)), a16(a.size()), w16(w.size()),
         c16(c.size()) {
@@ -48,9 +65,13 @@ struct Problem {
   double flops() const { return 2.0 * double(M) * double(N) * double(K); }
 };
 
-enum Path { kSgemm, kF32Plain, kF32Packed, kDotPlain, kDotPacked, kWidened, kPaths };
-const char* const kPathName[] = {"f32 dnnl_sgemm",   "f32 primitive",   "f32 primitive, packed",
-                                 "bf16 dot",         "bf16 dot, packed", "bf16 widened"};
+enum Path { kSgemm, kF32Plain, kF32Packed, kDotPlain, kDotPacked, kWidened, kAmx, kPaths };
+const char* const kPathName[] = {"f32 dnnl_sgemm",   "f32 primitive", "f32 primitive, packed", "bf16 dot",
+                                 "bf16 dot, packed", "bf16 widened",  "bf16 amx"};
+
+Bf16LinearPath bf16_path(int path) {
+  return path == kWidened ? Bf16LinearPath::widened : path == kAmx ? Bf16LinearPath::amx : Bf16LinearPath::dot;
+}
 
 // GFLOP/s by (M, K, N) and path, for the summary.
 std::map<std::tuple<int64_t, int64_t, int64_t>, std::map<int, double>>& results() {
@@ -63,6 +84,10 @@ void BM_Linear(benchmark::State& st) {
   const int path = int(st.range(3));
   if ((path == kDotPlain || path == kDotPacked) && !kiln::cpu::bf16_dot_path_available()) {
     st.SkipWithError("this oneDNN has no bf16 matmul for this CPU");
+    return;
+  }
+  if (path == kAmx && !kiln::cpu::amx_bf16_usable()) {
+    st.SkipWithError("AMX is not usable here");
     return;
   }
   std::shared_ptr<const kiln::cpu::PackedLinearWeight> packed;
@@ -79,8 +104,7 @@ void BM_Linear(benchmark::State& st) {
         return;
       default:
         kiln::cpu::linear_bf16(p.a16.data(), p.w16.data(), packed.get(), nullptr, DType::f32, p.c16.data(),
-                               DType::bf16, p.M, p.N, p.K,
-                               path == kWidened ? Bf16LinearPath::widened : Bf16LinearPath::dot);
+                               DType::bf16, p.M, p.N, p.K, bf16_path(path));
     }
   };
   run();  // first use of the shape (JIT, primitive creation) stays out of the timing
@@ -148,10 +172,11 @@ int main(int argc, char** argv) {
     std::printf("%5lld %6lld %6lld |", (long long)M, (long long)K, (long long)N);
     for (int p = 0; p < kPaths; ++p) std::printf(" %22.1f", at(p));
     // What kiln runs: f32 rows < kPrimitiveMaxRows on the primitive (packed when compiled), the
-    // rest on dnnl_sgemm; bf16 on the process's path (the dot path reads packs when compiled).
-    const bool prim = M < kPrimitiveMaxRows, dot = bf16 == Bf16LinearPath::dot;
+    // rest on dnnl_sgemm; bf16 on the process's path (the dot path reads packs when compiled; amx never).
+    const bool prim = M < kPrimitiveMaxRows, dot = bf16 == Bf16LinearPath::dot, amx = bf16 == Bf16LinearPath::amx;
     const double f32_eager = at(prim ? kF32Plain : kSgemm), f32_compiled = at(prim ? kF32Packed : kSgemm);
-    const double bf16_eager = at(dot ? kDotPlain : kWidened), bf16_compiled = at(dot ? kDotPacked : kWidened);
+    const double bf16_eager = at(amx ? kAmx : dot ? kDotPlain : kWidened);
+    const double bf16_compiled = at(amx ? kAmx : dot ? kDotPacked : kWidened);
     const auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
     std::printf(" | %7.1f %7.1f (%5.3f)   %7.1f %7.1f (%5.3f)\n", f32_eager, bf16_eager, ratio(bf16_eager, f32_eager),
                 f32_compiled, bf16_compiled, ratio(bf16_compiled, f32_compiled));

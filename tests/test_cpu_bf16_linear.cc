@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "devices/cpu/kernels/amx_gemm.h"
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemv.h"
 #include "devices/cpu/kernels/linear_gemm.h"
@@ -46,10 +47,14 @@ Bf16Values bf16_values(int64_t n, uint32_t seed) {
 enum class BiasKind { none, f32, bf16 };
 const char* name(BiasKind b) { return b == BiasKind::none ? "no bias" : b == BiasKind::f32 ? "f32 bias" : "bf16 bias"; }
 
-// The paths this CPU runs: both wherever oneDNN has a bf16 matmul (AVX-512), else the widened one.
+// The paths this CPU runs: the AMX kernel where AMX is usable, the dot path wherever oneDNN has a
+// bf16 matmul (AVX-512), and the widened one everywhere.
 std::vector<Bf16LinearPath> paths() {
-  if (bf16_dot_path_available()) return {Bf16LinearPath::dot, Bf16LinearPath::widened};
-  return {Bf16LinearPath::widened};
+  std::vector<Bf16LinearPath> p;
+  if (amx_bf16_usable()) p.push_back(Bf16LinearPath::amx);
+  if (bf16_dot_path_available()) p.push_back(Bf16LinearPath::dot);
+  p.push_back(Bf16LinearPath::widened);
+  return p;
 }
 
 // ---- the multi-row GEMM (linear_gemm.h) ----
@@ -102,8 +107,9 @@ TEST(Bf16Linear, MatchesTheF32KernelOnTheSameRoundedInputs) {
           const double tol = 2e-5 * s + 1e-7, r = ref[e];
           ASSERT_NEAR(y32[e], r, tol) << "element " << e;
           ASSERT_NEAR(bf16_to_f32(y16[e]), r, tol + std::ldexp(std::abs(r) + tol, -8)) << "element " << e;
-          // The widened path computes y in f32 and rounds it once: its bf16 y is its f32 y rounded.
-          if (path == Bf16LinearPath::widened) {
+          // The widened and amx paths compute y in f32 and round it once: their bf16 y is their
+          // f32 y rounded.
+          if (path != Bf16LinearPath::dot) {
             ASSERT_EQ(y16[e], f32_to_bf16(y32[e])) << "element " << e;
           }
         }
@@ -148,7 +154,12 @@ TEST(Bf16Linear, PackedWeightsGiveThePlainBits) {
                       c.N, c.K, path);
           const LinearGemmCounts after = linear_gemm_counts();
           ASSERT_EQ(std::memcmp(plain.data(), prepacked.data(), bytes), 0) << bf16_linear_path_name(path);
-          if (path == Bf16LinearPath::dot) {
+          if (path == Bf16LinearPath::amx) {
+            // The AMX kernel packs w inside the call: a pre-packed weight is never read.
+            EXPECT_EQ(after.amx - before.amx, 2);
+            EXPECT_EQ(after.prepacked, before.prepacked);
+            EXPECT_EQ(after.packed_in_call, before.packed_in_call);
+          } else if (path == Bf16LinearPath::dot) {
             // Packing is judged at the reference row count (64). Below it oneDNN may pick another
             // kernel (on AMX it does for 33 rows); the call then reads the plain weight, which
             // keeps the bits (checked above) — so only rows >= 64 must read the packed one.

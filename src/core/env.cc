@@ -48,6 +48,8 @@ const std::vector<Variable>& variables() {
       {"KILN_MAX_PENDING_BYTES", Kind::positive_int, {}, "BYTES",
        "output bytes of the kernels the CPU queue holds before the host waits (256 MiB)"},
       {"KILN_GEMM", Kind::choice, {"onednn", "openblas"}, "onednn|openblas", "matrix-multiply library (onednn)"},
+      {"KILN_BF16_LINEAR", Kind::choice, {"amx", "dot", "widened"}, "amx|dot|widened",
+       "bf16 linears: kiln's AMX kernel, oneDNN's bf16 matmul, or bf16 widened to f32 (default: from the CPU)"},
       {"KILN_BENCH_KERNEL_TIMES", Kind::flag, {}, "1", "benchmarks: time every kernel"},
       {"KILN_HOST_MEMORY_CHECK", Kind::choice, {"0", "1"}, "0",
        "0 skips the fail-fast check against the host's available memory (without --device-memory)"},

@@ -12,7 +12,9 @@
 
 #include "core/buffer.h"
 #include "core/error.h"
-#include "devices/cpu/allocator.h"
+#include "devices/cpu/kernels/call_scratch.h"
+#include "core/env.h"
+#include "devices/cpu/kernels/amx_gemm.h"
 #include "devices/cpu/kernels/dequantize.h"
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemm.h"
@@ -37,7 +39,7 @@ namespace {
 
 constexpr const char* kOp = "linear";
 
-std::atomic<int64_t> g_prepacked{0}, g_packed_in_call{0}, g_widened{0}, g_dequantized{0};
+std::atomic<int64_t> g_prepacked{0}, g_packed_in_call{0}, g_widened{0}, g_amx{0}, g_dequantized{0};
 
 struct PlanKey {
   int64_t M, N, K;
@@ -140,29 +142,6 @@ std::shared_ptr<const LinearPlan> plan_for(PlanKey key, const PackedLinearWeight
   return plan;
 }
 
-// Scratch memory for one call, never initialised, from system_allocate: huge pages for large
-// blocks, since faulting fresh scratch in 4 KiB pages would cost as much as the widening itself.
-class Scratch {
- public:
-  explicit Scratch(size_t bytes) {
-    if (bytes == 0) return;
-    p_ = system_allocate(bytes);
-    if (!p_) fail(kOp, "out of host memory (", bytes, " bytes)");
-    bytes_ = bytes;
-  }
-  ~Scratch() { system_free(p_, bytes_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
 // Widens n bf16 values to f32 (exact), over the threads when there are many.
 void widen_bf16(const void* src, float* dst, int64_t n) {
   constexpr int64_t kChunk = int64_t(1) << 16;
@@ -203,7 +182,7 @@ int64_t panel_rows(int64_t N, int64_t K) {
 void linear_bf16_widened(const void* x, const void* w, const void* bias, DType bias_type, void* y, DType y_type,
                          int64_t M, int64_t N, int64_t K) {
   g_widened.fetch_add(1, std::memory_order_relaxed);
-  const Scratch xf(size_t(M * K) * sizeof(float));
+  const CallScratch xf(kOp, size_t(M * K) * sizeof(float));
   widen_bf16(x, xf.as<float>(), M * K);
   std::vector<float> bf;
   const float* b = static_cast<const float*>(bias);
@@ -215,11 +194,11 @@ void linear_bf16_widened(const void* x, const void* w, const void* bias, DType b
   const int64_t rows = panel_rows(N, K);
   // y itself takes the product when it is f32 and one panel covers it; else a panel buffer.
   const bool direct = y_type == DType::f32 && rows == N;
-  const Scratch out(direct ? 0 : size_t(M * rows) * sizeof(float));
+  const CallScratch out(kOp, direct ? 0 : size_t(M * rows) * sizeof(float));
   // The widest panel's packed layout is the largest (the last panel may be narrower).
   const PlanKey key{M, rows, K, DType::f32, b != nullptr, DType::f32, DType::f32, true};
   const size_t widest = get_plan(key)->pd.weights_desc().get_size();
-  const Scratch panel_bytes(widest);
+  const CallScratch panel_bytes(kOp, widest);
   const dnnl::engine& eng = onednn::engine();
   dnnl::stream& stream = onednn::thread_stream();
   for (int64_t j = 0; j < N; j += rows) {
@@ -261,9 +240,9 @@ void linear_quantized_panels(const void* x, DType x_type, const void* w, DType w
                              DType bias_type, void* y, DType y_type, int64_t M, int64_t N, int64_t K) {
   g_dequantized.fetch_add(1, std::memory_order_relaxed);
   // bf16 x multiplies bf16 panels where bf16 dot products are fast; else everything is f32.
-  const bool bf16_dot = x_type == DType::bf16 && bf16_linear_path() == Bf16LinearPath::dot;
+  const bool bf16_dot = x_type == DType::bf16 && bf16_linear_path() != Bf16LinearPath::widened;
   const DType ct = bf16_dot ? DType::bf16 : DType::f32;
-  const Scratch xf(x_type == ct ? 0 : size_t(M * K) * sizeof(float));
+  const CallScratch xf(kOp, x_type == ct ? 0 : size_t(M * K) * sizeof(float));
   if (x_type != ct) {
     if (x_type == DType::bf16) {
       widen_bf16(x, xf.as<float>(), M * K);
@@ -281,9 +260,9 @@ void linear_quantized_panels(const void* x, DType x_type, const void* w, DType w
   }
   const int64_t rows = quantized_panel_rows(N, K);
   const bool direct = y_type == DType::f32 && rows == N;
-  const Scratch out(direct ? 0 : size_t(M * rows) * sizeof(float));
+  const CallScratch out(kOp, direct ? 0 : size_t(M * rows) * sizeof(float));
   const size_t es = dtype_size(ct);
-  const Scratch panel(size_t(rows * K) * es);
+  const CallScratch panel(kOp, size_t(rows * K) * es);
   const size_t row_bytes = storage_bytes(w_type, K);
   for (int64_t j = 0; j < N; j += rows) {
     const int64_t n = std::min(rows, N - j);
@@ -310,14 +289,29 @@ bool linear_runs_on_primitive(int64_t rows) {
 }
 
 Bf16LinearPath bf16_linear_path() {
-  static const Bf16LinearPath path =
-      onednn_call([] { return onednn::bf16_dot_products_fast() ? Bf16LinearPath::dot : Bf16LinearPath::widened; });
+  static const Bf16LinearPath path = [] {
+    if (const auto forced = env::choice("KILN_BF16_LINEAR")) {
+      if (*forced == "amx") {
+        KILN_CHECK(amx_bf16_usable(), "env", "KILN_BF16_LINEAR=amx: this CPU, build or OS does not run AMX tiles");
+        return Bf16LinearPath::amx;
+      }
+      if (*forced == "dot") {
+        KILN_CHECK(bf16_dot_path_available(), "env", "KILN_BF16_LINEAR=dot: oneDNN has no bf16 matmul for this CPU");
+        return Bf16LinearPath::dot;
+      }
+      return Bf16LinearPath::widened;
+    }
+    if (amx_bf16_usable()) return Bf16LinearPath::amx;
+    return onednn_call([] { return onednn::bf16_dot_products_fast() ? Bf16LinearPath::dot : Bf16LinearPath::widened; });
+  }();
   return path;
 }
 
 bool bf16_dot_path_available() { return onednn::cpu_has(dnnl::cpu_isa::avx512_core); }
 
-const char* bf16_linear_path_name(Bf16LinearPath p) { return p == Bf16LinearPath::dot ? "dot" : "widened"; }
+const char* bf16_linear_path_name(Bf16LinearPath p) {
+  return p == Bf16LinearPath::amx ? "amx" : p == Bf16LinearPath::dot ? "dot" : "widened";
+}
 
 bool linear_reads_packed_weight(int64_t rows, DType x, DType w) {
   if (w == DType::f32) return linear_runs_on_primitive(rows);  // any x: linear_f32 reads it as f32
@@ -383,6 +377,10 @@ void linear_bf16(const void* x, const void* w, const PackedLinearWeight* packed,
   KILN_CHECK(f32_or_bf16(y_type) && (!bias || f32_or_bf16(bias_type)), kOp, "linear_bf16: y ", dtype_name(y_type),
              ", bias ", dtype_name(bias_type), " (each f32 or bf16)");
   if (!bias) bias_type = DType::f32;
+  if (path == Bf16LinearPath::amx) {
+    g_amx.fetch_add(1, std::memory_order_relaxed);
+    return amx_linear_bf16(x, w, bias, bias_type, y, y_type, M, N, K);
+  }
   onednn_call([&] {
     if (path == Bf16LinearPath::widened) return linear_bf16_widened(x, w, bias, bias_type, y, y_type, M, N, K);
     bool use_packed = false;
@@ -403,7 +401,7 @@ void linear_quantized(const void* x, DType x_type, const void* w, DType w_type, 
 }
 
 LinearGemmCounts linear_gemm_counts() {
-  return {g_prepacked.load(), g_packed_in_call.load(), g_widened.load(), g_dequantized.load()};
+  return {g_prepacked.load(), g_packed_in_call.load(), g_widened.load(), g_amx.load(), g_dequantized.load()};
 }
 
 void linear_gemm_warm_up() {

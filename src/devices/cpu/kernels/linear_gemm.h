@@ -34,6 +34,8 @@ constexpr int64_t kPrimitiveMaxRows = 1024;
 bool linear_runs_on_primitive(int64_t rows);
 
 // How bf16 linears of 2+ rows compute.
+//  amx:      kiln's own AMX tile kernel (amx_gemm.h): bf16 dot products summed in f32, the weight
+//            packed a chunk at a time inside the call (never pre-packed).
 //  dot:      oneDNN's bf16 matmul primitive: bf16 dot products summed in f32 (AVX512_BF16 or
 //            AMX instructions). Reads its weight pre-packed in compiled mode, as f32 does.
 //  widened:  x widened to f32 (exact), the weight widened a panel of rows at a time straight
@@ -45,8 +47,11 @@ bool linear_runs_on_primitive(int64_t rows);
 // AMX (or with AMX hidden, as in a VM) was measured issuing VDPBF16PS at a quarter of VFMADD's
 // rate, half its FLOPs: there oneDNN's bf16 primitive ran at ~0.55x its f32 one and the widened
 // path at 0.75-1.0x (bench/bench_linear, FLUX.1 shapes). CPUs without AVX512_BF16 would emulate the dot products.
-enum class Bf16LinearPath { dot, widened };
-// The path of this process: chosen from the CPU on first use (above), then fixed.
+// Where AMX is usable the amx path runs (bench/bench_linear: faster than oneDNN's AMX primitive
+// at every FLUX.1 shape measured), elsewhere dot where bf16 dot products are fast, else widened.
+enum class Bf16LinearPath { amx, dot, widened };
+// The path of this process: env KILN_BF16_LINEAR=amx|dot|widened where set (amx must be usable),
+// else chosen from the CPU on first use (above); then fixed.
 Bf16LinearPath bf16_linear_path();
 // Whether this oneDNN has a bf16 matmul for this CPU (AVX-512 and up: native with AVX512_BF16,
 // emulated without): where not, the dot path fails and only the widened path runs.
@@ -55,8 +60,8 @@ const char* bf16_linear_path_name(Bf16LinearPath p);
 
 // Whether a linear of `rows` rows with x and weight of these dtypes reads its weight through a
 // primitive that can read it pre-packed: f32 weights where linear_runs_on_primitive (whatever x
-// is), bf16 ones with bf16 x on the dot path. Compiled mode pre-packs the weights of exactly these
-// (prepacked_weights.h).
+// is), bf16 ones with bf16 x on the dot path (not on amx, which packs inside the call). Compiled
+// mode pre-packs the weights of exactly these (prepacked_weights.h).
 bool linear_reads_packed_weight(int64_t rows, DType x, DType w);
 
 // A linear weight [N,K] in the primitive's blocked layout, in the weight's dtype. Immutable;
@@ -94,24 +99,24 @@ void linear_f32(const float* x, const float* w, const PackedLinearWeight* packed
 // As linear_f32 for bf16 x and w; bias of bias_type (f32 or bf16) or nullptr; y of y_type (f32
 // or bf16): the f32 sum plus the bias, rounded once when y is bf16. `packed` (a bf16 pack) is
 // read only on the dot path, under linear_f32's rule. `path`: the process's unless given (tests
-// and benchmarks run both).
+// and benchmarks run each).
 void linear_bf16(const void* x, const void* w, const PackedLinearWeight* packed, const void* bias, DType bias_type,
                  void* y, DType y_type, int64_t M, int64_t N, int64_t K, Bf16LinearPath path = bf16_linear_path());
 
 // y = x · dequant(w)ᵀ + bias for a weight held in a storage type (fp8 or ggml blocks,
 // core/quant_blocks.h), x f32 or bf16, bias none/f32/bf16, y f32 or bf16. The weight is
 // dequantized a panel of rows at a time (up to ~16M elements, never the whole weight) into
-// the GEMM's operand type, which the plain primitive then reads: bf16 panels for bf16 x on the
-// dot path (bf16 dot products summed in f32; each weight value rounded once to bf16), f32 panels
-// otherwise. No copy of the whole weight is made, and the bits do not depend on the mode.
+// the GEMM's operand type, which the plain primitive then reads: bf16 panels for bf16 x where
+// bf16 dot products are fast (the amx and dot paths: bf16 dot products summed in f32; each weight
+// value rounded once to bf16), f32 panels otherwise. No copy of the whole weight is made, and the bits do not depend on the mode.
 void linear_quantized(const void* x, DType x_type, const void* w, DType w_type, const void* bias, DType bias_type,
                       void* y, DType y_type, int64_t M, int64_t N, int64_t K);
 
 // How many linear calls read a packed weight, how many packed w inside the call (f32, and bf16 on
-// the dot path), how many bf16 ones ran on the widened path, and how many read a quantized
-// weight panel by panel.
+// the dot path), how many bf16 ones ran on the widened path, how many on the AMX kernel, and how
+// many read a quantized weight panel by panel.
 struct LinearGemmCounts {
-  int64_t prepacked = 0, packed_in_call = 0, widened = 0, dequantized = 0;
+  int64_t prepacked = 0, packed_in_call = 0, widened = 0, amx = 0, dequantized = 0;
 };
 LinearGemmCounts linear_gemm_counts();
 
