@@ -1,6 +1,6 @@
 // The GEMM of a multi-row linear layer at FLUX.1's shapes (a 512² image: 1024 image + 512 text
-// tokens; rows 512, 1024, 1536 and 4096) and T5-XXL's (256 and 512 tokens), f32 against bf16
-// (kernels/linear_gemm.h):
+// tokens; rows 512, 1024, 1536 and 4096), T5-XXL's (256 and 512 tokens) and CLIP-L's (77), f32
+// against bf16 (kernels/linear_gemm.h):
 //   f32:  dnnl_sgemm (kiln's f32 linears of 1024+ rows), the oneDNN matmul primitive reading the
 //         plain [N,K] weight (2..1023 rows) and reading it pre-packed (compiled mode);
 //   bf16: the dot path (oneDNN's bf16 primitive) reading the plain and the pre-packed weight, the
@@ -147,6 +147,9 @@ void linear_shapes(benchmark::internal::Benchmark* b) {
   for (int64_t M : {256, 512})
     for (auto [K, N] : {std::pair<int64_t, int64_t>{4096, 4096}, {4096, 10240}, {10240, 4096}})
       for (int64_t path = 0; path < kPaths; ++path) b->Args({M, K, N, path});
+  // CLIP-L's 77 tokens: q/k/v/o (768 x 768) and its MLP in and out (768 x 3072, 3072 x 768).
+  for (auto [K, N] : {std::pair<int64_t, int64_t>{768, 768}, {768, 3072}, {3072, 768}})
+    for (int64_t path = 0; path < kPaths; ++path) b->Args({77, K, N, path});
 }
 
 }  // namespace

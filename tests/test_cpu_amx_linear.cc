@@ -52,8 +52,9 @@ TEST(AmxLinear, BitsDoNotDependOnThreadsOrOnWhereXLies) {
   struct Case {
     int64_t M, N, K;
   };
-  // Row split with a row tail; column split; several K chunks with a K tail; columns past a group.
-  const Case cases[] = {{70, 40, 96}, {64, 300, 64}, {33, 130, 6500}, {100, 200, 3200}};
+  // Row split with a row tail; column split; several K chunks with a K tail; columns past a group;
+  // CLIP's 77 rows against many of w.
+  const Case cases[] = {{70, 40, 96}, {64, 300, 64}, {33, 130, 6500}, {100, 200, 3200}, {77, 300, 768}};
   uint32_t seed = 700;
   for (const Case& c : cases) {
     SCOPED_TRACE("M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K));
@@ -67,8 +68,9 @@ TEST(AmxLinear, BitsDoNotDependOnThreadsOrOnWhereXLies) {
   }
 }
 
-// Unless KILN_BF16_LINEAR says otherwise, bf16 linears run on the AMX kernel exactly where AMX is
-// usable, in every mode's kernels (the op API here), and never read a pre-packed weight there.
+// Unless KILN_BF16_LINEAR says otherwise, bf16 linears of kAmxMinRows rows and more run on the AMX
+// kernel exactly where AMX is usable, in every mode's kernels (the op API here), and compiled mode
+// pre-packs no bf16 weight there.
 TEST(AmxLinear, BF16LinearsRunOnItWhereAmxIsUsable) {
   if (std::getenv("KILN_BF16_LINEAR") == nullptr) {
     EXPECT_EQ(bf16_linear_path() == Bf16LinearPath::amx, amx_bf16_usable());
@@ -80,6 +82,11 @@ TEST(AmxLinear, BF16LinearsRunOnItWhereAmxIsUsable) {
   const Tensor y = linear(x, w);
   ASSERT_EQ(to_vector(y).size(), size_t(300 * 48));
   EXPECT_EQ(linear_gemm_counts().amx - before.amx, amx ? 1 : 0);
+  // Fewer than kAmxMinRows rows (CLIP's 77 tokens) run on oneDNN's primitive wherever it has one.
+  const Tensor x77 = test::random_tensor({77, 64}, 712, DType::bf16);
+  const LinearGemmCounts before77 = linear_gemm_counts();
+  ASSERT_EQ(to_vector(linear(x77, w)).size(), size_t(77 * 48));
+  EXPECT_EQ(linear_gemm_counts().amx - before77.amx, amx && !bf16_dot_path_available() ? 1 : 0);
 }
 
 }  // namespace

@@ -377,6 +377,7 @@ void linear_bf16(const void* x, const void* w, const PackedLinearWeight* packed,
   KILN_CHECK(f32_or_bf16(y_type) && (!bias || f32_or_bf16(bias_type)), kOp, "linear_bf16: y ", dtype_name(y_type),
              ", bias ", dtype_name(bias_type), " (each f32 or bf16)");
   if (!bias) bias_type = DType::f32;
+  if (path == Bf16LinearPath::amx && M < kAmxMinRows && bf16_dot_path_available()) path = Bf16LinearPath::dot;
   if (path == Bf16LinearPath::amx) {
     g_amx.fetch_add(1, std::memory_order_relaxed);
     return amx_linear_bf16(x, w, bias, bias_type, y, y_type, M, N, K);

@@ -48,8 +48,12 @@ bool linear_runs_on_primitive(int64_t rows);
 // rate, half its FLOPs: there oneDNN's bf16 primitive ran at ~0.55x its f32 one and the widened
 // path at 0.75-1.0x (bench/bench_linear, FLUX.1 shapes). CPUs without AVX512_BF16 would emulate the dot products.
 // Where AMX is usable the amx path runs (bench/bench_linear: faster than oneDNN's AMX primitive
-// at every FLUX.1 shape measured), elsewhere dot where bf16 dot products are fast, else widened.
+// at every FLUX.1 and T5 shape measured), elsewhere dot where bf16 dot products are fast, else
+// widened. On the amx path linears of fewer than kAmxMinRows rows (CLIP's 77 tokens) run as on the
+// dot path, reading the plain weight: packing a weight inside the call costs about as much as a
+// product that short.
 enum class Bf16LinearPath { amx, dot, widened };
+constexpr int64_t kAmxMinRows = 128;
 // The path of this process: env KILN_BF16_LINEAR=amx|dot|widened where set (amx must be usable),
 // else chosen from the CPU on first use (above); then fixed.
 Bf16LinearPath bf16_linear_path();
