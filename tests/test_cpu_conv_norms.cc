@@ -255,7 +255,7 @@ TEST(CpuLayerNorm, AffineMatchesReference) {
     const Vec x = random_vec(rows * cols, 1, 9.0f, 11.0f);
     const Vec w = random_vec(cols, 2, 0.5f, 1.5f), b = random_vec(cols, 3);
     Vec y(x.size());
-    layer_norm_rows(x.data(), w.data(), b.data(), y.data(), rows, cols, 1e-6f);
+    layer_norm_rows(x.data(), DType::f32, w.data(), b.data(), y.data(), DType::f32, rows, cols, 1e-6f);
     expect_close(y, layer_norm_ref(x, w.data(), b.data(), rows, cols, 1e-6), 1e-5, 1e-5,
                  "layer_norm affine");
   }
@@ -267,7 +267,7 @@ TEST(CpuLayerNorm, WithoutAffineMatchesReference) {
     const int64_t rows = 4;
     const Vec x = random_vec(rows * cols, 4, -3.0f, 2.0f);
     Vec y(x.size());
-    layer_norm_rows(x.data(), nullptr, nullptr, y.data(), rows, cols, 1e-5f);
+    layer_norm_rows(x.data(), DType::f32, nullptr, nullptr, y.data(), DType::f32, rows, cols, 1e-5f);
     expect_close(y, layer_norm_ref(x, nullptr, nullptr, rows, cols, 1e-5), 1e-5, 1e-5,
                  "layer_norm plain");
   }
@@ -279,9 +279,32 @@ TEST(CpuLayerNorm, ManyRowsInPlace) {
   const Vec x = random_vec(rows * cols, 5);
   const Vec w = random_vec(cols, 6), b = random_vec(cols, 7);
   Vec y = x;
-  layer_norm_rows(y.data(), w.data(), b.data(), y.data(), rows, cols, 1e-6f);
+  layer_norm_rows(y.data(), DType::f32, w.data(), b.data(), y.data(), DType::f32, rows, cols, 1e-6f);
   expect_close(y, layer_norm_ref(x, w.data(), b.data(), rows, cols, 1e-6), 1e-5, 1e-5,
                "layer_norm in place");
+}
+
+// bf16 rows are widened, normalised by the f32 kernel and rounded once: the bits of the f32 kernel
+// on the widened values, rounded; on one row and on many (the threaded path), also in place.
+TEST(CpuNormRows, Bf16RowsAreTheF32KernelOnWidenedValuesRounded) {
+  for (const int64_t rows : {int64_t(1), int64_t(64)})
+    for (int64_t cols : kWidths) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + " cols " + std::to_string(cols));
+      const Vec x = random_vec(rows * cols, 20, -2.0f, 3.0f), w = random_vec(cols, 21), b = random_vec(cols, 22);
+      std::vector<uint16_t> x16(x.size());
+      convert_from_f32(x.data(), x16.data(), DType::bf16, int64_t(x.size()));
+      Vec wide(x.size()), ln(x.size()), rms(x.size());
+      convert_to_f32(x16.data(), DType::bf16, wide.data(), int64_t(x.size()));
+      layer_norm_rows(wide.data(), DType::f32, w.data(), b.data(), ln.data(), DType::f32, rows, cols, 1e-6f);
+      rms_norm_rows(wide.data(), DType::f32, w.data(), rms.data(), DType::f32, rows, cols, 1e-6f);
+      std::vector<uint16_t> ln16(x.size()), rms16 = x16;
+      layer_norm_rows(x16.data(), DType::bf16, w.data(), b.data(), ln16.data(), DType::bf16, rows, cols, 1e-6f);
+      rms_norm_rows(rms16.data(), DType::bf16, w.data(), rms16.data(), DType::bf16, rows, cols, 1e-6f);  // in place
+      for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_EQ(ln16[i], f32_to_bf16(ln[i])) << "layer_norm element " << i;
+        ASSERT_EQ(rms16[i], f32_to_bf16(rms[i])) << "rms_norm element " << i;
+      }
+    }
 }
 
 TEST(CpuRmsNorm, MatchesReferenceWithAndWithoutWeight) {
@@ -291,9 +314,9 @@ TEST(CpuRmsNorm, MatchesReferenceWithAndWithoutWeight) {
     const Vec x = random_vec(rows * cols, 8, -2.0f, 3.0f);
     const Vec w = random_vec(cols, 9, 0.5f, 1.5f);
     Vec y(x.size());
-    rms_norm_rows(x.data(), w.data(), y.data(), rows, cols, 1e-6f);
+    rms_norm_rows(x.data(), DType::f32, w.data(), y.data(), DType::f32, rows, cols, 1e-6f);
     expect_close(y, rms_norm_ref(x, w.data(), rows, cols, 1e-6), 1e-5, 1e-5, "rms weighted");
-    rms_norm_rows(x.data(), nullptr, y.data(), rows, cols, 1e-6f);
+    rms_norm_rows(x.data(), DType::f32, nullptr, y.data(), DType::f32, rows, cols, 1e-6f);
     expect_close(y, rms_norm_ref(x, nullptr, rows, cols, 1e-6), 1e-5, 1e-5, "rms plain");
   }
 }
@@ -303,7 +326,7 @@ TEST(CpuRmsNorm, ManyRows) {
   const Vec x = random_vec(rows * cols, 10);
   const Vec w = random_vec(cols, 11);
   Vec y(x.size());
-  rms_norm_rows(x.data(), w.data(), y.data(), rows, cols, 1e-6f);
+  rms_norm_rows(x.data(), DType::f32, w.data(), y.data(), DType::f32, rows, cols, 1e-6f);
   expect_close(y, rms_norm_ref(x, w.data(), rows, cols, 1e-6), 1e-5, 1e-5, "rms many rows");
 }
 
@@ -452,8 +475,8 @@ TEST(CpuNorms, BitIdenticalAcrossThreadCounts) {
     const int saved = omp_get_max_threads();
     omp_set_num_threads(threads);
     std::vector<Vec> out(4, Vec(x.size()));
-    layer_norm_rows(x.data(), w.data(), b.data(), out[0].data(), rows, cols, 1e-6f);
-    rms_norm_rows(x.data(), w.data(), out[1].data(), rows, cols, 1e-6f);
+    layer_norm_rows(x.data(), DType::f32, w.data(), b.data(), out[0].data(), DType::f32, rows, cols, 1e-6f);
+    rms_norm_rows(x.data(), DType::f32, w.data(), out[1].data(), DType::f32, rows, cols, 1e-6f);
     softmax_rows(x.data(), out[2].data(), rows, cols);
     group_norm_nchw(x.data(), w.data(), b.data(), out[3].data(), 1, C, HW, 32, 1e-6f);
     omp_set_num_threads(saved);
@@ -470,7 +493,7 @@ TEST(CpuNorms, RunFromWorkerThread) {
   const Vec x = random_vec(rows * cols, 24);
   Vec y(x.size());
   std::thread worker(
-      [&] { layer_norm_rows(x.data(), nullptr, nullptr, y.data(), rows, cols, 1e-6f); });
+      [&] { layer_norm_rows(x.data(), DType::f32, nullptr, nullptr, y.data(), DType::f32, rows, cols, 1e-6f); });
   worker.join();
   expect_close(y, layer_norm_ref(x, nullptr, nullptr, rows, cols, 1e-6), 1e-5, 1e-5,
                "layer_norm on worker");

@@ -275,28 +275,52 @@ void for_rows(int64_t rows, int64_t elems_per_row, Fn fn) {
   for (int64_t r = 0; r < rows; ++r) fn(r);
 }
 
-void check_rows(const char* op, const float* x, const float* y, int64_t rows, int64_t cols) {
+// Runs row(x_row, y_row) on f32 rows: x's and y's own when both are f32; else a per-thread f32
+// copy of x's row (widened exactly) and an f32 row that is then rounded into y's row.
+template <class RowFn>
+void rows_in_f32(const void* x, DType x_type, void* y, DType y_type, int64_t rows, int64_t cols, RowFn row) {
+  if (x_type == DType::f32 && y_type == DType::f32) {
+    for_rows(rows, cols,
+             [&](int64_t r) { row(static_cast<const float*>(x) + r * cols, static_cast<float*>(y) + r * cols); });
+    return;
+  }
+  const size_t xs = dtype_size(x_type), ys = dtype_size(y_type);
+  for_rows(rows, cols, [&](int64_t r) {
+    thread_local std::vector<float> in, out;
+    in.resize(size_t(cols));
+    out.resize(size_t(cols));
+    const char* xr = static_cast<const char*>(x) + size_t(r * cols) * xs;
+    char* yr = static_cast<char*>(y) + size_t(r * cols) * ys;
+    const float* xf = x_type == DType::f32 ? reinterpret_cast<const float*>(xr) : in.data();
+    if (x_type != DType::f32) convert_to_f32(xr, x_type, in.data(), cols);
+    float* yf = y_type == DType::f32 ? reinterpret_cast<float*>(yr) : out.data();
+    row(xf, yf);
+    if (y_type != DType::f32) convert_from_f32(yf, yr, y_type, cols);
+  });
+}
+
+void check_rows(const char* op, const void* x, const void* y, int64_t rows, int64_t cols) {
   KILN_CHECK(rows >= 0 && cols >= 0, op, "negative shape: rows=", rows, " cols=", cols);
   KILN_CHECK(rows * cols == 0 || (x && y), op, "null input or output pointer");
 }
 
 }  // namespace
 
-void layer_norm_rows(const float* x, const float* w, const float* b, float* y, int64_t rows,
-                     int64_t cols, float eps) {
+void layer_norm_rows(const void* x, DType x_type, const float* w, const float* b, void* y, DType y_type,
+                     int64_t rows, int64_t cols, float eps) {
   check_rows("layer_norm", x, y, rows, cols);
   if (cols == 0) return;
   const size_t n = static_cast<size_t>(cols);
-  for_rows(rows, cols,
-           [&](int64_t r) { layer_norm_row(x + r * cols, w, b, y + r * cols, n, eps); });
+  rows_in_f32(x, x_type, y, y_type, rows, cols,
+              [&](const float* xr, float* yr) { layer_norm_row(xr, w, b, yr, n, eps); });
 }
 
-void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t cols,
+void rms_norm_rows(const void* x, DType x_type, const float* w, void* y, DType y_type, int64_t rows, int64_t cols,
                    float eps) {
   check_rows("rms_norm", x, y, rows, cols);
   if (cols == 0) return;
   const size_t n = static_cast<size_t>(cols);
-  for_rows(rows, cols, [&](int64_t r) { rms_norm_row(x + r * cols, w, y + r * cols, n, eps); });
+  rows_in_f32(x, x_type, y, y_type, rows, cols, [&](const float* xr, float* yr) { rms_norm_row(xr, w, yr, n, eps); });
 }
 
 void group_norm_nchw(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t C,

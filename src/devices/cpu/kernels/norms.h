@@ -10,12 +10,17 @@
 namespace kiln::cpu {
 
 // y = (x - mean) / sqrt(var + eps) * w + b over each row of `cols` (biased variance).
-// w, b may be nullptr (no scale / no shift). y may alias x.
-void layer_norm_rows(const float* x, const float* w, const float* b, float* y, int64_t rows,
-                     int64_t cols, float eps);
+// w, b may be nullptr (no scale / no shift). y may alias x. x and y are dense, f32 or a narrower
+// float dtype: a narrow row is widened (exactly) into a per-thread f32 row, normalised in f32 and
+// rounded once into y's row, so no whole-tensor f32 copy is made and the bits are those of the f32
+// kernel on the widened values.
+void layer_norm_rows(const void* x, DType x_type, const float* w, const float* b, void* y, DType y_type,
+                     int64_t rows, int64_t cols, float eps);
 
-// y = x * rsqrt(mean(x^2) + eps) * w over each row (w may be nullptr). y may alias x.
-void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t cols, float eps);
+// y = x * rsqrt(mean(x^2) + eps) * w over each row (w may be nullptr); y may alias x; dtypes as
+// layer_norm_rows.
+void rms_norm_rows(const void* x, DType x_type, const float* w, void* y, DType y_type, int64_t rows, int64_t cols,
+                   float eps);
 
 // How GroupNorm computes, by the activations' dtype.
 //  - f32: a group's sum, then its squared deviations from the group's mean (two reads of the

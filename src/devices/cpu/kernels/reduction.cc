@@ -119,10 +119,9 @@ void layer_norm_kernel(const KernelArgs& args) {
   params.reserve(2);
   const float* w = optional_param(args, 1, params);
   const float* b = optional_param(args, 2, params);
-  F32In in(x);
-  F32Out out(args.out);
   const int64_t c = x.shape.back();
-  layer_norm_rows(in.get(), w, b, out.get(), c ? x.numel() / c : 0, c, float(args.attrs->get_float("eps")));
+  layer_norm_rows(x.data, x.dtype, w, b, args.out.data, args.out.dtype, c ? x.numel() / c : 0, c,
+                  float(args.attrs->get_float("eps")));
 }
 
 void rms_norm_kernel(const KernelArgs& args) {
@@ -130,10 +129,9 @@ void rms_norm_kernel(const KernelArgs& args) {
   std::vector<F32In> params;
   params.reserve(1);
   const float* w = optional_param(args, 1, params);
-  F32In in(x);
-  F32Out out(args.out);
   const int64_t c = x.shape.back();
-  rms_norm_rows(in.get(), w, out.get(), c ? x.numel() / c : 0, c, float(args.attrs->get_float("eps")));
+  rms_norm_rows(x.data, x.dtype, w, args.out.data, args.out.dtype, c ? x.numel() / c : 0, c,
+                float(args.attrs->get_float("eps")));
 }
 
 void group_norm_kernel(const KernelArgs& args) {
