@@ -46,6 +46,29 @@ TEST(Views, ReshapeOfAnIncompatibleViewCopiesOnce) {
     for (int64_t j = 0; j < 4; ++j) EXPECT_EQ(fs[size_t(i * 4 + j)], xs[size_t(j * 6 + i)]);
 }
 
+// contiguous() of a permutation that moves the source's contiguous dim off the end (T5's
+// [L, L, H] position bias made [H, L, L]) copies in transposed blocks: every element lands where
+// the permutation puts it, for sizes that are no multiple of the blocks, in bf16 and f32, and for a
+// source that is itself a slice.
+TEST(Views, TransposingCopiesPutEveryElementInPlace) {
+  for (const DType dtype : {DType::bf16, DType::f32}) {
+    const Tensor x = test::random_tensor({2, 37, 70, 19}, 3, dtype);
+    const Tensor y = contiguous(permute(x, {0, 3, 1, 2}));  // [2, 19, 37, 70]
+    const Tensor s = contiguous(permute(slice(x, 3, 1, 18), {0, 3, 1, 2}));  // [2, 17, 37, 70]
+    const auto xs = to_vector(x), ys = to_vector(y), ss = to_vector(s);
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t h = 0; h < 19; ++h)
+        for (int64_t q = 0; q < 37; ++q)
+          for (int64_t k = 0; k < 70; ++k) {
+            const float v = xs[size_t(((b * 37 + q) * 70 + k) * 19 + h)];
+            ASSERT_EQ(ys[size_t(((b * 19 + h) * 37 + q) * 70 + k)], v) << dtype_name(dtype);
+            if (h >= 1 && h < 18) {
+              ASSERT_EQ(ss[size_t(((b * 17 + h - 1) * 37 + q) * 70 + k)], v) << dtype_name(dtype);
+            }
+          }
+  }
+}
+
 TEST(Errors, NameTheOpAndTheShapes) {
   const Tensor a = zeros({2, 3}), b = zeros({4, 5});
   test::expect_error([&] { matmul(a, b); }, {"[matmul] inner dims differ: [2,3] x [4,5]"});

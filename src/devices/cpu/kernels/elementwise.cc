@@ -1,5 +1,6 @@
 // Elementwise kernels: read strided, broadcast operands of any dtype into f32 tiles, apply
 // the op's f32 formula (elementwise_math.h), and round into the output dtype (tiles.h).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -34,6 +35,46 @@ void where_kernel(const KernelArgs& args) {
   run_tiles(args, [](const float* const* in, float* y, int64_t n) { where_f32(in[0], in[1], in[2], y, n); });
 }
 
+// n elements of type T (the dtype's bits) from every `stride`-th element of src into dst: a plain
+// load and store each, where a memcpy of a run-time size would be a call per element.
+template <class T>
+void copy_strided(const char* src, char* dst, int64_t n, int64_t stride) {
+  T* d = reinterpret_cast<T*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, src + i * stride * int64_t(sizeof(T)), sizeof(T));
+    d[i] = v;
+  }
+}
+
+// A transposing copy: the last outer dim (count rows, dst stride = the inner run) is contiguous in
+// src while the inner run is strided. Copied in blocks of kRowsPerBlock rows by kRunPerBlock
+// elements, reading each source run of the block's rows at once, so every source cache line is
+// used while it is in cache (row by row, each line would be fetched once per row it serves).
+template <class T>
+void copy_transposing(const char* s, char* d, const StridedLoop& loop, int64_t stride) {
+  constexpr int64_t kRowsPerBlock = 16, kRunPerBlock = 64;
+  const size_t last = loop.outer.size() - 1;
+  const int64_t rows = loop.outer[last], inner = loop.inner;
+  const int64_t planes = loop.outer_count() / rows, row_blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+#pragma omp parallel for schedule(static) if (planes * rows * inner >= kParallelMin)
+  for (int64_t t = 0; t < planes * row_blocks; ++t) {
+    const int64_t plane = t / row_blocks, r0 = (t % row_blocks) * kRowsPerBlock;
+    const int64_t r1 = std::min(rows, r0 + kRowsPerBlock);
+    const T* src = reinterpret_cast<const T*>(s) + loop.offset(0, plane * rows + r0);
+    T* dst = reinterpret_cast<T*>(d) + loop.offset(1, plane * rows + r0);
+    for (int64_t i0 = 0; i0 < inner; i0 += kRunPerBlock)
+      for (int64_t i = i0; i < std::min(inner, i0 + kRunPerBlock); ++i)
+        for (int64_t r = 0; r < r1 - r0; ++r) dst[r * inner + i] = src[i * stride + r];
+  }
+}
+
+// Whether copy_transposing applies: a strided inner run, and a last outer dim along which src is
+// contiguous (dst, dense, always is: its stride there is the inner run).
+bool transposes(const StridedLoop& loop, int64_t stride) {
+  return stride != 1 && !loop.outer.empty() && loop.outer_strides[0].back() == 1 && loop.outer.back() > 1;
+}
+
 // Copies a strided tensor into a dense one of the same dtype, bit for bit.
 void copy_kernel(const KernelArgs& args) {
   const TensorView &src = args.in[0], &dst = args.out;
@@ -42,12 +83,21 @@ void copy_kernel(const KernelArgs& args) {
   const char* s = static_cast<const char*>(src.data);
   char* d = static_cast<char*>(dst.data);
   const int64_t rows = loop.outer_count(), stride = loop.inner_stride[0];
+  if (transposes(loop, stride) && (es == 2 || es == 4)) {
+    return es == 2 ? copy_transposing<uint16_t>(s, d, loop, stride) : copy_transposing<uint32_t>(s, d, loop, stride);
+  }
 #pragma omp parallel for schedule(static) if (dst.numel() >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const char* sp = s + loop.offset(0, r) * int64_t(es);
     char* dp = d + loop.offset(1, r) * int64_t(es);
     if (stride == 1) {
       std::memcpy(dp, sp, size_t(loop.inner) * es);
+    } else if (es == 2) {
+      copy_strided<uint16_t>(sp, dp, loop.inner, stride);
+    } else if (es == 4) {
+      copy_strided<uint32_t>(sp, dp, loop.inner, stride);
+    } else if (es == 8) {
+      copy_strided<uint64_t>(sp, dp, loop.inner, stride);
     } else {
       for (int64_t i = 0; i < loop.inner; ++i) std::memcpy(dp + i * int64_t(es), sp + i * stride * int64_t(es), es);
     }
