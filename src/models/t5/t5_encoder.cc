@@ -115,8 +115,10 @@ Tensor T5EncoderModel::position_bias(int64_t length) const {
     for (int64_t k = 0; k < length; ++k)
       buckets[size_t(q * length + k)] = relative_position_bucket(k - q, config_.relative_attention_num_buckets,
                                                                  config_.relative_attention_max_distance);
-  const Tensor table = gather(relative_attention_bias_, from_ints(buckets, {length, length}));  // [L, L, H]
-  return contiguous(unsqueeze(permute(table, {2, 0, 1}), 0));                                   // [1, H, L, L]
+  // In f32 (the table's values exactly): attention reads an f32 mask in place, where a narrower
+  // one would be widened into a copy on every call.
+  const Tensor table = gather(cast(relative_attention_bias_, DType::f32), from_ints(buckets, {length, length}));
+  return contiguous(unsqueeze(permute(table, {2, 0, 1}), 0));  // [L, L, H] -> [1, H, L, L]
 }
 
 Tensor T5EncoderModel::feed_forward(const Block& b, const Tensor& x) const {

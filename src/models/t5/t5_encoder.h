@@ -59,7 +59,7 @@ class T5EncoderModel {
   // Bidirectional relative-position bucket of (query q, key k) for rel = k - q, computed as
   // transformers does (fp32 log branch).
   static int64_t relative_position_bucket(int64_t rel, int64_t num_buckets, int64_t max_distance);
-  // The additive score bias [1, H, L, L] for sequence length L (block 0's table).
+  // The additive score bias [1, H, L, L] for sequence length L (block 0's table), in f32.
   Tensor position_bias(int64_t length) const;
 
  private:
