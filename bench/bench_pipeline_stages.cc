@@ -4,8 +4,9 @@
 // (bench/peer_stage_times.py for Diffusers), on the same `kiln make-random` folder. With --profile
 // the second call is profiled (exec/profile.h) and each component's seconds per op are printed.
 // With --calls N (default 2) the call runs N times; the stages printed are the last call's, and
-// the best encode of the warm calls is printed too (the encode does not depend on SIZE, so a small
-// SIZE makes many calls cheap: the machine's noise then shows in the spread).
+// the best encode and the best step of the warm calls are printed too, with every one (the encode
+// does not depend on SIZE, so a small SIZE makes many calls cheap: the machine's noise then shows
+// in the spread).
 //
 //   build/bench/bench_pipeline_stages DIR SIZE [f32|bf16|auto] [--vae-tiling on|off|auto] [--vae-tile-size PIXELS]
 //                                     [--profile] [--calls N]
@@ -58,14 +59,18 @@ int main(int argc, char** argv) {
   }
   const FluxPipeline pipe = FluxPipeline::from_pretrained(argv[1], options);
   pipe(args);
-  std::vector<double> encodes;
-  for (int c = 2; c < calls; ++c) encodes.push_back(pipe(args).timings.encode);
+  std::vector<double> encodes, steps;
+  const auto keep = [&](const PipelineOutput& o) {
+    encodes.push_back(o.timings.encode);
+    steps.insert(steps.end(), o.timings.steps.begin(), o.timings.steps.end());
+  };
+  for (int c = 2; c < calls; ++c) keep(pipe(args));
   if (profile_ops) {
     reset_profile();
     set_profiling(true);
   }
   const PipelineOutput out = pipe(args);
-  encodes.push_back(out.timings.encode);
+  keep(out);
   if (profile_ops) {
     set_profiling(false);
     const Profile p = profile();
@@ -89,6 +94,9 @@ int main(int argc, char** argv) {
     std::printf("encode of the %zu warm calls: best %.3f s, all", encodes.size(),
                 *std::min_element(encodes.begin(), encodes.end()));
     for (const double e : encodes) std::printf(" %.3f", e);
+    std::printf("\nsteps of the %zu warm calls: best %.3f s, all", encodes.size(),
+                *std::min_element(steps.begin(), steps.end()));
+    for (const double e : steps) std::printf(" %.3f", e);
     std::printf("\n");
   }
   return 0;
