@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -81,35 +80,33 @@ struct Shape {
 // scratch cost more than the pass.)
 class XOperand {
  public:
-  XOperand(const uint16_t* x, const Shape& s) : s_(s) {
-    const int64_t kp = s.k_steps * kStep;
-    const bool in_place = kp == s.K;
-    const int64_t full = in_place ? s.M / kRows : 0;  // row blocks read in place
-    copy_ = std::make_unique<CallScratch>(kOp, size_t((s.row_blocks - full) * kRows * kp) * 2);
-    x_ = x;
-    ld_ = in_place ? s.K : kp;
-    full_ = full;
-    uint16_t* c = copy_->as<uint16_t>();
-    const int64_t rows = (s.row_blocks - full) * kRows;
-#pragma omp parallel for schedule(static) if (rows * kp > (int64_t(1) << 16))
+  XOperand(const uint16_t* x, const Shape& s)
+      : x_(x),
+        K_(s.K),
+        ld_(s.k_steps * kStep),
+        full_(ld_ == s.K ? s.M / kRows : 0),  // row blocks read in place
+        copy_(kOp, size_t((s.row_blocks - full_) * kRows * ld_) * 2) {
+    uint16_t* c = copy_.as<uint16_t>();
+    const int64_t rows = (s.row_blocks - full_) * kRows;
+#pragma omp parallel for schedule(static) if (rows * ld_ > (int64_t(1) << 16))
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t row = full * kRows + r, n = row < s.M ? s.K : 0;
-      if (n > 0) std::memcpy(c + r * kp, x + row * s.K, size_t(n) * 2);
-      std::memset(c + r * kp + n, 0, size_t(kp - n) * 2);
+      const int64_t row = full_ * kRows + r, n = row < s.M ? s.K : 0;
+      if (n > 0) std::memcpy(c + r * ld_, x + row * s.K, size_t(n) * 2);
+      std::memset(c + r * ld_ + n, 0, size_t(ld_ - n) * 2);
     }
   }
   // Row 0 of row block b, k = 0.
   const uint16_t* block(int64_t b) const {
-    return b < full_ ? x_ + b * kRows * s_.K : copy_->as<uint16_t>() + (b - full_) * kRows * ld_;
+    return b < full_ ? x_ + b * kRows * K_ : copy_.as<uint16_t>() + (b - full_) * kRows * ld_;
   }
-  // Elements between the rows of block b.
-  int64_t ld(int64_t b) const { return b < full_ ? s_.K : ld_; }
+  // Elements between rows: K where x is read in place (K is then a multiple of 32), the padded K
+  // in the copy.
+  int64_t ld() const { return ld_; }
 
  private:
-  const Shape& s_;
-  const uint16_t* x_ = nullptr;
-  int64_t ld_ = 0, full_ = 0;
-  std::unique_ptr<CallScratch> copy_;
+  const uint16_t* x_;
+  int64_t K_, ld_, full_;
+  CallScratch copy_;
 };
 
 // Transposes a 16x16 matrix of 32-bit elements held in 16 registers, in place. (The maskz forms
@@ -213,6 +210,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void run_share(const XOpera
   }
   _tile_loadconfig(&cfg);
   constexpr int64_t ldc = kGroupCols * int64_t(sizeof(float));
+  const int64_t lda = xa.ld() * 2;  // bytes
   for (int64_t g0 = p0; g0 < p1; g0 += kGroupPanels) {
     const int64_t g1 = std::min(p1, g0 + kGroupPanels), group = g1 - g0;
     for (int64_t ch = 0; ch < s.chunks; ++ch) {
@@ -223,9 +221,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void run_share(const XOpera
       const int64_t lines = steps * kRows, per_step = (lines + group * steps - 1) / (group * steps);
       for (int64_t b = b0; b < b1; ++b) {
         const uint16_t* a0 = xa.block(b) + st0 * kStep;
-        const int64_t lda = xa.ld(b) * 2;  // bytes
         const char* next = b + 1 < b1 ? reinterpret_cast<const char*>(xa.block(b + 1) + st0 * kStep) : nullptr;
-        const int64_t next_lda = b + 1 < b1 ? xa.ld(b + 1) * 2 : 0;
         for (int64_t q = 0; q < group; ++q) {
           float* c = acc + (b - b0) * kRows * kGroupCols + q * kCols;
           if (ch == 0) {
@@ -245,7 +241,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void run_share(const XOpera
             if (next) {
               const int64_t line = (q * steps + t) * per_step;
               for (int64_t l = line; l < std::min(lines, line + per_step); ++l)
-                _mm_prefetch(next + (l % kRows) * next_lda + (l / kRows) * 64, _MM_HINT_T1);
+                _mm_prefetch(next + (l % kRows) * lda + (l / kRows) * 64, _MM_HINT_T1);
             }
             _tile_loadd(4, a, lda);
             _tile_loadd(5, a + 16 * (lda / 2), lda);

@@ -69,6 +69,17 @@ void copy_transposing(const char* s, char* d, const StridedLoop& loop, int64_t s
   }
 }
 
+// Calls f(T()) with T the unsigned integer of `bytes` bytes (2, 4 or 8); false for other sizes.
+template <class F>
+bool with_bits_type(size_t bytes, F&& f) {
+  switch (bytes) {
+    case 2: f(uint16_t()); return true;
+    case 4: f(uint32_t()); return true;
+    case 8: f(uint64_t()); return true;
+    default: return false;
+  }
+}
+
 // Whether copy_transposing applies: a strided inner run, and a last outer dim along which src is
 // contiguous (dst, dense, always is: its stride there is the inner run).
 bool transposes(const StridedLoop& loop, int64_t stride) {
@@ -83,8 +94,9 @@ void copy_kernel(const KernelArgs& args) {
   const char* s = static_cast<const char*>(src.data);
   char* d = static_cast<char*>(dst.data);
   const int64_t rows = loop.outer_count(), stride = loop.inner_stride[0];
-  if (transposes(loop, stride) && (es == 2 || es == 4)) {
-    return es == 2 ? copy_transposing<uint16_t>(s, d, loop, stride) : copy_transposing<uint32_t>(s, d, loop, stride);
+  if (transposes(loop, stride) &&
+      with_bits_type(es, [&](auto t) { copy_transposing<decltype(t)>(s, d, loop, stride); })) {
+    return;
   }
 #pragma omp parallel for schedule(static) if (dst.numel() >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
@@ -92,13 +104,7 @@ void copy_kernel(const KernelArgs& args) {
     char* dp = d + loop.offset(1, r) * int64_t(es);
     if (stride == 1) {
       std::memcpy(dp, sp, size_t(loop.inner) * es);
-    } else if (es == 2) {
-      copy_strided<uint16_t>(sp, dp, loop.inner, stride);
-    } else if (es == 4) {
-      copy_strided<uint32_t>(sp, dp, loop.inner, stride);
-    } else if (es == 8) {
-      copy_strided<uint64_t>(sp, dp, loop.inner, stride);
-    } else {
+    } else if (!with_bits_type(es, [&](auto t) { copy_strided<decltype(t)>(sp, dp, loop.inner, stride); })) {
       for (int64_t i = 0; i < loop.inner; ++i) std::memcpy(dp + i * int64_t(es), sp + i * stride * int64_t(es), es);
     }
   }

@@ -12,9 +12,9 @@
 
 #include "core/buffer.h"
 #include "core/error.h"
-#include "devices/cpu/kernels/call_scratch.h"
 #include "core/env.h"
 #include "devices/cpu/kernels/amx_gemm.h"
+#include "devices/cpu/kernels/call_scratch.h"
 #include "devices/cpu/kernels/dequantize.h"
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemm.h"

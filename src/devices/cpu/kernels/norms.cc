@@ -275,25 +275,22 @@ void for_rows(int64_t rows, int64_t elems_per_row, Fn fn) {
   for (int64_t r = 0; r < rows; ++r) fn(r);
 }
 
-// Runs row(x_row, y_row) on f32 rows: x's and y's own when both are f32; else a per-thread f32
-// copy of x's row (widened exactly) and an f32 row that is then rounded into y's row.
+// Runs row(x_row, y_row) on f32 rows: x's and y's own where they are f32; else a per-thread f32
+// copy of x's row (widened exactly), and an f32 row then rounded into y's row.
 template <class RowFn>
 void rows_in_f32(const void* x, DType x_type, void* y, DType y_type, int64_t rows, int64_t cols, RowFn row) {
-  if (x_type == DType::f32 && y_type == DType::f32) {
-    for_rows(rows, cols,
-             [&](int64_t r) { row(static_cast<const float*>(x) + r * cols, static_cast<float*>(y) + r * cols); });
-    return;
-  }
   const size_t xs = dtype_size(x_type), ys = dtype_size(y_type);
   for_rows(rows, cols, [&](int64_t r) {
     thread_local std::vector<float> in, out;
-    in.resize(size_t(cols));
-    out.resize(size_t(cols));
     const char* xr = static_cast<const char*>(x) + size_t(r * cols) * xs;
     char* yr = static_cast<char*>(y) + size_t(r * cols) * ys;
-    const float* xf = x_type == DType::f32 ? reinterpret_cast<const float*>(xr) : in.data();
-    if (x_type != DType::f32) convert_to_f32(xr, x_type, in.data(), cols);
-    float* yf = y_type == DType::f32 ? reinterpret_cast<float*>(yr) : out.data();
+    const float* xf = reinterpret_cast<const float*>(xr);
+    if (x_type != DType::f32) {
+      in.resize(size_t(cols));
+      convert_to_f32(xr, x_type, in.data(), cols);
+      xf = in.data();
+    }
+    float* yf = y_type == DType::f32 ? reinterpret_cast<float*>(yr) : (out.resize(size_t(cols)), out.data());
     row(xf, yf);
     if (y_type != DType::f32) convert_from_f32(yf, yr, y_type, cols);
   });
