@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/terminal.h"
 #include "io/png.h"
 
 namespace kiln::cli {
@@ -34,10 +35,11 @@ int compare(const std::vector<std::string>& args) {
     worst = std::max(worst, d);
     differ += d != 0;
   }
-  std::printf("%s vs %s (%lldx%lld): largest difference %d of 255, %zu of %zu channel values differ; %s (tolerance %lld)\n",
-              files[0].c_str(), files[1].c_str(), static_cast<long long>(a.height), static_cast<long long>(a.width),
-              worst, differ, a.rgb.size(), worst <= tolerance ? "same" : "DIFFERENT",
-              static_cast<long long>(tolerance));
+  print_line(stdout,
+             "%s vs %s (%lldx%lld): largest difference %d of 255, %zu of %zu channel values differ; %s (tolerance %lld)",
+             files[0].c_str(), files[1].c_str(), static_cast<long long>(a.height), static_cast<long long>(a.width),
+             worst, differ, a.rgb.size(), worst <= tolerance ? "same" : "DIFFERENT",
+             static_cast<long long>(tolerance));
   return worst <= tolerance ? 0 : 1;
 }
 

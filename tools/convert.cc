@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/terminal.h"
 #include "exec/host.h"
 #include "io/gguf_writer.h"
 #include "io/json_config.h"
@@ -91,7 +92,7 @@ int convert(const std::vector<std::string>& args) {
   const fs::path dir = io::resolve_model_folder(model);
   const TransformerClass& cls = transformer_class(dir);
   const auto per = options.component_dtype.find("transformer");
-  std::fprintf(stderr, "kiln: loading %s/transformer quantized to %s\n", model.c_str(), dtype_name(type));
+  print_line(stderr, "kiln: loading %s/transformer quantized to %s", model.c_str(), dtype_name(type));
   // Built as a pipeline builds it under --quantize; only this component is loaded.
   const nn::ComponentLoad quantizing(nullptr, type);
   const nn::NamedParameters params =
@@ -116,8 +117,8 @@ int convert(const std::vector<std::string>& args) {
   }
   size_t quantized = 0;
   for (const auto& [key, t] : params) quantized += t.dtype() == type ? 1 : 0;
-  std::fprintf(stderr, "kiln: wrote %s: %zu tensors (%zu in %s), %.2f GB\n", out.string().c_str(), params.size(),
-               quantized, dtype_name(type), double(bytes) / 1e9);
+  print_line(stderr, "kiln: wrote %s: %zu tensors (%zu in %s), %.2f GB", out.string().c_str(), params.size(),
+             quantized, dtype_name(type), double(bytes) / 1e9);
   return 0;
 }
 

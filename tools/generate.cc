@@ -13,6 +13,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/terminal.h"
 #include "devices/runtime.h"
 #include "distributed/process_group.h"
 #include "distributed/tensor_parallel.h"
@@ -333,10 +334,10 @@ int generate(const std::vector<std::string>& args) {
   pipe_options.quantize = o.dtypes.quantize;
   pipe_options.component_files = o.dtypes.component_files;
   const auto warn = [writer](const std::string& w) {
-    if (writer) std::fprintf(stderr, "kiln: warning: %s\n", w.c_str());
+    if (writer) print_line(stderr, "kiln: warning: %s", w.c_str());
   };
   pipe_options.on_warning = warn;
-  if (writer) std::fprintf(stderr, "kiln: loading %s\n", o.model.c_str());
+  if (writer) print_line(stderr, "kiln: loading %s", o.model.c_str());
   const std::unique_ptr<DiffusionPipeline> loaded = DiffusionPipeline::from_pretrained(o.model, pipe_options);
   DiffusionPipeline& pipe = *loaded;
   if (writer) std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe.load_seconds());
@@ -376,7 +377,7 @@ int generate(const std::vector<std::string>& args) {
   world->all_gather(&mine, ranks.data(), sizeof(RankFigures));
   if (!writer) return 0;
   io::write_png(o.out, result.image.data(), result.height, result.width, meta);
-  std::fprintf(stderr, "kiln: wrote %s (%lldx%lld, %lld steps, %.2f s)\n", o.out.c_str(),
+  print_line(stderr, "kiln: wrote %s (%lldx%lld, %lld steps, %.2f s)", o.out.c_str(),
                static_cast<long long>(result.height), static_cast<long long>(result.width),
                static_cast<long long>(o.call.num_inference_steps), result.timings.total + pipe.load_seconds());
 

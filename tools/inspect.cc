@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "report.h"
 #include "core/error.h"
+#include "core/terminal.h"
 #include "devices/runtime.h"
 #include "io/json_config.h"
 #include "io/model_folder.h"
@@ -77,14 +78,15 @@ int inspect(const std::vector<std::string>& args) {
   const auto t0 = std::chrono::steady_clock::now();
   io::reset_bytes_read();
   nlohmann::json report_components = nlohmann::json::array();
-  std::printf("%s\n", opt.model.c_str());
+  // Names and classes come from model_index.json: escaped on their way out (core/terminal.h).
+  print_line(stdout, "%s", opt.model.c_str());
   for (const auto& [name, cls] : components(opt.model)) {
     const fs::path dir = opt.model / name;
     KILN_CHECK(fs::is_directory(dir), "inspect", "component '", name, "' (", cls, ") is listed in ",
                opt.model / "model_index.json", " but its folder ", dir, " is missing");
     nlohmann::json entry{{"name", name}, {"class", cls}};
     if (!has_weights(dir)) {
-      std::printf("  %-16s %-28s (no weights)\n", name.c_str(), cls.c_str());
+      print_line(stdout, "  %-16s %-28s (no weights)", name.c_str(), cls.c_str());
       report_components.push_back(entry);
       continue;
     }
@@ -98,8 +100,8 @@ int inspect(const std::vector<std::string>& args) {
     }
     std::string dtypes;
     for (const auto& [d, b] : bytes_by_dtype) dtypes += (dtypes.empty() ? "" : ", ") + d + " " + std::to_string(b) + " B";
-    std::printf("  %-16s %-28s %5zu tensors %10lld params  (%s)\n", name.c_str(), cls.c_str(), weights.names().size(),
-                static_cast<long long>(params), dtypes.c_str());
+    print_line(stdout, "  %-16s %-28s %5zu tensors %10lld params  (%s)", name.c_str(), cls.c_str(),
+               weights.names().size(), static_cast<long long>(params), dtypes.c_str());
     entry["tensors"] = weights.names().size();
     entry["parameters"] = params;
     entry["bytes_by_dtype"] = bytes_by_dtype;

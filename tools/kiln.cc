@@ -8,6 +8,7 @@
 #include "core/env.h"
 #include "help.h"
 #include "core/error.h"
+#include "core/terminal.h"
 #include "distributed/process_group.h"
 
 namespace {
@@ -44,8 +45,8 @@ int main(int argc, char** argv) {
     // Every KILN_* variable is checked before any work: a bad value is an error, an unknown name
     // (a typo, most likely) a warning.
     for (const std::string& name : kiln::env::check_all())
-      std::fprintf(stderr, "kiln: warning: %s is not a kiln environment variable (see kiln --help); ignored\n",
-                   name.c_str());
+      kiln::print_line(stderr, "kiln: warning: %s is not a kiln environment variable (see kiln --help); ignored",
+                       name.c_str());
     if (command == "inspect") return kiln::cli::inspect(args);
     if (command == "generate") return kiln::cli::generate(args);
     if (command == "warmup") return kiln::cli::warmup(args);
@@ -53,14 +54,16 @@ int main(int argc, char** argv) {
     if (command == "make-random") return kiln::cli::make_random(args);
     if (command == "convert") return kiln::cli::convert(args);
     if (command == "serve") return kiln::cli::serve(args);
-    std::fprintf(stderr, "kiln: unknown command '%s' (see kiln --help)\n", command.c_str());
+    kiln::print_line(stderr, "kiln: unknown command '%s' (see kiln --help)", command.c_str());
     return 2;
   } catch (const kiln::Error& e) {
-    std::fprintf(stderr, "kiln: %s\n", e.what());
+    // What reaches the terminal is escaped (core/terminal.h): a checkpoint's names cannot
+    // recolour it or forge lines.
+    kiln::print_lines(stderr, "kiln: ", e.what());
     abort_other_ranks();
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "kiln: internal error: %s\n", e.what());
+    kiln::print_line(stderr, "kiln: internal error: %s", e.what());
     abort_other_ranks();
     return 1;
   }

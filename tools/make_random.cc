@@ -16,6 +16,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/terminal.h"
 #include "models/random/flux1_random_folder.h"
 #include "models/random/flux2_random_folder.h"
 #include "models/random/sd3_random_folder.h"
@@ -157,8 +158,9 @@ int make_random(const std::vector<std::string>& args) {
   std::string what, note;  // "(...)" of the first line; a line after it
   progress.starting = [&](const rw::WrittenComponent&) {  // the folder passed every check
     if (std::exchange(started, true)) return;
-    std::printf("kiln: writing a random %s folder (%s, %s, seed %llu) to %s\n%s", like->c_str(), what.c_str(),
-                dtype_name(dtype), static_cast<unsigned long long>(seed), dir->c_str(), note.c_str());
+    print_line(stdout, "kiln: writing a random %s folder (%s, %s, seed %llu) to %s", like->c_str(), what.c_str(),
+               dtype_name(dtype), static_cast<unsigned long long>(seed), dir->c_str());
+    std::fputs(note.c_str(), stdout);
     std::fflush(stdout);
   };
   progress.written = print_component;
@@ -214,7 +216,7 @@ int make_random(const std::vector<std::string>& args) {
   for (const rw::WrittenComponent& c : folder.components) tensors += c.tensors;
   std::printf("  %-15s %14s %27s %17s bytes (%s)  configs, scheduler, tokenizers\n", "other", "", "",
               grouped(folder.other_bytes).c_str(), gib(folder.other_bytes).c_str());
-  std::printf("kiln: wrote %s: %lld tensors, %s parameters, %s bytes (%s) in %.1f s\n", dir->c_str(),
+  print_line(stdout, "kiln: wrote %s: %lld tensors, %s parameters, %s bytes (%s) in %.1f s", dir->c_str(),
               static_cast<long long>(tensors), grouped(uint64_t(folder.total_parameters())).c_str(),
               grouped(folder.total_bytes()).c_str(), gib(folder.total_bytes()).c_str(), seconds);
   return 0;

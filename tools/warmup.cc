@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/terminal.h"
 #include "exec/compile.h"
 #include "exec/executable_store.h"
 #include "io/output_file.h"
@@ -95,7 +96,7 @@ int warmup(const std::vector<std::string>& args) {
                  static_cast<unsigned long long>(after.disk_hits - before.disk_hits),
                  static_cast<unsigned long long>(after.shared_hits - before.shared_hits), seconds);
   }
-  std::fprintf(stderr, "kiln: compile cache: %s\n", dir.empty() ? "(off)" : dir.c_str());
+  print_line(stderr, "kiln: compile cache: %s", dir.empty() ? "(off)" : dir.c_str());
   if (!report.empty()) {
     nlohmann::json inputs{{"command", "warmup"}, {"model", model.string()}, {"sizes", sizes_text},
                           {"compile", compile}, {"max_sequence_length", max_sequence_length ? nlohmann::json(max_sequence_length) : nlohmann::json()}};

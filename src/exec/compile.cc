@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/terminal.h"
 #include "exec/capture.h"
 #include "exec/deferred.h"
 #include "exec/dispatch.h"
@@ -54,7 +55,7 @@ std::shared_ptr<const CompiledGraph> executable_for(Graph canonical, CompileEven
     std::string rejected;
     compiled = load_executable(dir, canonical, &rejected);
     if (!rejected.empty()) {
-      std::fprintf(stderr, "kiln: warning: ignoring compile cache entry %s; compiling instead\n", rejected.c_str());
+      print_line(stderr, "kiln: warning: ignoring compile cache entry %s; compiling instead", rejected.c_str());
       std::lock_guard<std::mutex> lock(g_mu);
       ++stats_locked().disk_rejects;
     }
@@ -67,7 +68,7 @@ std::shared_ptr<const CompiledGraph> executable_for(Graph canonical, CompileEven
     ev.source = "compiled";
     if (!dir.empty()) {
       const std::string err = store_executable(dir, *compiled);
-      if (!err.empty()) std::fprintf(stderr, "kiln: warning: compile cache not written: %s\n", err.c_str());
+      if (!err.empty()) print_line(stderr, "kiln: warning: compile cache not written: %s", err.c_str());
       wrote = err.empty();
     }
   }

@@ -84,32 +84,33 @@ void validate_fused_program(const FusedProgram& program, size_t num_inputs) {
     const FusedInstr& in = ins[i];
     const int kind = int(in.kind);
     KILN_CHECK(kind >= int(Kind::load) && kind <= int(Kind::iota), "fused", "instr %", i, " has unknown kind ", kind,
-               "\n", program.describe());
+               "\n", Lines{program.describe()});
     if (in.kind == Kind::load)
       KILN_CHECK(in.input >= 0 && size_t(in.input) < num_inputs, "fused", "instr %", i, " loads input ", in.input,
-                 " but the kernel has ", num_inputs, " inputs\n", program.describe());
+                 " but the kernel has ", num_inputs, " inputs\n", Lines{program.describe()});
     if (in.kind == Kind::iota)
       KILN_CHECK(in.count >= 0 && std::isfinite(in.start) && std::isfinite(in.step), "fused", "instr %", i,
-                 " is an iota of ", in.count, " elements from ", in.start, " by ", in.step, "\n", program.describe());
+                 " is an iota of ", in.count, " elements from ", in.start, " by ", in.step, "\n",
+                 Lines{program.describe()});
     if (in.kind == Kind::unary)
       KILN_CHECK(int(in.unary) >= 0 && in.unary <= UnaryOp::clamp, "fused", "instr %", i, " has unknown unary op ",
-                 int(in.unary), "\n", program.describe());
+                 int(in.unary), "\n", Lines{program.describe()});
     if (in.kind == Kind::binary)
       KILN_CHECK(int(in.binary) >= 0 && in.binary <= BinaryOp::ge, "fused", "instr %", i, " has unknown binary op ",
-                 int(in.binary), "\n", program.describe());
+                 int(in.binary), "\n", Lines{program.describe()});
     if (in.kind == Kind::round)
       KILN_CHECK(in.dtype <= DType::boolean, "fused", "instr %", i, " rounds to unknown dtype ",
-                 int(in.dtype), "\n", program.describe());
+                 int(in.dtype), "\n", Lines{program.describe()});
     const std::array<int, 3> ops = in.operands();
     for (int k = 0; k < in.arity(); ++k) {
       const int r = ops[size_t(k)];
       // Registers must be written before they are read: a program is a straight-line schedule.
       KILN_CHECK(r >= 0 && size_t(r) < i, "fused", "instr %", i, " (", kind_name(in.kind), ") reads register ", r,
-                 ", which is not an earlier instruction\n", program.describe());
+                 ", which is not an earlier instruction\n", Lines{program.describe()});
     }
   }
   KILN_CHECK(program.result >= 0 && size_t(program.result) < ins.size(), "fused", "result register ", program.result,
-             " is not an instruction of the program (", ins.size(), " instrs)\n", program.describe());
+             " is not an instruction of the program (", ins.size(), " instrs)\n", Lines{program.describe()});
 }
 
 std::vector<int> live_instructions(const FusedProgram& program) {

@@ -424,8 +424,8 @@ const SafetensorsFile& SafetensorsIndex::shard_for(const std::string& name) cons
     try {
       slot = std::make_unique<SafetensorsFile>(shard_paths_.at(it->second));
     } catch (const Error& e) {
-      throw Error(std::string(e.what()) + " (shard '" + it->second + "' listed in " +
-                  path_.string() + ")");
+      throw Error(std::string(e.what()) + " (shard '" + escape_controls(it->second) + "' listed in " +
+                  escape_controls(path_.string()) + ")");  // values escaped as format_error does
     }
   }
   if (!slot->contains(name))

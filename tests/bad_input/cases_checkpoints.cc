@@ -2,6 +2,7 @@
 // KILN_* environment.
 #include <algorithm>
 #include <cctype>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -94,6 +95,37 @@ void add_checkpoint_cases(Corpus& corpus) {
         1, "checkpoints/unused-tensor-strict", corpus.generate(m, {"--strict"}),
         {"[weights] transformer does not use these checkpoint tensors", "'extra.weight'", "--strict refuses them"}, {},
         {"wrote "}));
+  }
+
+  // Terminal escapes in what a checkpoint holds reach the terminal escaped (core/terminal.h), in
+  // a warning and in an error alike: a tensor named with an ESC colour sequence and a newline
+  // that would forge a "wrote" line, and a merges.txt line holding a title-setting OSC sequence.
+  {
+    const fs::path m =
+        corpus.sparse_copy("checkpoints_escape_tensor", {"transformer/diffusion_pytorch_model.safetensors"});
+    auto [header, data] = Corpus::read_safetensors(transformer_file(m));
+    header["\x1b[31mred\nkiln: wrote forged.png"] = {
+        {"dtype", "F32"},
+        {"shape", nlohmann::json::array({2})},
+        {"data_offsets", nlohmann::json::array({data.size(), data.size() + 8})}};
+    Corpus::rewrite_safetensors(transformer_file(m), header, data + std::string(8, '\0'));
+    const fs::path written = corpus.scratch() / "checkpoints_written";
+    fs::create_directories(written);
+    const std::string png = (written / "escape_tensor.png").string();
+    const std::string shown = "'\\x1b[31mred\\x0akiln: wrote forged.png' (1 tensor)";
+    corpus.add(expecting(0, "checkpoints/escape-sequence-in-tensor-name-warning", corpus.generate(m, {"--out", png}),
+                         {"warning: transformer does not use these checkpoint tensors", shown, "wrote " + png}, {},
+                         {"\x1b", "\nkiln: wrote forged.png"}));
+    corpus.add(expecting(1, "checkpoints/escape-sequence-in-tensor-name-strict", corpus.generate(m, {"--strict"}),
+                         {"[weights] transformer does not use these checkpoint tensors", shown},
+                         {}, {"\x1b", "\nkiln: wrote forged.png", "kiln: wrote /"}));
+  }
+  {
+    const fs::path m = corpus.sparse_copy("checkpoints_escape_merges", {"tokenizer/merges.txt"});
+    std::ofstream(m / "tokenizer" / "merges.txt", std::ios::app) << "a b \x1b]0;pwned\x07\n";
+    corpus.add(expecting(1, "checkpoints/escape-sequence-in-merges-line", corpus.generate(m),
+                         {"[tokenizer]", "merges.txt: line", "is not a merge 'left right': 'a b \\x1b]0;pwned\\x07'"},
+                         {}, {"\x1b", "\x07"}));
   }
 
   // model_index.json naming classes kiln's FluxPipeline does not implement.

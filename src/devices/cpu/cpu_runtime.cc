@@ -7,6 +7,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/terminal.h"
 #include "devices/cpu/allocator.h"
 #include "devices/cpu/cpu_runtime.h"
 #include "devices/cpu/kernels/conv2d.h"
@@ -167,7 +168,7 @@ DeviceRuntime& runtime_of(int index) {
       try {
         rt->wait_for(rt->last_enqueued());
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "kiln: warning: queued work failed at exit: %s\n", e.what());
+        print_line(stderr, "kiln: warning: queued work failed at exit: %s", e.what());
       }
     });
     return r;

@@ -80,7 +80,7 @@ CompiledCode nvrtc_compile(const std::string& name, const std::string& source, i
     nvrtc().GetProgramLogSize(prog, &log_size);
     std::string log(log_size, '\0');
     if (log_size) nvrtc().GetProgramLog(prog, log.data());
-    fail("nvrtc", name, ": ", nvrtc().GetErrorString(compiled), "\n", log);
+    fail("nvrtc", name, ": ", nvrtc().GetErrorString(compiled), "\n", Lines{log.c_str()});
   }
   std::vector<char> bytes;
   size_t size = 0;
