@@ -250,6 +250,14 @@ TEST_F(Cli, ConvertWritesTheTransformerThatQuantizingAtLoadHolds) {
     ASSERT_EQ(g.exit_code, 0) << g.output;
     EXPECT_EQ(io::read_png(png).rgb, io::read_png(want).rgb) << layout;
   }
+  // The file's Q8_0 is not requantized to another type: refused before loading, no PNG.
+  const fs::path requantized = dir_ / "requantized.png";
+  const CliRun r = kiln_cli(call + " --transformer " + (dir_ / "diffusers.gguf").string() +
+                            " --quantize q4_0 --out " + requantized.string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--quantize q4_0 for transformer"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("already stores weights quantized as q8_0"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(requantized));
   const fs::path bad = dir_ / "bad.gguf";
   const CliRun b = kiln_cli("convert --model " + model + " --out " + bad.string());
   EXPECT_NE(b.exit_code, 0);

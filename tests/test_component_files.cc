@@ -103,6 +103,35 @@ TEST_F(ComponentFiles, OriginalLayoutGgufTransformerGivesTheImageOfQuantizingAtL
   EXPECT_EQ(FluxPipeline::from_pretrained(folder, from_file)(call()).image, quantized(call()).image);
 }
 
+// --quantize q4_0 with a Q8_0 GGUF transformer: refused before loading, naming both types (its
+// linears would stay Q8_0 under a report saying q4_0); --quantize q8_0, the file's own type, loads.
+TEST_F(ComponentFiles, QuantizingAnAlreadyQuantizedFileIsRefused) {
+  const fs::path folder = test::pipeline_dir(kSet), file = dir_ / "transformer-q8_0.gguf";
+  PipelineOptions o;
+  o.quantize["transformer"] = DType::q8_0;
+  {
+    const FluxPipeline quantized = FluxPipeline::from_pretrained(folder, o);
+    std::vector<std::pair<std::string, Tensor>> tensors(quantized.transformer_parameters().begin(),
+                                                        quantized.transformer_parameters().end());
+    io::write_gguf(file, {}, tensors);
+  }
+  o.component_files["transformer"] = file;
+  o.quantize["transformer"] = DType::q4_0;
+  test::expect_error([&] { (void)FluxPipeline::from_pretrained(folder, o); },
+                     {"[pipeline] --quantize q4_0 for transformer", "transformer-q8_0.gguf",
+                      "already stores weights quantized as q8_0", "does not requantize",
+                      "leave --quantize out to run the file's q8_0"});
+  o.quantize["transformer"] = DType::q8_0;
+  const FluxPipeline same = FluxPipeline::from_pretrained(folder, o);
+  size_t q8 = 0, q4 = 0;
+  for (const auto& [key, t] : same.transformer_parameters()) {
+    q8 += t.dtype() == DType::q8_0;
+    q4 += t.dtype() == DType::q4_0;
+  }
+  EXPECT_GT(q8, 0u);
+  EXPECT_EQ(q4, 0u);
+}
+
 TEST_F(ComponentFiles, AMissingFileOrAnUnknownComponentIsRefusedBeforeLoading) {
   PipelineOptions o;
   o.component_files["transformer"] = dir_ / "nope.gguf";

@@ -16,6 +16,21 @@ fs::path checked_folder(const fs::path& model) {
   return io::resolve_model_folder(model);  // a hub cache repo folder: its snapshot
 }
 
+// --quantize TYPE with a checkpoint file (--transformer FILE) that stores weights quantized in
+// another type: refused, naming both, rather than keeping the file's type under a report and a
+// message that say TYPE. kiln does not requantize, as llama.cpp's quantize refuses to without
+// --allow-requantize: Q8_0's rounding and then Q4_0's on top lose more than quantizing the float
+// weights once. The file's own type is allowed (nothing to do, its float tensors quantized to it).
+void check_not_requantized(const std::string& component, const fs::path& file, DType want) {
+  const std::shared_ptr<const nn::WeightSource> source = nn::open_checkpoint(file);
+  for (const std::string& key : source->names())
+    if (const std::optional<DType> t = source->stored_dtype(key); t && is_storage_only(*t) && *t != want)
+      fail("pipeline", "--quantize ", dtype_name(want), " for ", component, ": its checkpoint file ", file.string(),
+           " already stores weights quantized as ", dtype_name(*t), " (tensor '", key,
+           "'), and kiln does not requantize them; leave --quantize out to run the file's ", dtype_name(*t),
+           ", or quantize the float checkpoint instead (kiln convert --quantize ", dtype_name(want), ")");
+}
+
 // The class an index entry names ([library, class]); "" for [null, null].
 std::string entry_class(const nlohmann::json& entry) {
   if (entry.is_array() && entry.size() == 2 && entry[1].is_null()) return "";
@@ -81,6 +96,9 @@ PipelineLoader::PipelineLoader(const fs::path& model, const PipelineOptions& opt
     KILN_CHECK(fs::is_regular_file(file), "pipeline", "checkpoint file for ", name, " (", file.string(),
                ") does not exist");
   }
+  for (const auto& [name, type] : options.quantize)
+    if (const auto file = options.component_files.find(name); file != options.component_files.end())
+      check_not_requantized(name, file->second, type);
   // Diffusers refuses tensor parallelism with quantization (runtime.md §6): so does kiln, before
   // anything is loaded, rather than loading a whole model on every rank.
   KILN_CHECK(!options.tensor_parallel || (options.quantize.empty() && options.component_files.empty()), "pipeline",
