@@ -7,6 +7,7 @@
 
 #include "devices/runtime.h"
 #include "distributed/process_group.h"
+#include "distributed/same_arguments.h"
 #include "distributed/tensor_parallel.h"
 #include "exec/compile.h"
 #include "exec/host.h"
@@ -143,6 +144,22 @@ TEST_F(TwoRanks, ADuplicateGroupsCollectivesNeverMeetTheWorlds) {
   }
   EXPECT_EQ(value, 42);
   EXPECT_EQ(sum, 3.0f);
+}
+
+// Ranks launched with different arguments (mpirun -np 2 sh -c 'kiln generate --tp 2 --seed
+// $OMPI_COMM_WORLD_RANK') all stop before any work with the same line, naming the first argument
+// that differs; command lines of different lengths cannot truncate the exchange.
+TEST_F(TwoRanks, RanksLaunchedWithDifferentArgumentsAllStopNamingTheFirstDifference) {
+  const std::shared_ptr<ProcessGroup> world = ProcessGroup::world();
+  check_same_arguments(*world, "generate", {"--seed", "7", "--steps", "2"});  // the same on both: no error
+  std::vector<std::string> args{"--prompt", "a cat", "--seed", std::to_string(world->rank())};
+  if (world->rank() == 1) args.push_back("--strict");
+  test::expect_error([&] { check_same_arguments(*world, "generate", args); },
+                     {"[distributed] the ranks were launched with different arguments",
+                      "argument 5 (after '--seed') is '1' on rank 1 but '0' on rank 0",
+                      "ranks that differ from rank 0: 1 of 2", "same kiln generate command line"});
+  test::expect_error([&] { check_same_arguments(*world, world->rank() == 0 ? "generate" : "serve", {}); },
+                     {"argument 1 is 'serve' on rank 1 but 'generate' on rank 0"});
 }
 
 // The sharded pipeline gives the single-process image: latents within atol = rtol = 1e-3

@@ -16,6 +16,7 @@
 #include "core/terminal.h"
 #include "devices/runtime.h"
 #include "distributed/process_group.h"
+#include "distributed/same_arguments.h"
 #include "distributed/tensor_parallel.h"
 #include "exec/compile.h"
 #include "exec/counters.h"
@@ -305,6 +306,9 @@ void progress(int64_t i, int64_t n, double step_seconds, double& total) {
 }  // namespace
 
 int generate(const std::vector<std::string>& args) {
+  // Under mpirun every rank must hold rank 0's command line, before anything else
+  // (distributed/same_arguments.h); a no-op for one process.
+  check_same_arguments(*ProcessGroup::world(), "generate", args);
   Options o = parse(args);
   const std::shared_ptr<ProcessGroup> world = ProcessGroup::world();
   const bool writer = world->rank() == 0;  // under --tp only rank 0 writes the image and report
