@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -54,6 +55,60 @@ bool all_digits(const std::string& s) {
 // The path as messages show it ("" quoted, so an empty one is visible).
 std::string shown(const fs::path& path) { return path.empty() ? std::string("\"\"") : path.string(); }
 
+// Numbers the temporaries this process writes (with its PID, unique among concurrent writers).
+std::atomic<uint64_t> g_temporary_counter{0};
+
+// The temporary the write of `name` goes to first: ".NAME.tmp.PID.N".
+std::string temporary_name(const std::string& name, uint64_t n) {
+  return "." + name + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(n);
+}
+
+// The kernel's protected_symlinks rule (fs.protected_symlinks = 1, the default), applied by hand:
+// kiln follows an output's links itself and renames a temporary onto the final target, so the
+// kernel never gets to apply it. In a sticky world-writable folder (/tmp), a link is followed only
+// when the caller (euid) or the folder's owner owns it; otherwise anyone could plant a link there
+// that makes a root run replace a file of root's choosing. "" when `link` (lstat()ed as `lst`)
+// may be followed; else why not, with `who` the subject ("it" or "its target T").
+std::string planted_link_problem(const std::string& who, const fs::path& link, const struct stat& lst) {
+  const fs::path dir = link.parent_path().empty() ? fs::path(".") : link.parent_path();
+  struct stat dst{};
+  if (::stat(dir.c_str(), &dst) != 0) return "";  // the folder check reports it
+  if ((dst.st_mode & (S_ISVTX | S_IWOTH)) != (S_ISVTX | S_IWOTH)) return "";
+  if (lst.st_uid == ::geteuid() || lst.st_uid == dst.st_uid) return "";
+  return who + " is a symlink owned by uid " + std::to_string(lst.st_uid) + " in the sticky world-writable folder " +
+         dir.string() + " (owned by uid " + std::to_string(dst.st_uid) + "); expected a link owned by the caller (uid " +
+         std::to_string(::geteuid()) +
+         ") or by the folder's owner, as the kernel's protected_symlinks rule requires (another user may have "
+         "planted this one)";
+}
+
+// Whether the final target's name and its temporary's fit the limits of `dir` (pathconf NAME_MAX
+// and PATH_MAX): checked with the rule, so that a long --out fails before the run, not when the
+// temporary cannot be created after it. The temporary's N is reserved 6 digits (or more, once this
+// process has written that many). "" when they fit.
+std::string length_problem(const fs::path& path, const fs::path& target, const fs::path& dir) {
+  long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX), path_max = ::pathconf(dir.c_str(), _PC_PATH_MAX);
+  if (name_max <= 0) name_max = NAME_MAX;
+  if (path_max <= 0) path_max = PATH_MAX;
+  const std::string name = target.filename().string();
+  const std::string tmp = temporary_name(name, std::max<uint64_t>(g_temporary_counter.load() + 100, 999999));
+  const std::string whose = target == path ? "its name" : "the name of its target " + target.string();
+  if (name.size() > size_t(name_max))
+    return whose + " is " + std::to_string(name.size()) + " bytes, more than the " + std::to_string(name_max) +
+           " that folder " + dir.string() + " allows (NAME_MAX)";
+  if (tmp.size() > size_t(name_max))
+    return whose + " is " + std::to_string(name.size()) +
+           " bytes, and the temporary kiln writes first (.NAME.tmp.PID.N) would be " + std::to_string(tmp.size()) +
+           ", more than the folder's NAME_MAX of " + std::to_string(name_max) + ": expected a name of at most " +
+           std::to_string(size_t(name_max) - (tmp.size() - name.size())) + " bytes";
+  const size_t full = (dir / tmp).string().size() + 1;  // with the terminating NUL, as PATH_MAX counts
+  if (full > size_t(path_max))
+    return "the temporary kiln writes first, " + (dir / tmp).string() + ", would be a path of " +
+           std::to_string(full) + " bytes, more than the " + std::to_string(path_max) +
+           " that PATH_MAX allows: expected a shorter path";
+  return "";
+}
+
 }  // namespace
 
 std::string output_problem(const fs::path& path, fs::path* target) {
@@ -67,13 +122,15 @@ std::string output_problem(const fs::path& path, fs::path* target) {
       return (p == path ? std::string("it ends in '/'") : subject(path, p) + " ends in '/'") +
              ", which names a folder; expected a file name";
     if (::lstat(p.c_str(), &st) != 0) {
-      if (errno == ENOENT || errno == ENOTDIR) break;  // nothing there yet; the folder check says why
+      // Nothing there yet (the folder check says why), or a name too long (the length check says).
+      if (errno == ENOENT || errno == ENOTDIR || errno == ENAMETOOLONG) break;
       return std::string(std::strerror(errno)) + (p == path ? "" : " (at its target " + p.string() + ")");
     }
     if (!S_ISLNK(st.st_mode)) {
       exists = true;
       break;
     }
+    if (std::string planted = planted_link_problem(subject(path, p), p, st); !planted.empty()) return planted;
     if (hops == kMaxSymlinkHops) return "too many levels of symbolic links";
     std::error_code ec;
     const fs::path to = fs::read_symlink(p, ec);
@@ -94,6 +151,7 @@ std::string output_problem(const fs::path& path, fs::path* target) {
   if (!S_ISDIR(dst.st_mode)) return dir.string() + " is not a folder (" + std::strerror(ENOTDIR) + ")";
   if (::access(dir.c_str(), W_OK) != 0)
     return "folder " + dir.string() + " is not writable (" + std::strerror(errno) + ")";
+  if (std::string too_long = length_problem(path, p, dir); !too_long.empty()) return too_long;
   if (target) *target = p;
   return "";
 }
@@ -158,11 +216,10 @@ void write_output_atomically(const std::string& where, const fs::path& path,
   struct stat old{};
   const bool replacing = ::lstat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode);
   // A unique name next to the final target, so the rename is atomic (same file system).
-  static std::atomic<uint64_t> counter{0};
   fs::path tmp;
   int fd = -1;
   for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = dir / ("." + name + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)));
+    tmp = dir / temporary_name(name, g_temporary_counter.fetch_add(1));
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, replacing ? 0600 : 0666);
     if (fd < 0 && errno != EEXIST) break;
   }

@@ -8,6 +8,11 @@
 //     character or block device (/dev/null), a FIFO or a socket is refused, never replaced;
 //   - a chain that ends at a missing file (a dangling symlink) is accepted: the write creates
 //     that final target, and the link stays a link;
+//   - a link in a sticky world-writable folder (/tmp) is followed only when the caller (euid) or
+//     the folder's owner owns it — the kernel's protected_symlinks rule, which kiln's own
+//     resolution and rename would otherwise bypass;
+//   - the final target's name, and the temporary's below, must fit the folder's NAME_MAX, and the
+//     temporary's path PATH_MAX (pathconf), so a long name fails before the run, not after it;
 //   - the folder of the final target must exist, be a folder and be writable (access W_OK; as
 //     root only a read-only file system makes it fail).
 // The write goes to a temporary `.NAME.tmp.PID.N` next to the final target, is fsynced and

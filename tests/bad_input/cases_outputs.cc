@@ -7,8 +7,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <tuple>
 
 #include "corpus.h"
 
@@ -32,6 +34,102 @@ bool make_socket(const fs::path& path) {
   return ok;
 }
 
+// A success case: `args` writes `wrote` (so only the models are watched).
+Case writing(std::string name, std::vector<std::string> args, const fs::path& wrote) {
+  Case c;
+  c.name = std::move(name);
+  c.args = std::move(args);
+  c.exit_code = 0;
+  c.expect = {"wrote " + wrote.string()};
+  c.forbid = {"cannot write"};
+  return c;
+}
+
+// Links in a sticky world-writable folder (as /tmp): the kernel's protected_symlinks rule, which
+// kiln applies itself since it follows the link and renames in the target's folder. Refusing one
+// that another user planted needs a link owned by someone else: lchown to nobody (65534) needs
+// root, as in CI. Without root those cases cannot be made; the cases that links owned by the
+// caller (who also owns the folder) are still followed always run, so the rule is never skipped
+// unseen: the corpus prints a note saying which cases ran.
+void add_planted_link_cases(Corpus& corpus) {
+  const fs::path sticky = corpus.scratch() / "sticky";
+  fs::create_directories(sticky);
+  ::chmod(sticky.c_str(), 01777);
+  const auto gen = [&](std::vector<std::string> extra) {
+    return corpus.generate(corpus.tiny_model(), std::move(extra));
+  };
+  // A file only root may write, and links to it.
+  const fs::path victim = sticky / "victim.png";
+  std::ofstream(victim) << "root's own file";
+  ::chmod(victim.c_str(), 0600);
+  const fs::path planted = sticky / "planted.png", planted_json = sticky / "planted.json";
+  fs::create_symlink(victim, planted);
+  fs::create_symlink(victim, planted_json);
+  const uid_t nobody = 65534;
+  const bool can_chown = ::geteuid() != nobody && ::lchown(planted.c_str(), nobody, nobody) == 0 &&
+                         ::lchown(planted_json.c_str(), nobody, nobody) == 0;
+
+  // Always: a link the caller owns in the sticky folder is followed as before.
+  const fs::path own = sticky / "own.png", own_target = sticky / "own_target.png";
+  fs::create_symlink(own_target, own);
+  Case own_case = writing("outputs/own-link-in-sticky-folder-is-followed", gen({"--out", own.string()}), own);
+  own_case.watch = {corpus.models_dir()};
+  corpus.add(std::move(own_case));
+  if (!can_chown) {
+    std::printf("note: not root (cannot lchown a link to uid %u): the planted-link cases are not made; "
+                "outputs/own-link-in-sticky-folder-is-followed checks the rule's other side\n",
+                unsigned(nobody));
+    return;
+  }
+  const std::string why = "symlink owned by uid 65534 in the sticky world-writable folder " + sticky.string();
+  for (const auto& [name, flag, link] : {std::tuple{"out", "--out", planted}, {"report", "--report", planted_json}}) {
+    Case c = failing(std::string("outputs/") + name + "-planted-link-in-sticky-folder", gen({flag, link.string()}),
+                     {"cannot write " + link.string() + " (" + flag + "): it is a " + why, "protected_symlinks"});
+    c.watch = {sticky, corpus.out_dir(), corpus.models_dir()};  // the victim keeps its bytes and mode
+    corpus.add(std::move(c));
+  }
+  // Reached through a link of our own elsewhere: the planted one in the chain is refused too.
+  const fs::path via = corpus.out_dir() / "via_planted.png";
+  fs::create_symlink(planted, via);
+  Case chain = failing("outputs/out-link-to-planted-link", gen({"--out", via.string()}),
+                       {"cannot write " + via.string() + " (--out): its target " + planted.string() + " is a " + why});
+  chain.watch = {sticky, corpus.out_dir(), corpus.models_dir()};
+  corpus.add(std::move(chain));
+  // A sticky folder owned by nobody: nobody's link there is the folder owner's, so it is followed.
+  const fs::path theirs = corpus.scratch() / "sticky_nobody";
+  fs::create_directories(theirs);
+  ::chmod(theirs.c_str(), 01777);
+  if (::chown(theirs.c_str(), nobody, nobody) == 0) {
+    const fs::path link = theirs / "link.png";
+    fs::create_symlink(sticky / "theirs_target.png", link);
+    if (::lchown(link.c_str(), nobody, nobody) == 0) {
+      Case c = writing("outputs/folder-owners-link-in-sticky-folder-is-followed", gen({"--out", link.string()}), link);
+      c.watch = {corpus.models_dir()};
+      corpus.add(std::move(c));
+    }
+  }
+}
+
+// Names too long for the folder: the final name, or only the temporary `.NAME.tmp.PID.N` that is
+// written first. Both are refused before any work (they used to fail after the whole run).
+void add_long_name_cases(Corpus& corpus) {
+  const fs::path out = corpus.out_dir();
+  const auto gen = [&](std::vector<std::string> extra) {
+    return corpus.generate(corpus.tiny_model(), std::move(extra));
+  };
+  const fs::path fits_alone = out / (std::string(246, 'a') + ".png");  // 250 bytes: fits NAME_MAX 255
+  const fs::path too_long = out / (std::string(296, 'b') + ".png");    // 300 bytes
+  corpus.add(failing("outputs/out-name-too-long-for-the-temporary", gen({"--out", fits_alone.string()}),
+                     {"cannot write " + fits_alone.string() + " (--out): its name is 250 bytes",
+                      "the temporary kiln writes first (.NAME.tmp.PID.N) would be", "NAME_MAX of 255",
+                      "expected a name of at most"},
+                     {}, {"loading"}));
+  corpus.add(failing("outputs/report-name-too-long-for-the-temporary",
+                     gen({"--report", (out / (std::string(245, 'c') + ".json")).string()}),
+                     {"(--report): its name is 250 bytes", "NAME_MAX"}, {}, {"loading"}));
+  corpus.add(failing("outputs/out-name-over-name-max", gen({"--out", too_long.string()}),
+                     {"(--out): its name is 300 bytes, more than the 255", "(NAME_MAX)"}, {}, {"loading"}));
+}
 
 }  // namespace
 
@@ -103,6 +201,9 @@ void add_output_cases(Corpus& corpus) {
                      {"warmup", "--model", corpus.tiny_model().string(), "--sizes", "32x32", "--report",
                       sock.string()},
                      {"cannot write " + sock.string() + " (--report)", "is a socket"}, {"KILN_CACHE_DIR=none"}));
+
+  add_planted_link_cases(corpus);
+  add_long_name_cases(corpus);
 
   // A run killed mid-write left `.out.png.tmp.999999.0` (no such process): the next run
   // succeeds. It writes, so the watched tree is the models' only; that the temporary is gone
