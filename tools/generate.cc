@@ -23,6 +23,7 @@
 #include "exec/deferred.h"
 #include "exec/host.h"
 #include "exec/mode.h"
+#include "io/input_file.h"
 #include "io/output_file.h"
 #include "io/png.h"
 #include "io/safetensors.h"
@@ -274,6 +275,10 @@ Tensor load_latents(const fs::path& spec) {
     file = text.substr(0, colon);
     name = text.substr(colon + 1);
   }
+  // A FIFO, socket, device or folder is refused naming the flag, never opened (io/input_file.h);
+  // a missing file is the reader's "cannot open".
+  if (fs::exists(file, ec))
+    io::check_input_file("cli", "--latents " + file.string(), file, "a safetensors file holding the latents");
   const io::SafetensorsFile f(file);
   const auto names = f.names();
   if (name.empty()) name = f.contains("latents") ? "latents" : (names.size() == 1 ? names[0] : "");

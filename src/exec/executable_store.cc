@@ -15,6 +15,7 @@
 
 #include "core/cache_dir.h"
 #include "core/error.h"
+#include "io/input_file.h"
 #include "graph/passes.h"
 
 namespace kiln {
@@ -375,10 +376,12 @@ std::filesystem::path executable_path(const std::filesystem::path& dir, const Gr
 std::shared_ptr<const CompiledGraph> load_executable(const std::filesystem::path& dir, const Graph& canonical,
                                                      std::string* rejected) {
   const std::filesystem::path path = executable_path(dir, canonical);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return nullptr;
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return nullptr;  // not compiled yet
+  std::string text;
   try {
+    // Never a blocking open: a FIFO planted in the cache is rejected (io/input_file.h).
+    text = io::read_input_file("compile-cache", path, "a compiled executable (.kexe)");
     // First line: checksum of the rest.
     const size_t nl = text.find('\n');
     KILN_CHECK(nl != std::string::npos, "compile-cache", "no header line");

@@ -1,5 +1,7 @@
 #include "io/gguf.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cctype>
@@ -9,6 +11,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "io/input_file.h"
 
 namespace kiln::io {
 namespace fs = std::filesystem;
@@ -293,6 +296,16 @@ std::optional<uint32_t> ggml_type_of(DType t) {
   for (const GgmlDType& e : kGgmlDTypes)
     if (e.dtype == t) return e.id;
   return std::nullopt;
+}
+
+bool has_gguf_magic(const fs::path& path) {
+  std::string problem;
+  const int fd = open_input_file(path, &problem);
+  if (fd < 0) return false;
+  char magic[4] = {};
+  const bool gguf = ::pread(fd, magic, 4, 0) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+  ::close(fd);
+  return gguf;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -76,6 +76,11 @@ const char* ggml_type_name(uint32_t ggml_type);  // "Q5_1", ...; "?" for ids ggm
 std::optional<DType> dtype_of_ggml_type(uint32_t ggml_type);
 std::optional<uint32_t> ggml_type_of(DType t);
 
+// Whether `path` is a regular file whose first 4 bytes are the magic "GGUF": how a checkpoint's
+// format is told whatever its name says (a GGUF renamed .bin or .safetensors is still GGUF).
+// Opened as io/input_file.h opens, so a FIFO is never waited on; false for anything else.
+bool has_gguf_magic(const std::filesystem::path& path);
+
 struct GgufTensorInfo {
   std::string name;
   uint32_t ggml_type = 0;    // as in the file

@@ -1,10 +1,9 @@
 #include "io/json_config.h"
 
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "core/error.h"
+#include "io/input_file.h"
 
 namespace kiln::io {
 namespace {
@@ -76,14 +75,9 @@ JsonConfig::JsonConfig(nlohmann::json j, std::string source)
 
 JsonConfig::JsonConfig(const std::filesystem::path& path) {
   std::error_code ec;
-  KILN_CHECK(std::filesystem::is_regular_file(path, ec), kWhere, path.string(),
-             ": config file not found (or not a regular file)");
-  std::ifstream in(path, std::ios::binary);
-  KILN_CHECK(in.good(), kWhere, path.string(), ": cannot open config file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  KILN_CHECK(!in.bad(), kWhere, path.string(), ": error reading config file");
-  const std::string s = text.str();
+  KILN_CHECK(std::filesystem::exists(path, ec), kWhere, path.string(), ": config file not found");
+  // A FIFO, socket, device or folder is refused without a blocking open (io/input_file.h).
+  const std::string s = read_input_file(kWhere, path, "a JSON config file");
   *this =
       JsonConfig(parse_json(s.data(), s.data() + s.size(), kWhere, path.string()), path.string());
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/mapped_pages.h"
+#include "io/input_file.h"
 
 namespace kiln::io {
 namespace fs = std::filesystem;
@@ -110,12 +111,16 @@ struct MappedFile::Mapping {
 };
 
 MappedFile::MappedFile(const fs::path& path, const char* where) : path_(path), where_(where) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) fail("cannot open: ", errno_text());
+  // Never a blocking open: a FIFO, socket, device or folder is refused (io/input_file.h).
+  std::string problem;
+  fd_ = open_input_file(path, &problem);
+  if (fd_ < 0) {
+    if (!problem.starts_with("is ")) fail("cannot open: it ", problem);  // missing or unreadable
+    fail("it ", problem, "; expected a ", where_, " file");
+  }
   try {
     struct stat st {};
     if (::fstat(fd_, &st) != 0) fail("cannot stat: ", errno_text());
-    if (!S_ISREG(st.st_mode)) fail("not a regular file");
     const uint64_t size = uint64_t(st.st_size);
     mapping_ = std::make_shared<Mapping>();
     if (size > 0) {  // mmap refuses empty files

@@ -1,11 +1,10 @@
 #include "io/model_folder.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include "core/error.h"
+#include "io/input_file.h"
 #include "io/relative_name.h"
 
 namespace kiln::io {
@@ -54,11 +53,7 @@ fs::path resolve_model_folder(const fs::path& dir) {
          ": a Hugging Face hub cache folder (refs/, snapshots/, blobs/) with no refs/main; pass "
          "the snapshot folder snapshots/REV instead, available: ",
          available_snapshots(dir));
-  std::ifstream in(ref, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in && !in.eof()) fail(kWhere, ref.string(), ": cannot read the file");
-  const std::string rev = strip(text.str());
+  const std::string rev = strip(read_input_file(kWhere, ref, "a file naming a snapshot"));  // never blocks
   check_relative_name(kWhere, ref, "snapshot", rev,
                       "a snapshot folder name under " + (dir / "snapshots").string() +
                           "; available: " + available_snapshots(dir));

@@ -1,6 +1,7 @@
 #include "io/png.h"
 
 #include <png.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/input_file.h"
 #include "io/output_file.h"
 
 namespace kiln::io {
@@ -192,8 +194,16 @@ std::string encode_png(const uint8_t* rgb, int64_t height, int64_t width, const 
 }
 
 PngImage read_png(const std::filesystem::path& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail("png", "cannot read ", path.string(), ": ", std::strerror(errno));
+  // Never a blocking open: a FIFO, socket, device or folder is refused (io/input_file.h).
+  std::string problem;
+  const int fd = open_input_file(path, &problem);
+  if (fd < 0) fail("png", "cannot read ", path.string(), ": it ", problem, "; expected a PNG file");
+  FILE* f = ::fdopen(fd, "rb");
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    fail("png", "cannot read ", path.string(), ": ", std::strerror(err));
+  }
   unsigned char sig[8] = {};
   const bool is_png = std::fread(sig, 1, 8, f) == 8 && png_sig_cmp(sig, 0, 8) == 0;
   std::rewind(f);

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/input_file.h"
 #include "io/json_config.h"
 #include "io/relative_name.h"
 #include "io/safetensors_header.h"
@@ -325,12 +326,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 std::string read_text_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) file_fail(path, "cannot open: ", errno_text());
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) file_fail(path, "error reading the file");
-  return text.str();
+  // Never a blocking open: a FIFO is refused (io/input_file.h).
+  return read_input_file(kWhere, path, "a safetensors index (JSON)");
 }
 
 }  // namespace

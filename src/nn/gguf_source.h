@@ -1,5 +1,5 @@
 // A GGUF file (io/gguf.h) as a WeightSource: what nn::open_checkpoint opens for a path ending
-// in ".gguf". Tensors keep their stored dtype (stored_dtype says which: f32, f16, bf16, i32,
+// in ".gguf" or a file starting with the magic "GGUF". Tensors keep their stored dtype (stored_dtype says which: f32, f16, bf16, i32,
 // i64 or a block type), loads are zero-copy views when no conversion is asked for, and slices
 // read only their bytes.
 #pragma once

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "exec/host.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "nn/file_source.h"
 #include "nn/gguf_source.h"
@@ -67,9 +68,10 @@ Tensor WeightSource::load_slice(const std::string& key, int dim, int64_t start, 
 }
 
 std::shared_ptr<const WeightSource> open_checkpoint(const std::filesystem::path& path) {
-  // A GGUF file (stable-diffusion.cpp / ComfyUI-GGUF checkpoints, kiln convert's output).
+  // A GGUF file (stable-diffusion.cpp / ComfyUI-GGUF checkpoints, kiln convert's output), told by
+  // its magic bytes whatever its name; a ".gguf" name without them is GGUF's parser's to refuse.
   std::shared_ptr<const WeightSource> source;
-  if (path.extension() == ".gguf")
+  if (path.extension() == ".gguf" || io::has_gguf_magic(path))
     source = open_gguf_source(path);
   else
     source = std::make_shared<const SafetensorsSource>(path);

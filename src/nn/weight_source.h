@@ -64,7 +64,8 @@ class CheckpointAudit {
   CheckpointAudit* previous_;
 };
 
-// A safetensors checkpoint: a file, a *.safetensors.index.json, or a folder holding one.
+// A safetensors checkpoint (a file, a *.safetensors.index.json, or a folder holding one), or a
+// GGUF file: one named *.gguf or starting with the magic "GGUF" (io::has_gguf_magic).
 std::shared_ptr<const WeightSource> open_checkpoint(const std::filesystem::path& path);
 
 }  // namespace kiln::nn

@@ -1,6 +1,7 @@
 #include "pipelines/pipeline_loader.h"
 
 #include "core/error.h"
+#include "io/input_file.h"
 #include "io/model_folder.h"
 #include "io/relative_name.h"
 #include "pipelines/component_file.h"
@@ -93,8 +94,9 @@ PipelineLoader::PipelineLoader(const fs::path& model, const PipelineOptions& opt
   }
   for (const auto& [name, file] : options.component_files) {
     check_component(name, "a checkpoint file");
-    KILN_CHECK(fs::is_regular_file(file), "pipeline", "checkpoint file for ", name, " (", file.string(),
-               ") does not exist");
+    // Says what the path is instead (a folder, a FIFO, ...); never opened here (io/input_file.h).
+    io::check_input_file("pipeline", "checkpoint file for " + name + " (" + file.string() + ")", file,
+                         "a safetensors or GGUF file");
   }
   for (const auto& [name, type] : options.quantize)
     if (const auto file = options.component_files.find(name); file != options.component_files.end())

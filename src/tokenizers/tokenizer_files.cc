@@ -1,9 +1,7 @@
 #include "tokenizers/tokenizer_files.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "core/error.h"
+#include "io/input_file.h"
 #include "io/json_config.h"
 #include "tokenizers/unicode_text.h"
 
@@ -12,13 +10,9 @@ namespace fs = std::filesystem;
 
 std::string read_file(const fs::path& path, const std::string& what) {
   std::error_code ec;
-  KILN_CHECK(fs::is_regular_file(path, ec), "tokenizer", path.string(), ": ", what, " not found");
-  std::ifstream in(path, std::ios::binary);
-  KILN_CHECK(in.good(), "tokenizer", path.string(), ": cannot open ", what);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  KILN_CHECK(!in.bad(), "tokenizer", path.string(), ": error reading ", what);
-  return ss.str();
+  KILN_CHECK(fs::exists(path, ec), "tokenizer", path.string(), ": ", what, " not found");
+  // A FIFO, socket, device or folder is refused without a blocking open (io/input_file.h).
+  return io::read_input_file("tokenizer", path, "a regular file (the " + what + ")");
 }
 
 nlohmann::json read_json(const fs::path& path, const std::string& what) {

@@ -94,5 +94,6 @@ void add_value_cases(Corpus& corpus);       // NaN/Inf weights, latents, scalars
 void add_checkpoint_cases(Corpus& corpus);  // dtypes, byte layout, unused tensors, classes, env
 void add_size_cases(Corpus& corpus);        // sizes that exhaust memory
 void add_cli_cases(Corpus& corpus);         // flags, help
+void add_input_cases(Corpus& corpus);       // FIFOs, sockets, devices, folders read as files; GGUF by magic
 
 }  // namespace kiln::corpus

@@ -217,6 +217,7 @@ int main(int argc, char** argv) {
   add_checkpoint_cases(corpus);
   add_size_cases(corpus);
   add_cli_cases(corpus);
+  add_input_cases(corpus);
 
   // Reports that mean a crash or a sanitizer finding, whatever the exit code.
   const char* never[] = {"internal error", "AddressSanitizer", "LeakSanitizer", "runtime error:", "Segmentation fault",
