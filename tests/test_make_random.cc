@@ -6,15 +6,19 @@
 // anything is written. The streaming writer (byte-equal to save_safetensors, deterministic
 // whatever the thread count, atomic) and the Hub-style sharding are checked on their own.
 #include <omp.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -32,6 +36,7 @@
 #include "models/t5/t5_encoder.h"
 #include "models/vae/autoencoder_kl.h"
 #include "nn/weight_source.h"
+#include "spawn_util.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -447,6 +452,56 @@ TEST_F(MakeRandomCli, BadInputFailsBeforeWriting) {
   EXPECT_NE(r.output.find("needs"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("free"), std::string::npos) << r.output;
   EXPECT_EQ(entries(dir_), std::vector<std::string>{"full"});
+}
+
+// A run that SIGTERM ends mid-write removes its temporary (as big as the model) and still dies of
+// the signal; a temporary that a dead run left behind (SIGKILL, a crash) is removed by the next
+// run. The waits are bounded polls for the temporary to appear, not sleeps standing in for timing.
+TEST_F(MakeRandomCli, ASignalledRunRemovesItsTemporaryAndStaleOnesAreRemoved) {
+  const pid_t dead = ::fork();  // a PID surely gone: a child that exited and was reaped
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);
+  const fs::path stale = dir_ / (".out.make-random." + std::to_string(dead));
+  fs::create_directories(stale / "transformer");
+  std::ofstream(stale / "transformer" / "part.safetensors") << "partial";
+
+  const fs::path log = fs::temp_directory_path() / ("kiln_make_random_signal_" + std::to_string(::getpid()) + ".log");
+  const pid_t pid = test::spawn_logged({KILN_CLI_PATH, "make-random", (dir_ / "out").string(), "--like", "flux1-dev",
+                                        "--blocks", "1+1", "--t5-layers", "1"},
+                                       log);
+  ASSERT_GT(pid, 0);
+  const fs::path temp = dir_ / (".out.make-random." + std::to_string(pid));
+  std::error_code ec;
+  const auto writing_weights = [&] {  // a weights file (or its temporary) has appeared in the temporary
+    for (auto it = fs::recursive_directory_iterator(temp, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec))
+      if (it->path().filename().string().find(".safetensors") != std::string::npos) return true;
+    return false;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  int status = 0;
+  bool exited = false;
+  while (!writing_weights() && std::chrono::steady_clock::now() < deadline &&
+         !(exited = ::waitpid(pid, &status, WNOHANG) == pid))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_FALSE(exited) << "make-random ended before it was signalled:\n" << test::read_text_file(log);
+  ASSERT_TRUE(writing_weights()) << "no weights in " << temp << " within 120 s\n" << test::read_text_file(log);
+  EXPECT_FALSE(fs::exists(stale, ec)) << "the dead run's temporary is still there";
+  ::kill(pid, SIGTERM);
+  // Bounded: a cleanup that never ends is killed after 60 s and fails the test.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!(exited = ::waitpid(pid, &status, WNOHANG) == pid) && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  EXPECT_TRUE(exited) << test::read_text_file(log);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "status " << status << "\n"
+                                                                  << test::read_text_file(log);
+  EXPECT_EQ(entries(dir_), std::vector<std::string>{});  // no temporary, no stale one, no out
+  fs::remove(log, ec);
 }
 
 // ---- the streaming writer and the sharding, on their own ----

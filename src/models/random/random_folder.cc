@@ -1,13 +1,17 @@
 #include "models/random/random_folder.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <set>
+#include <string>
 #include <system_error>
 
 #include "core/error.h"
@@ -118,6 +122,112 @@ void check_target(const fs::path& target, const fs::path& shown) {
              " is not empty; give a new folder name (or an empty folder): make-random never writes over files");
 }
 
+// ---- removing the temporary when a signal ends the run ----
+//
+// SIGINT (Ctrl-C), SIGTERM (kill) and SIGHUP (a closed terminal) used to leave the temporary —
+// as big as the model — behind until the next run of the same DIR. While armed, a handler
+// removes it (and the parents the run created, if still empty), then lets the signal end the
+// process as it would have, so the exit status still says which signal. The handler may only
+// make async-signal-safe calls: the removal is openat/getdents64/unlinkat on paths prepared
+// before arming, with no allocation. SIGKILL cannot be caught: remove_stale_folders covers it.
+
+constexpr int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+enum CleanupState : int { kDisarmed, kArmed, kCleaning };
+std::atomic<int> g_cleanup_state{kDisarmed};  // lock-free, so the handler may read and swap it
+static_assert(std::atomic<int>::is_always_lock_free);
+pid_t g_cleanup_thread = 0;                  // the thread that writes (creates files in) the temporary
+std::string g_cleanup_temp;                  // set before arming, read-only while armed
+std::vector<std::string> g_cleanup_parents;  // created parents, innermost first
+
+struct linux_dirent64 {  // getdents64's record (glibc's wrapper is not in every version)
+  uint64_t d_ino;
+  int64_t d_off;
+  unsigned short d_reclen;
+  unsigned char d_type;
+  char d_name[256];  // NUL-terminated, within d_reclen
+};
+
+bool is_dot_or_dotdot(const char* n) { return n[0] == '.' && (n[1] == 0 || (n[1] == '.' && n[2] == 0)); }
+
+// rm -r of `name` under `dirfd` with system calls only (async-signal-safe); symlinks are removed,
+// never followed. make-random's tree is 3 levels deep; deeper than 16 is left alone.
+void remove_tree_now(int dirfd, const char* name, int depth) {
+  if (::unlinkat(dirfd, name, 0) == 0 || (errno != EISDIR && errno != EPERM) || depth > 16) return;
+  const int fd = ::openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  alignas(8) char buf[4096];
+  // Entries removed while listing may shift the listing: list again until the folder goes.
+  for (int pass = 0; ::unlinkat(dirfd, name, AT_REMOVEDIR) != 0 && errno == ENOTEMPTY && pass < 4; ++pass) {
+    ::lseek(fd, 0, SEEK_SET);
+    for (long n; (n = ::syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0;)
+      for (long off = 0; off < n;) {
+        const auto* d = reinterpret_cast<const linux_dirent64*>(buf + off);
+        off += d->d_reclen;
+        if (!is_dot_or_dotdot(d->d_name)) remove_tree_now(fd, d->d_name, depth + 1);
+      }
+  }
+  ::close(fd);
+}
+
+void remove_temporary_on_signal(int sig) {
+  const int saved = errno;
+  // Only the writing thread stops writing when interrupted: a signal that another thread (a
+  // worker) caught is passed on to it, so no file is created after the removal.
+  if (pid_t(::syscall(SYS_gettid)) != g_cleanup_thread) {
+    const int state = g_cleanup_state.load();
+    if (state == kArmed) ::syscall(SYS_tgkill, ::getpid(), g_cleanup_thread, sig);
+    if (state != kDisarmed) {  // passed on, or the writer is removing it and then ends the process
+      errno = saved;
+      return;
+    }
+  } else if (int armed = kArmed; g_cleanup_state.compare_exchange_strong(armed, kCleaning)) {
+    remove_tree_now(AT_FDCWD, g_cleanup_temp.c_str(), 0);
+    for (const std::string& p : g_cleanup_parents) ::rmdir(p.c_str());  // only if empty
+  }
+  // The default action, delivered when this handler returns: the usual "killed by" status.
+  struct sigaction dfl{};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(sig, &dfl, nullptr);
+  ::raise(sig);
+  errno = saved;
+}
+
+// Arms the handler above for `temp` while alive; restores the previous handlers when destroyed.
+// A signal that was ignored (nohup's SIGHUP) stays ignored.
+class RemoveOnSignal {
+ public:
+  RemoveOnSignal(const fs::path& temp, const std::vector<fs::path>& created_parents) {
+    g_cleanup_temp = temp.string();
+    g_cleanup_parents.clear();
+    for (auto it = created_parents.rbegin(); it != created_parents.rend(); ++it)
+      g_cleanup_parents.push_back(it->string());
+    g_cleanup_thread = pid_t(::syscall(SYS_gettid));
+    g_cleanup_state.store(kArmed);
+    struct sigaction sa{};
+    sa.sa_handler = remove_temporary_on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : kCleanupSignals) sigaddset(&sa.sa_mask, sig);  // one cleanup at a time
+    for (size_t i = 0; i < std::size(kCleanupSignals); ++i) {
+      installed_[i] = ::sigaction(kCleanupSignals[i], nullptr, &previous_[i]) == 0 &&
+                      previous_[i].sa_handler != SIG_IGN && ::sigaction(kCleanupSignals[i], &sa, nullptr) == 0;
+    }
+  }
+  // Called once the temporary is renamed into place (or removed): nothing left to clean.
+  void disarm() { g_cleanup_state.store(kDisarmed); }
+  ~RemoveOnSignal() {
+    disarm();
+    for (size_t i = 0; i < std::size(kCleanupSignals); ++i)
+      if (installed_[i]) ::sigaction(kCleanupSignals[i], &previous_[i], nullptr);
+  }
+  RemoveOnSignal(const RemoveOnSignal&) = delete;
+  RemoveOnSignal& operator=(const RemoveOnSignal&) = delete;
+
+ private:
+  struct sigaction previous_[std::size(kCleanupSignals)] {};
+  bool installed_[std::size(kCleanupSignals)] = {};
+};
+
 void fsync_folder(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) {
@@ -176,6 +286,7 @@ RandomFolder write_random_folder(const fs::path& dir, const RandomFolderContents
     KILN_CHECK(ec || space.available >= needed, kWhere, "cannot write ", dir.string(), ": it needs ", gib(needed),
                " but ", parent.string(), " has ", gib(space.available), " free");
     remove_stale_folders(target);
+    RemoveOnSignal cleanup_on_signal(temp, created);  // armed before the temporary exists
     fs::create_directory(temp, ec);
     KILN_CHECK(!ec, kWhere, "cannot create ", temp.string(), ": ", ec.message());
 
@@ -203,6 +314,7 @@ RandomFolder write_random_folder(const fs::path& dir, const RandomFolderContents
     // ---- into place: rename(2) replaces an empty folder, never a full one ----
     if (::rename(temp.c_str(), target.c_str()) != 0)
       fail(kWhere, "cannot rename ", temp.string(), " to ", dir.string(), ": ", std::strerror(errno));
+    cleanup_on_signal.disarm();  // DIR is complete: a signal from now on removes nothing
     fsync_folder(parent);
     return done;
   } catch (const fs::filesystem_error& e) {

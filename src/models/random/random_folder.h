@@ -5,8 +5,9 @@
 // flux2_random_folder.h say what goes in.
 //
 // The folder is written as a hidden temporary `.NAME.make-random.PID` next to DIR and renamed
-// onto it at the end, so a failed run leaves no DIR (a killed run leaves the temporary, which the
-// next run removes).
+// onto it at the end, so a failed run leaves no DIR. SIGINT, SIGTERM or SIGHUP removes the
+// temporary before the signal ends the process; one that SIGKILL (or a crash) left is removed by
+// the next run writing next to it, once its PID is no longer alive.
 #pragma once
 #include <cstdint>
 #include <filesystem>
