@@ -117,5 +117,30 @@ TEST(GenerationRequest, FuzzedBodiesAreAcceptedOrRefusedNeverThrowOtherwise) {
   EXPECT_GT(refused, 10000);
 }
 
+// A server started with limits above what any call takes (serve's --max-steps and --max-size are
+// not bounded above) still refuses such a request as a bad field, not in the pipeline later.
+TEST(GenerationRequest, RequestsStayWithinWhatAnyCallTakes) {
+  RequestLimits limits;
+  limits.max_steps = int64_t(1) << 40;
+  limits.max_side = int64_t(1) << 40;
+  for (const char* body : {R"({"prompt": "x", "steps": 2147483648})", R"({"prompt": "x", "num_inference_steps": 10001})"}) {
+    try {
+      parse_generation_request(body, limits);
+      ADD_FAILURE() << body << " was accepted";
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.status(), 400) << e.what();
+      EXPECT_NE(std::string(e.what()).find("expected an integer in [1, 10000]"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    parse_generation_request(R"({"prompt": "x", "size": "16x2000000"})", limits);
+    ADD_FAILURE() << "a side of 2000000 was accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.field(), "size");
+    EXPECT_NE(std::string(e.what()).find("in [16, 1048576]"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parse_generation_request(R"({"prompt": "x", "steps": 10000})", limits).call.num_inference_steps, 10000);
+}
+
 }  // namespace
 }  // namespace kiln::server

@@ -5,7 +5,9 @@
 
 #include <omp.h>
 
+#include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "devices/cpu/kernels/conv2d.h"
 #include "devices/runtime.h"
@@ -278,6 +280,128 @@ TEST(VaeTiledDecode, AutoTilesOnlyWhenTheUntiledDecodeDoesNotFit) {
   EXPECT_EQ(to_vector(tiled.latents), to_vector(untiled.latents));  // only the decode changed
   EXPECT_EQ(tiled.image.size(), untiled.image.size());
   EXPECT_NE(tiled.image, untiled.image);
+}
+
+// ---- bounded tiles (issue 37) ----
+
+namespace bounded_tiles {
+
+// Diffusers' loop, run: the (height, width) of every tile, row by row.
+std::vector<std::vector<std::pair<int64_t, int64_t>>> diffusers_tiles(int64_t h, int64_t w, int64_t tile,
+                                                                      int64_t stride) {
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> rows;
+  for (int64_t i = 0; i < h; i += stride) {
+    rows.emplace_back();
+    for (int64_t j = 0; j < w; j += stride) rows.back().emplace_back(std::min(tile, h - i), std::min(tile, w - j));
+  }
+  return rows;
+}
+
+}  // namespace bounded_tiles
+
+TEST(VaeTiledDecode, TheGridCountsDiffusersLoop) {
+  const AutoencoderKL& vae = tiny_arch_vae();  // 8x: 64-pixel tiles are 8 latent pixels, 6 apart
+  for (const auto& [h, w] : std::vector<std::pair<int64_t, int64_t>>{{9, 9}, {20, 28}, {8, 50}, {61, 13}, {14, 14}}) {
+    const VaeTileGrid g = vae.tile_grid(h, w, VaeTiling{64});
+    EXPECT_EQ(g.tile, 8);
+    EXPECT_EQ(g.stride, 6);
+    const auto want = bounded_tiles::diffusers_tiles(h, w, 8, 6);
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> got;
+    for (const auto& [th, nr] : g.rows)
+      for (int64_t r = 0; r < nr; ++r) {
+        got.emplace_back();
+        for (const auto& [tw, nc] : g.cols)
+          for (int64_t c = 0; c < nc; ++c) got.back().emplace_back(th, tw);
+      }
+    EXPECT_EQ(got, want) << h << "x" << w;
+    EXPECT_EQ(g.count(), int64_t(want.size() * want[0].size()));
+  }
+  EXPECT_TRUE(vae.tile_grid(8, 8, VaeTiling{64}).whole);
+  // 30000x30000 in 64-pixel tiles: 390,625 tiles, counted in a handful of runs.
+  const VaeTileGrid big = vae.tile_grid(3750, 3750, VaeTiling{64});
+  EXPECT_EQ(big.count(), 625 * 625);
+  EXPECT_LE(big.rows.size(), 3u);
+}
+
+TEST(VaeTiledDecode, TilesThatWouldChangeTheImageSizeAreRefused) {
+  const AutoencoderKL& vae = tiny_arch_vae();
+  // A multiple of 4 latent pixels (32 image pixels here) keeps the size; anything else would not.
+  for (const int64_t tile : {32, 64, 96, 128, 1024}) EXPECT_TRUE(vae.tiling_keeps_size(VaeTiling{tile})) << tile;
+  for (const int64_t tile : {8, 16, 24, 40, 48, 56}) EXPECT_FALSE(vae.tiling_keeps_size(VaeTiling{tile})) << tile;
+  const Tensor z = test::random_tensor({1, 16, 8, 8}, 3);
+  // Diffusers would make a 92x92 image of these 64x64 latents' tiles of 16 pixels.
+  test::expect_error([&] { vae.tiled_decode(z, VaeTiling{16}); },
+                     {"[vae] tiles of 16 image pixels", "would not decode to 64x64", "no final crop"});
+  EXPECT_EQ(vae.tiled_decode(z, VaeTiling{32}).shape(), (Shape{1, 3, 64, 64}));
+
+  // The pipeline refuses them before any work, naming the flag and the range.
+  FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny_arch");
+  args.height = args.width = 64;
+  args.vae_tiling = VaeTilingMode::kOn;
+  for (const int64_t tile : {int64_t(16), int64_t(40), int64_t(36), int64_t(1) << 21}) {
+    args.vae_tile_size = tile;
+    test::expect_error([&] { pipe(args); }, {"[pipeline] vae_tile_size (--vae-tile-size) is " + std::to_string(tile),
+                                             "expected a multiple of 32 from 32 to 1048576"});
+  }
+}
+
+TEST(VaeTiledDecode, PastSixtyFourTilesThePlanBoundsTheTracedOne) {
+  // The bound (traces of one tile per shape) against the trace of every tile, where both are
+  // quick: never below it, and within 20% of it where the plan uses it (measured: 10-11% at
+  // 250-289 tiles, mostly the outputs of the ops still in flight).
+  for (const char* fixture : {"flux1_tiny_arch", "flux1_tiny"}) {
+    FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(fixture));
+    const int64_t tile = pipe.vae_scale_factor() == 8 ? 64 : 32;
+    const int64_t s = pipe.vae_scale_factor() == 8 ? 1 : 4;  // latents of the same tile counts
+    for (auto [h, w] : std::vector<std::pair<int64_t, int64_t>>{{20, 28}, {61, 13}, {40, 40}, {8, 90}, {9, 9}, {100, 100}, {150, 60}}) {
+      h *= s;
+      w *= s;
+      const size_t traced = pipe.decode_activation_bytes(h, w, tile, std::numeric_limits<int64_t>::max());
+      const size_t bound = pipe.decode_activation_bytes(h, w, tile, 0);
+      EXPECT_GE(bound, traced) << fixture << " " << h << "x" << w;
+      // The plan uses the bound past 64 tiles only; below, the ops in flight weigh more than it.
+      const int64_t t = tile / pipe.vae_scale_factor();
+      const auto grid = bounded_tiles::diffusers_tiles(h, w, t, t * 3 / 4);
+      const int64_t tiles = int64_t(grid.size() * grid[0].size());
+      if (tiles > DiffusionPipeline::kTracedTiles) {
+        EXPECT_LE(double(bound), 1.2 * double(traced)) << fixture << " " << h << "x" << w;
+      }
+      std::printf("[ info ] %s latents %lldx%lld in %lld-pixel tiles: traced %zu, bound %zu (%.3fx)\n", fixture,
+                  static_cast<long long>(h), static_cast<long long>(w), static_cast<long long>(tile), traced, bound,
+                  double(bound) / double(traced));
+    }
+  }
+}
+
+TEST(VaeTiledDecode, ThePlanAnswersAtOnceAtAnySize) {
+  // 30000x30000 in the bundled VAE's 64-pixel tiles: 390,625 tiles, whose trace took minutes and
+  // 4.6 GB; the plan now traces one tile per shape.
+  FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny_arch"));
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny_arch");
+  for (const int64_t side : {30000, 1 << 20}) {
+    args.height = args.width = side;
+    const auto t0 = std::chrono::steady_clock::now();
+    const MemoryEstimate e = pipe.estimate_memory(args, 64);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(seconds, 5.0) << side;
+    // At least the image (f32) and every decoded tile kept for the blending.
+    const double image = 3.0 * double(side) * double(side) * 4;
+    EXPECT_GT(double(e.components.back().activation_bytes), 2 * image) << side;
+    std::printf("[ info ] %lldx%lld tiled plan: vae %.2f GiB, %.3f s\n", static_cast<long long>(side),
+                static_cast<long long>(side), double(e.components.back().activation_bytes) / double(1 << 30),
+                seconds);
+  }
+}
+
+TEST(PipelineBounds, StepsBeyondTheLimitFailBeforeAnyWork) {
+  FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny"));
+  PipelineCallArgs args = test::fixture_call_args("flux1_tiny");
+  for (const int64_t steps : {int64_t(10001), int64_t(1) << 31, std::numeric_limits<int64_t>::max()}) {
+    args.num_inference_steps = steps;
+    test::expect_error([&] { pipe(args); },
+                       {"[pipeline] num_inference_steps must be at most 10000", "got " + std::to_string(steps)});
+  }
 }
 
 }  // namespace

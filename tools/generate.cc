@@ -28,6 +28,7 @@
 #include "io/png.h"
 #include "io/safetensors.h"
 #include "pipelines/diffusion_pipeline.h"
+#include "pipelines/pipeline_checks.h"
 #include "report.h"
 #include "exec/profile.h"
 
@@ -82,6 +83,16 @@ VaeTilingMode parse_vae_tiling(const std::string& v) {
   fail("cli", "--vae-tiling ", v, ": expected auto (tiles only when the untiled decode would not fit in memory), on or off");
 }
 
+// --vae-tile-size: checked here as far as it can be without the model (the multiple of the
+// VAE's scale factor it must also be is checked by the pipeline, before any work).
+int64_t parse_vae_tile_size(const std::string& v) {
+  const int64_t tile = parse_int("--vae-tile-size", v);
+  KILN_CHECK(tile >= 1 && tile <= pipeline_checks::kMaxSide, "cli", "--vae-tile-size ", tile,
+             ": expected image pixels per tile side, from 4 times the VAE's scale factor (32 for FLUX.1, SD3 and ",
+             "FLUX.2) up to ", pipeline_checks::kMaxSide, ", a multiple of it");
+  return tile;
+}
+
 Options parse(const std::vector<std::string>& args) {
   Options o;
   o.call.prompt = kDefaultPrompt;
@@ -115,7 +126,7 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--report") o.report = value(), o.report_given = true;
     else if (flag == "--profile") o.profile = true;
     else if (flag == "--vae-tiling") o.call.vae_tiling = parse_vae_tiling(value());
-    else if (flag == "--vae-tile-size") o.call.vae_tile_size = parse_int(flag, value());
+    else if (flag == "--vae-tile-size") o.call.vae_tile_size = parse_vae_tile_size(value());
     else if (flag == "--device") o.device = value();
     else if (flag == "--mode") o.mode = value(), o.mode_given = true;
     else if (flag == "--compile") o.compile = value(), o.compile_given = true;
@@ -133,11 +144,11 @@ Options parse(const std::vector<std::string>& args) {
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
   // Checked here, before minutes of model loading.
-  KILN_CHECK(o.call.num_inference_steps >= 1, "cli", "--steps must be at least 1, got ", o.call.num_inference_steps);
+  pipeline_checks::check_bounds("cli", "--steps", o.call.num_inference_steps, 1, pipeline_checks::kMaxSteps);
   if (const auto n = o.call.max_sequence_length)
     KILN_CHECK(*n >= 1 && *n <= 512, "cli", "--max-sequence-length must be in [1, 512], got ", *n);
   for (const auto& [flag, v] : {std::pair{"--height", o.call.height}, std::pair{"--width", o.call.width}})
-    KILN_CHECK(!v || *v >= 16, "cli", flag, " must be at least 16, got ", v.value_or(0));
+    if (v) pipeline_checks::check_bounds("cli", flag, *v, 16, pipeline_checks::kMaxSide);
   const Device device = Device::parse(o.device);
   runtime(device);  // "[device] cuda:0 is not available: ..." where the build or the machine lacks it
   KILN_CHECK(o.tp <= 1 || runtime(device).is_host(), "cli", "--tp with --device ", o.device,
@@ -154,7 +165,6 @@ Options parse(const std::vector<std::string>& args) {
              ": expected on (compiled linears read their weights pre-packed, one more copy of them in device "
              "memory) or off");
   KILN_CHECK(!o.prepack_given || o.mode == "compile", "cli", "--prepack ", o.prepack, " needs --mode compile");
-  KILN_CHECK(o.call.vae_tile_size >= 0, "cli", "--vae-tile-size must be positive, got ", o.call.vae_tile_size);
   KILN_CHECK(o.call.vae_tile_size == 0 || o.call.vae_tiling != VaeTilingMode::kOff, "cli",
              "--vae-tile-size has no effect with --vae-tiling off");
   KILN_CHECK(!o.profile || o.report_given, "cli", "--profile adds to the report: it needs --report FILE");

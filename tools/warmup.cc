@@ -14,6 +14,7 @@
 #include "exec/executable_store.h"
 #include "io/output_file.h"
 #include "pipelines/diffusion_pipeline.h"
+#include "pipelines/pipeline_checks.h"
 #include "report.h"
 
 namespace kiln::cli {
@@ -37,6 +38,11 @@ std::vector<ImageSize> parse_sizes(const std::string& flag, const std::string& v
       fail("cli", flag, " expects HEIGHTxWIDTH[,HEIGHTxWIDTH...], got '", item, "' in '", v, "'");
     }
     KILN_CHECK(s.height >= 16 && s.width >= 16, "cli", flag, ": ", item, " is smaller than 16x16");
+    KILN_CHECK(s.height <= pipeline_checks::kMaxSide && s.width <= pipeline_checks::kMaxSide, "cli", flag, ": ", item,
+               " has a side above ", pipeline_checks::kMaxSide, "; expected sides from 16 to ", pipeline_checks::kMaxSide);
+    // Each size is a compile of its own: a list this long is a mistake, refused before any.
+    KILN_CHECK(int64_t(out.size()) < pipeline_checks::kMaxWarmupSizes, "cli", flag, " lists more than ",
+               pipeline_checks::kMaxWarmupSizes, " sizes; expected at most ", pipeline_checks::kMaxWarmupSizes);
     out.push_back(s);
     at = comma + 1;
   }

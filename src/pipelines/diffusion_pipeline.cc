@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <optional>
 
 #include "core/env.h"
@@ -236,11 +237,72 @@ std::vector<size_t> DiffusionPipeline::activations(int64_t h, int64_t w, int64_t
   return s_->traced_activations[key] = trace_activations(h, w, max_sequence_length, vae_tile_size);
 }
 
+// Tiles of 4 latent pixels' multiples are the ones whose seams keep the image's size: Diffusers'
+// tiled decode steps 3/4 of a tile, keeps a tile less its blended quarter, and has no final crop,
+// so any other tile repeats pixels (16-pixel tiles turn a 64x64 image into 92x92). Refused rather
+// than cropped: a crop would keep the repeated pixels, an image Diffusers never makes either.
+int64_t DiffusionPipeline::vae_tile_multiple() const { return 4 * vae_scale_factor(); }
+
+void DiffusionPipeline::check_vae_tile_size(int64_t tile) const {
+  const int64_t multiple = vae_tile_multiple();
+  KILN_CHECK(tile >= multiple && tile <= pipeline_checks::kMaxSide && tile % multiple == 0, "pipeline",
+             "vae_tile_size (--vae-tile-size) is ", tile, " image pixels; expected a multiple of ", multiple, " from ",
+             multiple, " to ", pipeline_checks::kMaxSide,
+             " (4 latent pixels of this VAE: other tiles change the decoded image's size)");
+}
+
 int64_t DiffusionPipeline::requested_vae_tile(const PipelineCallArgs& args) const {
-  const int64_t vsf = vae_scale_factor();
-  const int64_t tile = args.vae_tile_size ? args.vae_tile_size : vae().config().sample_size;
-  KILN_CHECK(tile >= 2 * vsf, "pipeline", "vae_tile_size must be at least ", 2 * vsf, " image pixels, got ", tile);
+  if (args.vae_tile_size) {
+    check_vae_tile_size(args.vae_tile_size);
+    return args.vae_tile_size;
+  }
+  const int64_t tile = vae().config().sample_size, multiple = vae_tile_multiple();
+  KILN_CHECK(tile >= multiple && tile % multiple == 0, "pipeline", "the VAE's sample_size (",
+             (dir() / "vae" / "config.json").string(), ") is ", tile,
+             ", which cannot be its decode's tile (expected a multiple of ", multiple,
+             "); give vae_tile_size (--vae-tile-size) or --vae-tiling off");
   return tile;
+}
+
+size_t DiffusionPipeline::decode_activation_bytes(int64_t h, int64_t w, int64_t vae_tile_size,
+                                                  int64_t traced_tiles) const {
+  const AutoencoderKL& v = vae();
+  // The VAE's input only needs its shape (nothing runs): host memory, not the device's budget.
+  const auto latents = [&](int64_t lh, int64_t lw) {
+    return placeholder_tensor({1, v.config().latent_channels, lh, lw}, DType::f32);
+  };
+  const auto whole = [&] {
+    const Tensor z = latents(h, w);
+    return trace_peak_bytes("vae", [&] { return decode(z, vae_tile_size); });
+  };
+  if (vae_tile_size == 0) return whole();
+  const VaeTileGrid grid = v.tile_grid(h, w, VaeTiling{vae_tile_size});
+  // A trace records every tile's ops: quick for a few tiles (and what the tests measure against),
+  // minutes and gigabytes for the 390,000 tiles of 30000x30000 in 64-pixel tiles.
+  if (grid.whole || grid.count() <= traced_tiles) return whole();
+  DeviceRuntime& rt = runtime(default_device());
+  const auto allocation_size = [&rt](size_t bytes) { return rt.allocation_size(bytes); };
+  // One tile of each shape, decoded after a largest one whose output is kept (as the tiled decode
+  // keeps every tile's), so what that one's last ops still hold is counted; its output is not.
+  const int64_t lh = grid.rows.front().first, lw = grid.cols.front().first;
+  const size_t largest_output =
+      allocation_size(size_t(lh * lw) * size_t(v.config().vae_scale_factor() * v.config().vae_scale_factor()) *
+                      size_t(v.config().out_channels) * dtype_size(v.dtype()));
+  std::map<std::pair<int64_t, int64_t>, size_t> peaks;
+  const auto tile_peak = [&](int64_t th, int64_t tw) {
+    const auto [it, added] = peaks.try_emplace({th, tw}, 0);
+    if (added) {
+      const Tensor first = latents(lh, lw), next = latents(th, tw);
+      const Graph g = detail::capture("vae", [&] {
+                        return std::vector<Tensor>{v.decode(first), v.decode(next)};
+                      }).recorded;
+      it->second = unfused_peak_bytes_on(g, default_device()) - largest_output;
+    }
+    return it->second;
+  };
+  // In flight as unfused_peak_bytes_on counts it: the queued items, the one running and the one
+  // being enqueued.
+  return v.tiled_decode_peak_bound(grid, tile_peak, allocation_size, rt.max_in_flight() + 2, rt.max_in_flight_bytes());
 }
 
 Tensor DiffusionPipeline::decode(const Tensor& z, int64_t vae_tile_size) const {
@@ -260,10 +322,10 @@ std::pair<int64_t, int64_t> DiffusionPipeline::rounded_size(const PipelineCallAr
 
 MemoryEstimate DiffusionPipeline::estimate_memory(const PipelineCallArgs& args) const {
   const int64_t vsf = vae_scale_factor();
-  const int64_t tile = requested_vae_tile(args);
+  if (args.vae_tile_size) check_vae_tile_size(args.vae_tile_size);  // whether or not the plan tiles
   switch (args.vae_tiling) {
     case VaeTilingMode::kOff: return estimate_memory(args, 0);
-    case VaeTilingMode::kOn: return estimate_memory(args, tile);
+    case VaeTilingMode::kOn: return estimate_memory(args, requested_vae_tile(args));
     case VaeTilingMode::kAuto: break;
   }
   // Untiled when that fits; else the given tile, or the largest that fits, halving from the VAE's
@@ -272,6 +334,7 @@ MemoryEstimate DiffusionPipeline::estimate_memory(const PipelineCallArgs& args) 
   MemoryEstimate e = estimate_memory(args, 0);
   const size_t limit = memory_limit();
   if (limit == 0 || e.required <= limit) return e;
+  const int64_t tile = requested_vae_tile(args);
   if (args.vae_tile_size) return estimate_memory(args, tile);
   const int64_t step = 4 * vsf;
   const auto [height, width] = rounded_size(args);
@@ -393,6 +456,8 @@ void DiffusionPipeline::warmup(int64_t height, int64_t width, std::optional<int6
   const int64_t multiple = size_multiple();
   KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "warmup: height and width must be at least ",
              multiple, ", got ", height, "x", width);
+  KILN_CHECK(height <= pipeline_checks::kMaxSide && width <= pipeline_checks::kMaxSide, "pipeline",
+             "warmup: height and width must be at most ", pipeline_checks::kMaxSide, ", got ", height, "x", width);
   PipelineCallArgs args;
   args.height = height;
   args.width = width;
@@ -473,14 +538,15 @@ PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const
   const CallGuard guard(*this);
   const auto t_start = std::chrono::steady_clock::now();
   PipelineOutput out;
-  KILN_CHECK(args.num_inference_steps >= 1, "pipeline", "num_inference_steps must be at least 1, got ",
-             args.num_inference_steps);
+  pipeline_checks::check_bounds("pipeline", "num_inference_steps", args.num_inference_steps, 1,
+                                pipeline_checks::kMaxSteps);
+  if (args.vae_tile_size) check_vae_tile_size(args.vae_tile_size);
   const int64_t msl = max_sequence_length(args);
   const int64_t multiple = size_multiple();
   auto [height, width] = requested_size(args);
   KILN_CHECK(height >= multiple && width >= multiple, "pipeline", "height and width must be at least ", multiple,
              ", got ", height, "x", width);
-  constexpr int64_t kMaxSide = int64_t(1) << 20;  // keeps every size computation far from overflow
+  constexpr int64_t kMaxSide = pipeline_checks::kMaxSide;  // keeps every size computation far from overflow
   KILN_CHECK(height <= kMaxSide && width <= kMaxSide, "pipeline", "height and width must be at most ", kMaxSide,
              ", got ", height, "x", width);
   if (height % multiple || width % multiple) {

@@ -193,6 +193,13 @@ class DiffusionPipeline {
   MemoryEstimate estimate_memory(const PipelineCallArgs& args) const;
   // The plan with the VAE decoding untiled (0) or in tiles of vae_tile_size image pixels.
   MemoryEstimate estimate_memory(const PipelineCallArgs& args, int64_t vae_tile_size) const;
+  // The VAE decode's peak activation bytes for latents of h × w (the plan's entry for the VAE),
+  // untiled or in tiles of vae_tile_size image pixels: traced op by op up to `traced_tiles`
+  // tiles; past that an upper bound from traces of one tile of each shape
+  // (AutoencoderKL::tiled_decode_peak_bound), so the plan takes the same time at any size.
+  static constexpr int64_t kTracedTiles = 64;
+  size_t decode_activation_bytes(int64_t h, int64_t w, int64_t vae_tile_size,
+                                 int64_t traced_tiles = kTracedTiles) const;
   // With the weights read in place from the host (no offload, no to(device)), each component's
   // mapped weights are read while it runs, the transformer's at every step: a component whose
   // weights plus activations exceed the machine's memory (`physical_total`) would be re-read from
@@ -326,7 +333,12 @@ class DiffusionPipeline {
   size_t memory_limit() const;
   size_t physical_available() const;
   std::vector<size_t> activations(int64_t h, int64_t w, int64_t max_sequence_length, int64_t vae_tile_size) const;
+  // The tile the call asks for (vae_tile_size, else the VAE's sample_size), checked.
   int64_t requested_vae_tile(const PipelineCallArgs& args) const;
+  // Tile sizes must be multiples of this (4 latent pixels); check_vae_tile_size fails naming
+  // vae_tile_size (--vae-tile-size) and the accepted range otherwise.
+  int64_t vae_tile_multiple() const;
+  void check_vae_tile_size(int64_t tile) const;
   // The call's (height, width): as given, else default_sample_size × vae_scale_factor; and that
   // rounded down to multiples of size_multiple().
   std::pair<int64_t, int64_t> requested_size(const PipelineCallArgs& args) const;

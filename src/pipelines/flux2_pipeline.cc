@@ -263,13 +263,11 @@ std::vector<size_t> Flux2Pipeline::trace_activations(int64_t h, int64_t w, int64
   const int64_t L = max_sequence_length;
   const Tensor ids = from_ints(std::vector<int64_t>(size_t(L), 0), {1, L});
   const Tensor mask = from_ints(std::vector<int64_t>(size_t(L), 1), {1, L});
-  const int64_t latent_channels = m_->vae.config().latent_channels;
-  const Tensor z = placeholder_tensor({1, latent_channels, h, w}, DType::f32);
   const std::vector<int64_t> layers = m_->out_layers;
   return {
       trace_peak_bytes("text_encoder", [&] { return concat(m_->text_encoder.hidden_states(ids, mask, layers), 2); }),
       m_->transformer.activation_bytes(1, (h / 2) * (w / 2), L),
-      trace_peak_bytes("vae", [&] { return decode(z, vae_tile_size); }),
+      decode_activation_bytes(h, w, vae_tile_size),
   };
 }
 

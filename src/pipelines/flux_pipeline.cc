@@ -144,15 +144,11 @@ std::vector<size_t> FluxPipeline::trace_activations(int64_t h, int64_t w, int64_
   const Tensor clip_ids = from_ints(std::vector<int64_t>(size_t(m_->tokenizer.model_max_length()), 0),
                                     {1, m_->tokenizer.model_max_length()});
   const Tensor t5_ids = from_ints(std::vector<int64_t>(size_t(max_sequence_length), 0), {1, max_sequence_length});
-  const int64_t latent_channels = m_->vae.config().latent_channels;
-  // The VAE's input only needs its shape (nothing runs): host memory, not the device's budget.
-  const Tensor z = Tensor::view_of(host_allocate(size_t(latent_channels * h * w) * 4), {1, latent_channels, h, w},
-                                   DType::f32);
   return {
       trace_peak_bytes("text_encoder", [&] { return m_->text_encoder.forward(clip_ids).pooler_output; }),
       trace_peak_bytes("text_encoder_2", [&] { return m_->text_encoder_2.forward(t5_ids).last_hidden_state; }),
       m_->transformer.activation_bytes(1, (h / 2) * (w / 2), max_sequence_length),
-      trace_peak_bytes("vae", [&] { return decode(z, vae_tile_size); }),
+      decode_activation_bytes(h, w, vae_tile_size),
   };
 }
 

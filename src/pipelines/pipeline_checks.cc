@@ -30,6 +30,13 @@ bool has_checkpoint(const fs::path& dir) {
 
 }  // namespace
 
+void check_bounds(const std::string& where, const std::string& name, int64_t value, int64_t lo, int64_t hi,
+                  const std::string& why) {
+  KILN_CHECK(value >= lo, where, name, " must be at least ", lo, ", got ", value);
+  KILN_CHECK(value <= hi, where, name, " must be at most ", hi, why.empty() ? std::string() : " (" + why + ")",
+             ", got ", value);
+}
+
 void finite_scalar(const std::string& name, double value, const std::string& expected) {
   KILN_CHECK(std::isfinite(value), "pipeline", name, " is ", value, ", expected ", expected);
 }

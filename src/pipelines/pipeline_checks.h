@@ -12,6 +12,20 @@
 
 namespace kiln::pipeline_checks {
 
+// ---- input bounds ----
+// Bounds on a call's sizes and counts, far beyond any real use, so that a typo such as
+// --steps 2147483648 fails at once with a line naming it instead of allocating per step or per
+// pixel first. Every entry point checks against them: the CLI's flags, the server's request
+// fields (server/generation_request.cc) and DiffusionPipeline's call itself.
+constexpr int64_t kMaxSteps = 10000;               // num_inference_steps (FLUX.1-dev uses 28-50)
+constexpr int64_t kMaxSide = int64_t(1) << 20;     // image pixels per side; keeps size math far from overflow
+constexpr int64_t kMaxWarmupSizes = 256;           // sizes one warmup (or serve --warmup) compiles
+
+// Fails "[where] NAME must be at least LO, got V" or "... at most HI, got V", `why` appended to
+// the second (what the bound is for), so each bound reads as one line naming the flag or field.
+void check_bounds(const std::string& where, const std::string& name, int64_t value, int64_t lo, int64_t hi,
+                  const std::string& why = "");
+
 // Fails "[pipeline] <name> is <value>, expected <expected>" unless `value` is finite.
 void finite_scalar(const std::string& name, double value, const std::string& expected = "a finite number");
 // Fails naming `what` (e.g. "initial latents") when `t` holds NaN or Inf (reads it now).

@@ -225,10 +225,6 @@ std::vector<size_t> StableDiffusion3Pipeline::trace_activations(int64_t h, int64
   const int64_t clip_len = m_->tokenizer.model_max_length();
   const Tensor clip_ids = from_ints(std::vector<int64_t>(size_t(clip_len), 0), {1, clip_len});
   const Tensor t5_ids = from_ints(std::vector<int64_t>(size_t(max_sequence_length), 0), {1, max_sequence_length});
-  const int64_t latent_channels = m_->vae.config().latent_channels;
-  // The VAE's input only needs its shape (nothing runs): host memory, not the device's budget.
-  const Tensor z = Tensor::view_of(host_allocate(size_t(latent_channels * h * w) * 4), {1, latent_channels, h, w},
-                                   DType::f32);
   std::vector<size_t> act;
   for (const ClipTextModel* enc : {&m_->text_encoder, &m_->text_encoder_2})
     act.push_back(trace_peak_bytes("text_encoder", [&] { return enc->forward(clip_ids, true).text_embeds; }));
@@ -237,7 +233,7 @@ std::vector<size_t> StableDiffusion3Pipeline::trace_activations(int64_t h, int64
         trace_peak_bytes("text_encoder_3", [&] { return m_->text_encoder_3->forward(t5_ids).last_hidden_state; }));
   // The guided batch of two (the default call; a call without guidance needs less).
   act.push_back(m_->transformer.activation_bytes(2, h, w, clip_len + max_sequence_length));
-  act.push_back(trace_peak_bytes("vae", [&] { return decode(z, vae_tile_size); }));
+  act.push_back(decode_activation_bytes(h, w, vae_tile_size));
   return act;
 }
 

@@ -1,10 +1,13 @@
 #include "server/generation_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
 
 #include <nlohmann/json.hpp>
+
+#include "pipelines/pipeline_checks.h"
 
 namespace kiln::server {
 
@@ -72,8 +75,10 @@ std::vector<int64_t> read_int_list(const json& body, const char* field) {
 // "1024x768" (OpenAI's WIDTHxHEIGHT) -> (height, width).
 std::pair<int64_t, int64_t> read_size(const json& body, const RequestLimits& limits) {
   const json& v = body.at("size");
+  // The server's --max-size, within what any call takes (serve's flag itself is not bounded above).
+  const int64_t max_side = std::min(limits.max_side, pipeline_checks::kMaxSide);
   const std::string expected = "expected \"WIDTHxHEIGHT\" with sides that are multiples of 16 in [16, " +
-                               std::to_string(limits.max_side) + "]";
+                               std::to_string(max_side) + "]";
   if (!v.is_string()) refuse("size", expected + ", got " + type_name(v));
   const std::string s = v.get<std::string>();
   const size_t x = s.find('x');
@@ -81,7 +86,7 @@ std::pair<int64_t, int64_t> read_size(const json& body, const RequestLimits& lim
     if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos)
       refuse("size", expected + ", got \"" + s.substr(0, 40) + "\"");
     const int64_t n = std::stoll(digits);
-    if (n < 16 || n > limits.max_side || n % 16 != 0) refuse("size", expected + ", got \"" + s + "\"");
+    if (n < 16 || n > max_side || n % 16 != 0) refuse("size", expected + ", got \"" + s + "\"");
     return n;
   };
   if (x == std::string::npos) refuse("size", expected + ", got \"" + s.substr(0, 40) + "\"");
@@ -137,7 +142,8 @@ GenerationRequest parse_generation_request(const std::string& body_text, const R
   if (body.contains("steps") && body.contains("num_inference_steps"))
     refuse("steps", "give steps or num_inference_steps, not both");
   for (const char* field : {"steps", "num_inference_steps"})
-    if (body.contains(field)) c.num_inference_steps = read_int(body, field, 1, limits.max_steps);
+    if (body.contains(field))
+      c.num_inference_steps = read_int(body, field, 1, std::min(limits.max_steps, pipeline_checks::kMaxSteps));
   if (body.contains("seed")) c.seed = uint64_t(read_int(body, "seed", 0, std::numeric_limits<int64_t>::max()));
   if (body.contains("guidance_scale")) c.guidance_scale = read_number(body, "guidance_scale", 0, 100);
   if (body.contains("max_sequence_length")) c.max_sequence_length = read_int(body, "max_sequence_length", 1, 512);

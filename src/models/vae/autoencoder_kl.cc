@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "core/error.h"
 #include "exec/host.h"
@@ -221,21 +222,141 @@ int64_t AutoencoderKL::tile_latent_size(const VaeTiling& tiling) const {
   return sample / config_.vae_scale_factor();
 }
 
+int64_t VaeTileGrid::count() const {
+  if (whole) return 1;
+  int64_t r = 0, c = 0;
+  for (const auto& [extent, n] : rows) r += n;
+  for (const auto& [extent, n] : cols) c += n;
+  return r * c;
+}
+
+namespace {
+
+// One axis of the grid: the tiles Diffusers' `range(0, extent, stride)` starts, as runs of equal
+// extent: the whole tiles, then each tile the edge cuts (at most tile / stride + 1 of them).
+std::vector<std::pair<int64_t, int64_t>> tile_runs(int64_t extent, int64_t tile, int64_t stride) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  const int64_t all = (extent + stride - 1) / stride;
+  const int64_t whole = extent >= tile ? (extent - tile) / stride + 1 : 0;
+  if (whole > 0) runs.emplace_back(tile, whole);
+  for (int64_t i = whole; i < all; ++i) runs.emplace_back(extent - i * stride, 1);
+  return runs;
+}
+
+}  // namespace
+
+VaeTileGrid AutoencoderKL::tile_grid(int64_t h, int64_t w, const VaeTiling& tiling) const {
+  KILN_CHECK(tiling.overlap_factor >= 0 && tiling.overlap_factor < 1, kWhere, "tile overlap factor must be in [0, 1), got ",
+             tiling.overlap_factor);
+  VaeTileGrid g;
+  g.tile = tile_latent_size(tiling);
+  // The stride between tiles, in latent pixels, and the blended seam and kept part, in image pixels.
+  g.stride = int64_t(double(g.tile) * (1 - tiling.overlap_factor));
+  g.sample_tile = g.tile * config_.vae_scale_factor();
+  g.blend_extent = int64_t(double(g.sample_tile) * tiling.overlap_factor);
+  g.row_limit = g.sample_tile - g.blend_extent;
+  KILN_CHECK(g.tile >= 1 && g.stride >= 1, kWhere, "a tile of ", g.sample_tile, " image pixels (", g.tile,
+             " latent pixels) with overlap ", tiling.overlap_factor, " is too small to tile with");
+  g.whole = h <= g.tile && w <= g.tile;
+  if (!g.whole) {
+    g.rows = tile_runs(h, g.tile, g.stride);
+    g.cols = tile_runs(w, g.tile, g.stride);
+  }
+  return g;
+}
+
+bool AutoencoderKL::tiling_keeps_size(const VaeTiling& tiling) const {
+  if (!(tiling.overlap_factor >= 0 && tiling.overlap_factor < 1)) return false;
+  const int64_t tile = tile_latent_size(tiling), sample_tile = tile * config_.vae_scale_factor();
+  const int64_t stride = int64_t(double(tile) * (1 - tiling.overlap_factor));
+  const int64_t row_limit = sample_tile - int64_t(double(sample_tile) * tiling.overlap_factor);
+  return tile >= 1 && stride >= 1 && row_limit == stride * config_.vae_scale_factor();
+}
+
+size_t AutoencoderKL::tiled_decode_peak_bound(const VaeTileGrid& g,
+                                              const std::function<size_t(int64_t, int64_t)>& tile_peak,
+                                              const std::function<size_t(size_t)>& allocation_size,
+                                              size_t in_flight, size_t in_flight_bytes) const {
+  const int64_t vsf = config_.vae_scale_factor();
+  const size_t element = dtype_size(dtype()) * size_t(config_.out_channels);
+  // A buffer of hp x wp image pixels (a decoded tile, a strip, an image row).
+  const auto bytes = [&](int64_t hp, int64_t wp) { return allocation_size(size_t(hp) * size_t(wp) * element); };
+  const auto tile_bytes = [&](int64_t th, int64_t tw) { return bytes(th * vsf, tw * vsf); };
+  const auto kept = [&](int64_t extent) { return std::min(g.row_limit, extent * vsf); };
+  int64_t width = 0, height = 0;
+  for (const auto& [tw, n] : g.cols) width += n * kept(tw);
+  for (const auto& [th, n] : g.rows) height += n * kept(th);
+  // Per row of tiles th high: its decoded (or blended) tiles, the copies of their kept parts
+  // (the concatenation's contiguous inputs) and the image row they make.
+  const auto row_tiles = [&](int64_t th) {
+    size_t b = 0;
+    for (const auto& [tw, n] : g.cols) b += size_t(n) * tile_bytes(th, tw);
+    return b;
+  };
+  const auto row_kept = [&](int64_t th) {
+    size_t b = 0;
+    for (const auto& [tw, n] : g.cols) b += size_t(n) * bytes(kept(th), kept(tw));
+    return b;
+  };
+  const auto image_row = [&](int64_t th) { return bytes(kept(th), width); };
+  // What the blends hold besides those: the tile being blended (blended with the tile above, then
+  // with the one to its left), the rest of each copied beside its seam, the seams' products and
+  // sums, and the ramps; and whatever the ops still in flight have not freed yet — the outputs of
+  // the last `in_flight` ops, at most a largest tile each, or in_flight_bytes and one more.
+  const int64_t th0 = g.rows.front().first, tw0 = g.cols.front().first;
+  const size_t largest = tile_bytes(th0, tw0);
+  const size_t blending = 4 * largest + 3 * bytes(g.blend_extent, tw0 * vsf) + 3 * bytes(th0 * vsf, g.blend_extent) +
+                          4 * allocation_size(size_t(g.blend_extent) * sizeof(float)) +
+                          std::min(in_flight * largest, in_flight_bytes + largest);
+
+  // Decoding: every tile decoded so far is kept for the blending; the last tile of each shape
+  // (the most kept before it) bounds the tiles of that shape.
+  size_t peak = 0, all_tiles = 0;
+  for (const auto& [th, rows] : g.rows) {
+    const size_t row = row_tiles(th), before_last_row = all_tiles + size_t(rows - 1) * row;
+    size_t before = 0;
+    for (const auto& [tw, cols] : g.cols) {
+      const size_t t = tile_bytes(th, tw);
+      peak = std::max(peak, before_last_row + before + size_t(cols - 1) * t + tile_peak(th, tw));
+      before += size_t(cols) * t;
+    }
+    all_tiles += size_t(rows) * row;
+  }
+
+  // Blending row i: the tiles of rows i on (blended or not), the blended rows i − 1 and i, row i's
+  // kept copies, the image rows 0..i and the blends' own. Linear in i within a run of equal rows,
+  // so its first two rows and its last bound the run.
+  size_t tiles_before = 0, image_rows = 0;  // of the rows before the run
+  int64_t previous = 0;                     // the extent of the row before (0: none)
+  for (const auto& [th, rows] : g.rows) {
+    const size_t row = row_tiles(th);
+    for (const int64_t i : {int64_t(0), int64_t(1), rows - 1}) {
+      if (i >= rows) continue;
+      const size_t above = i > 0 ? row : previous ? row_tiles(previous) : 0;
+      peak = std::max(peak, (all_tiles - tiles_before - size_t(i) * row) + above + row + row_kept(th) + image_rows +
+                                size_t(i + 1) * image_row(th) + blending);
+    }
+    tiles_before += size_t(rows) * row;
+    image_rows += size_t(rows) * image_row(th);
+    previous = th;
+  }
+  // The image: every image row and their concatenation, and what the last row's blends may not
+  // have freed yet.
+  return std::max(peak, image_rows + bytes(height, width) + row_tiles(previous) + row_kept(previous) + blending);
+}
+
 Tensor AutoencoderKL::tiled_decode(const Tensor& z, const VaeTiling& tiling) const {
   KILN_CHECK(z.rank() == 4 && z.dim(1) == config_.latent_channels, kWhere, "decode expects latents [B, ",
              config_.latent_channels, ", h, w], got ", to_string(z.shape()));
-  const int64_t tile = tile_latent_size(tiling);
-  KILN_CHECK(tiling.overlap_factor >= 0 && tiling.overlap_factor < 1, kWhere, "tile overlap factor must be in [0, 1), got ",
-             tiling.overlap_factor);
-  // The stride between tiles, in latent pixels, and the blended seam and kept part, in image pixels.
-  const int64_t stride = int64_t(double(tile) * (1 - tiling.overlap_factor));
-  const int64_t sample_tile = tile * config_.vae_scale_factor();
-  const int64_t blend_extent = int64_t(double(sample_tile) * tiling.overlap_factor);
-  const int64_t row_limit = sample_tile - blend_extent;
-  KILN_CHECK(tile >= 1 && stride >= 1, kWhere, "a tile of ", sample_tile, " image pixels (", tile,
-             " latent pixels) with overlap ", tiling.overlap_factor, " is too small to tile with");
   const int64_t h = z.dim(2), w = z.dim(3);
-  if (h <= tile && w <= tile) return decode(z);
+  const VaeTileGrid grid = tile_grid(h, w, tiling);
+  if (grid.whole) return decode(z);
+  const int64_t tile = grid.tile, stride = grid.stride, blend_extent = grid.blend_extent, row_limit = grid.row_limit;
+  KILN_CHECK(tiling_keeps_size(tiling), kWhere, "tiles of ", grid.sample_tile, " image pixels (", tile,
+             " latent pixels) with overlap ", tiling.overlap_factor, " would not decode to ",
+             h * config_.vae_scale_factor(), "x", w * config_.vae_scale_factor(),
+             " (Diffusers' tiled decode has no final crop); expected a tile whose kept part is its stride (with a "
+             "quarter overlap: a multiple of 4 latent pixels)");
   std::vector<std::vector<Tensor>> rows;
   for (int64_t i = 0; i < h; i += stride) {
     rows.emplace_back();

@@ -8,6 +8,7 @@
 #pragma once
 #include <array>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -73,6 +74,18 @@ struct VaeTiling {
   double overlap_factor = 0.25;      // Diffusers' tile_overlap_factor
 };
 
+// How tiled_decode() covers latents of h x w (Diffusers' loop, counted rather than run): tiles
+// `stride` latent pixels apart, `tile` high and wide except where the latents end. Each axis is
+// a few runs of equal extents in order: the whole tiles, then the last one or two (with a quarter
+// overlap) that the edge cuts, e.g. rows {{8, 40}, {7, 1}, {1, 1}} for 247 latent rows.
+struct VaeTileGrid {
+  int64_t tile = 0, stride = 0;                              // latent pixels
+  int64_t sample_tile = 0, blend_extent = 0, row_limit = 0;  // image pixels
+  bool whole = false;  // no larger than one tile: decoded whole, not tiled
+  std::vector<std::pair<int64_t, int64_t>> rows, cols;  // (extent in latent pixels, tiles)
+  int64_t count() const;                                 // tiles in all (1 when whole)
+};
+
 // Named intermediate outputs of a decode, keyed like the Diffusers modules that produce them
 // ("decoder.conv_in", "decoder.mid_block", "decoder.up_blocks.0", ..., "decoder.conv_norm_out",
 // "decoder.conv_out"); used by the parity tests.
@@ -93,10 +106,30 @@ class AutoencoderKL {
   // Returns the image [B, out_channels, h * vae_scale_factor, w * vae_scale_factor], about [-1, 1].
   Tensor decode(const Tensor& z, VaeTrace* trace = nullptr) const;
   // decode() tile by tile (VaeTiling); latents no larger than one tile are decoded whole, as
-  // Diffusers does.
+  // Diffusers does. Tiles that would change the image's size are refused (tiling_keeps_size).
   Tensor tiled_decode(const Tensor& z, const VaeTiling& tiling = {}) const;
   // The latent pixels per tile side tiled_decode() uses.
   int64_t tile_latent_size(const VaeTiling& tiling) const;
+  // The tiles tiled_decode() decodes latents of h x w in (fails as tiled_decode does on a tile
+  // too small to step by).
+  VaeTileGrid tile_grid(int64_t h, int64_t w, const VaeTiling& tiling = {}) const;
+  // Whether tiles of `tiling` decode latents to exactly h·vae_scale_factor x w·vae_scale_factor.
+  // Diffusers keeps row_limit = sample_tile − blend_extent image pixels of each tile but steps
+  // int(tile · (1 − overlap)) latent pixels, with no final crop: where the two differ the kept
+  // parts repeat pixels and the image grows (16-pixel tiles of an 8x VAE make 64x64 into 92x92).
+  // With Diffusers' quarter overlap that is every tile of a multiple of 4 latent pixels.
+  bool tiling_keeps_size(const VaeTiling& tiling) const;
+  // An upper bound of the bytes tiled_decode() holds at once over `grid`, op by op as
+  // unfused_peak_bytes counts a traced decode, in time independent of the number of tiles: the
+  // tiles decoded so far and the one being decoded; then the blending (every tile not yet blended,
+  // two rows of blended tiles, the copies of a row's kept parts, the image rows so far, one tile's
+  // temporaries); then the image rows and the image. `tile_peak(th, tw)` is the peak of decoding
+  // one tile of th x tw latent pixels after a largest one (both outputs kept, the largest's
+  // subtracted); `allocation_size`, `in_flight` and `in_flight_bytes` are the device's, as
+  // unfused_peak_bytes takes them (a value is freed only once the ops after its last reader may run).
+  size_t tiled_decode_peak_bound(const VaeTileGrid& grid, const std::function<size_t(int64_t, int64_t)>& tile_peak,
+                                 const std::function<size_t(size_t)>& allocation_size, size_t in_flight,
+                                 size_t in_flight_bytes) const;
   // image: [B, in_channels, H, W] in [-1, 1]. Returns the moments [B, 2 * latent_channels, h, w]
   // (mean, then logvar) of the latent distribution.
   Tensor encode_moments(const Tensor& image) const;
