@@ -423,6 +423,8 @@ TEST_F(MakeRandomCli, BadInputFailsBeforeWriting) {
            {out + " --like flux1-dev --blocks -1+2", "--blocks -1+2: expected D+S"},
            {out + " --like flux1-dev --blocks +2", "--blocks +2: expected D+S"},
            {out + " --like flux1-dev --t5-layers 0", "--t5-layers must be at least 1"},
+           {out + " --like flux1-dev --blocks 1001+0", "--blocks 1001+0: expected D+S with each count from 0 to 1000"},
+           {out + " --like flux1-dev --t5-layers 1001", "--t5-layers must be at most 1000"},
            {out + " --like flux1-dev --dtype f64", "--dtype f64: expected bf16, f16 or f32"},
            {out + " --like flux1-dev --seed x", "flag --seed expects an integer"},
            {out + " --like flux1-dev --shards 2", "unknown flag '--shards'"},
@@ -446,8 +448,9 @@ TEST_F(MakeRandomCli, BadInputFailsBeforeWriting) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("keep.txt exists and is not a folder"), std::string::npos) << r.output;
 
-  // More than the disk holds: refused before writing, and the parents it created are gone again.
-  r = make_random((dir_ / "new" / "deeper" / "huge").string() + " --like flux1-schnell --blocks 20000+0");
+  // More than the disk holds (1.9 TB: the most blocks make-random takes, in f32): refused before
+  // writing, and the parents it created are gone again.
+  r = make_random((dir_ / "new" / "deeper" / "huge").string() + " --like flux1-schnell --blocks 1000+1000 --dtype f32");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("needs"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("free"), std::string::npos) << r.output;

@@ -51,7 +51,10 @@ std::pair<int64_t, int64_t> parse_blocks(const std::string& v) {
   auto part = [&](const std::string& s) {
     KILN_CHECK(!s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos, "cli",
                "--blocks ", v, ": expected D+S, the double-stream and single-stream block counts (e.g. 19+38)");
-    return int64_t(std::stoll(s));
+    const int64_t n = std::stoll(s);
+    KILN_CHECK(n <= rw::kMaxRandomLayers, "cli", "--blocks ", v, ": expected D+S with each count from 0 to ",
+               rw::kMaxRandomLayers, " (e.g. 19+38)");
+    return n;
   };
   KILN_CHECK(plus != std::string::npos, "cli", "--blocks ", v,
              ": expected D+S, the double-stream and single-stream block counts (e.g. 19+38)");
@@ -65,6 +68,8 @@ int64_t parse_sd3_blocks(const std::string& v, const std::string& like) {
   const int64_t n = std::stoll(v);
   KILN_CHECK(n >= 1, "cli", "--blocks ", v, ": ", like,
              " needs at least 1 transformer block (the last is the context-pre-only one)");
+  KILN_CHECK(n <= rw::kMaxRandomLayers, "cli", "--blocks ", v, ": expected N from 1 to ", rw::kMaxRandomLayers,
+             ", the number of transformer blocks of ", like, " (e.g. 24)");
   return n;
 }
 
@@ -127,10 +132,14 @@ int make_random(const std::vector<std::string>& args) {
       t5_layers = parse_int(flag, value());
       KILN_CHECK(*t5_layers >= 1, "cli", "--t5-layers must be at least 1 (block 0 holds T5's position bias), got ",
                  *t5_layers);
+      KILN_CHECK(*t5_layers <= rw::kMaxRandomLayers, "cli", "--t5-layers must be at most ", rw::kMaxRandomLayers,
+                 " (T5-XXL has 24), got ", *t5_layers);
     } else if (flag == "--text-encoder-layers") {
       text_encoder_layers = parse_int(flag, value());
       KILN_CHECK(*text_encoder_layers >= 1, "cli", "--text-encoder-layers must be at least 1, got ",
                  *text_encoder_layers);
+      KILN_CHECK(*text_encoder_layers <= rw::kMaxRandomLayers, "cli", "--text-encoder-layers must be at most ",
+                 rw::kMaxRandomLayers, " (FLUX.2-dev's has 40), got ", *text_encoder_layers);
     } else if (flag == "--dtype") {
       dtype = parse_weights_dtype(value());
     } else if (flag == "--seed") {

@@ -17,7 +17,11 @@ constexpr const char* kWhere = "make-random";
 void check_options(const Flux1RandomOptions& o) {
   KILN_CHECK(o.num_layers >= 0 && o.num_single_layers >= 0, kWhere, "block counts must be >= 0, got ", o.num_layers,
              "+", o.num_single_layers);
+  KILN_CHECK(o.num_layers <= kMaxRandomLayers && o.num_single_layers <= kMaxRandomLayers, kWhere,
+             "block counts must be at most ", kMaxRandomLayers, " each, got ", o.num_layers, "+", o.num_single_layers);
   KILN_CHECK(o.t5_layers >= 1, kWhere, "T5 needs at least 1 layer (block 0 holds the position bias), got ",
+             o.t5_layers);
+  KILN_CHECK(o.t5_layers <= kMaxRandomLayers, kWhere, "T5 layers must be at most ", kMaxRandomLayers, ", got ",
              o.t5_layers);
   KILN_CHECK(is_floating(o.dtype), kWhere, "weights are f32, bf16 or f16, not ", dtype_name(o.dtype));
 }

@@ -14,8 +14,12 @@ constexpr const char* kWhere = "make-random";
 void check_options(const Flux2RandomOptions& o) {
   const int64_t d = o.num_layers.value_or(0), s = o.num_single_layers.value_or(0);
   KILN_CHECK(d >= 0 && s >= 0, kWhere, "block counts must be >= 0, got ", d, "+", s);
+  KILN_CHECK(d <= kMaxRandomLayers && s <= kMaxRandomLayers, kWhere, "block counts must be at most ", kMaxRandomLayers,
+             " each, got ", d, "+", s);
   KILN_CHECK(o.text_encoder_layers.value_or(1) >= 1, kWhere, "the text encoder needs at least 1 layer, got ",
              o.text_encoder_layers.value_or(0));
+  KILN_CHECK(o.text_encoder_layers.value_or(1) <= kMaxRandomLayers, kWhere, "text encoder layers must be at most ",
+             kMaxRandomLayers, ", got ", o.text_encoder_layers.value_or(0));
   KILN_CHECK(is_floating(o.dtype), kWhere, "weights are f32, bf16 or f16, not ", dtype_name(o.dtype));
 }
 

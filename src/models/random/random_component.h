@@ -36,6 +36,12 @@ struct RandomComponent {
   int64_t parameters() const;
 };
 
+// The most blocks or layers one stack of a random folder may have (--blocks, --t5-layers,
+// --text-encoder-layers): the real models have at most 57 (FLUX.1's 19+38 blocks count per
+// stack), and each one is ~30 tensor descriptions built before the disk check, so a count of a
+// million ran out of memory (bad_alloc) before that check could refuse it.
+constexpr int64_t kMaxRandomLayers = 1000;
+
 // Diffusers' save_pretrained default max_shard_size ("10GB"); transformers' ("5GB").
 constexpr uint64_t kDiffusersShardBytes = 10'000'000'000ull;
 constexpr uint64_t kTransformersShardBytes = 5'000'000'000ull;

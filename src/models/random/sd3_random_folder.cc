@@ -19,7 +19,11 @@ constexpr const char* kPad2 = "!";  // tokenizer_2's pad token (sd3.md §2.5)
 
 void check_options(const Sd3RandomOptions& o) {
   KILN_CHECK(o.num_layers >= 1, kWhere, "SD3 needs at least 1 transformer block, got ", o.num_layers);
+  KILN_CHECK(o.num_layers <= kMaxRandomLayers, kWhere, "SD3 transformer blocks must be at most ", kMaxRandomLayers,
+             ", got ", o.num_layers);
   KILN_CHECK(o.t5_layers >= 1, kWhere, "T5 needs at least 1 layer (block 0 holds the position bias), got ",
+             o.t5_layers);
+  KILN_CHECK(o.t5_layers <= kMaxRandomLayers, kWhere, "T5 layers must be at most ", kMaxRandomLayers, ", got ",
              o.t5_layers);
   KILN_CHECK(is_floating(o.dtype), kWhere, "weights are f32, bf16 or f16, not ", dtype_name(o.dtype));
 }
