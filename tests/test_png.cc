@@ -7,6 +7,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "golden.h"
 #include "io/png.h"
@@ -120,6 +122,37 @@ TEST_F(Png, ReadErrorsNameThePath) {
   io::write_png(dir_ / "full.png", rgb.data(), 16, 16);
   fs::resize_file(dir_ / "full.png", fs::file_size(dir_ / "full.png") - 20);
   test::expect_error([&] { io::read_png(dir_ / "full.png"); }, {"[png] cannot read", "full.png"});
+}
+
+// The PNG chunk CRC (ISO 3309).
+uint32_t png_crc(const std::string& bytes) {
+  uint32_t c = 0xffffffffu;
+  for (const char ch : bytes) {
+    c ^= static_cast<unsigned char>(ch);
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+  }
+  return c ^ 0xffffffffu;
+}
+
+TEST_F(Png, TheDeclaredSizeIsCheckedBeforeThePixelsAreAllocated) {
+  const auto rgb = pattern(64, 64);
+  io::write_png(dir_ / "small.png", rgb.data(), 64, 64);
+  // The same file with its header declaring 30000x30000 (its CRC redone): 2.7 GB of pixels.
+  std::ifstream in(dir_ / "small.png", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(bytes.substr(12, 4), "IHDR");
+  for (const size_t at : {size_t(16), size_t(20)})  // width, height: big-endian
+    for (int i = 0; i < 4; ++i) bytes[at + size_t(i)] = char((30000u >> (24 - 8 * i)) & 0xff);
+  const uint32_t crc = png_crc(bytes.substr(12, 4 + 13));
+  for (int i = 0; i < 4; ++i) bytes[29 + size_t(i)] = char((crc >> (24 - 8 * i)) & 0xff);
+  std::ofstream(dir_ / "declares_30000.png", std::ios::binary) << bytes;
+  test::expect_error([&] { io::read_png(dir_ / "declares_30000.png"); },
+                     {"[png] cannot read", "declares_30000.png", "it declares 30000x30000 pixels (HxW), 2.51 GiB",
+                      "expected at most 268435456 pixels (16384x16384)"});
+  // A caller's memory budget: 64x64 needs 12 KiB of RGB.
+  test::expect_error([&] { io::read_png(dir_ / "small.png", 12287); },
+                     {"it declares 64x64 pixels", "the memory available for it"});
+  EXPECT_EQ(io::read_png(dir_ / "small.png", 12288).rgb, rgb);
 }
 
 }  // namespace

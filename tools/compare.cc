@@ -4,8 +4,10 @@
 #include <cstdlib>
 
 #include "commands.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/terminal.h"
+#include "devices/runtime.h"
 #include "io/png.h"
 
 namespace kiln::cli {
@@ -25,7 +27,13 @@ int compare(const std::vector<std::string>& args) {
     }
   }
   KILN_CHECK(files.size() == 2, "cli", "compare needs two PNG files, got ", files.size());
-  const io::PngImage a = io::read_png(files[0]), b = io::read_png(files[1]);
+  // Both images are held at once: each may take half the memory the machine has left, checked
+  // against the size its PNG declares before its pixels are allocated (KILN_HOST_MEMORY_CHECK=0:
+  // only the fixed limit, io::kMaxPngPixels).
+  const size_t available = env::choice("KILN_HOST_MEMORY_CHECK").value_or("1") == "1"
+                               ? runtime(Device::cpu()).physical_available_bytes()
+                               : 0;
+  const io::PngImage a = io::read_png(files[0], available / 2), b = io::read_png(files[1], available / 2);
   KILN_CHECK(a.height == b.height && a.width == b.width, "compare", files[0], " is ", a.height, "x", a.width, " but ",
              files[1], " is ", b.height, "x", b.width);
   int worst = 0;

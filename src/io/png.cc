@@ -54,8 +54,10 @@ bool encode(FILE* f, const uint8_t* rgb, png_uint_32 height, png_uint_32 width, 
   return true;
 }
 
-// Decodes into out->rgb and copies the text chunks (before and after the image data).
-bool decode(FILE* f, PngImage* out, ErrorSink* sink) {
+// Decodes into out->rgb and copies the text chunks (before and after the image data). The
+// declared size is checked against kMaxPngPixels and `max_bytes` (0: none) before anything is
+// allocated for the pixels.
+bool decode(FILE* f, PngImage* out, size_t max_bytes, ErrorSink* sink) {
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, sink, on_error, on_warning);
   if (!png) return false;
   png_infop info = png_create_info_struct(png);
@@ -70,6 +72,21 @@ bool decode(FILE* f, PngImage* out, ErrorSink* sink) {
   }
   png_init_io(png, f);
   png_read_info(png, info);
+  const uint64_t declared_h = png_get_image_height(png, info), declared_w = png_get_image_width(png, info);
+  const uint64_t declared_bytes = declared_h * declared_w * 3;
+  if (declared_h * declared_w > kMaxPngPixels || (max_bytes && declared_bytes > max_bytes)) {
+    char limit[96];
+    if (declared_h * declared_w > kMaxPngPixels)
+      std::snprintf(limit, sizeof limit, "%llu pixels (16384x16384)", static_cast<unsigned long long>(kMaxPngPixels));
+    else
+      std::snprintf(limit, sizeof limit, "%.2f GiB, the memory available for it", double(max_bytes) / double(1 << 30));
+    std::snprintf(sink->message, sizeof sink->message,
+                  "it declares %llux%llu pixels (HxW), %.2f GiB as 8-bit RGB; expected at most %s",
+                  static_cast<unsigned long long>(declared_h), static_cast<unsigned long long>(declared_w),
+                  double(declared_bytes) / double(1 << 30), limit);
+    png_destroy_read_struct(&png, &info, &end);
+    return false;
+  }
   png_set_expand(png);  // palette -> RGB, gray < 8 bits -> 8, tRNS -> alpha
   png_set_strip_16(png);
   png_set_strip_alpha(png);
@@ -193,7 +210,7 @@ std::string encode_png(const uint8_t* rgb, int64_t height, int64_t width, const 
   return bytes;
 }
 
-PngImage read_png(const std::filesystem::path& path) {
+PngImage read_png(const std::filesystem::path& path, size_t max_bytes) {
   // Never a blocking open: a FIFO, socket, device or folder is refused (io/input_file.h).
   std::string problem;
   const int fd = open_input_file(path, &problem);
@@ -213,7 +230,7 @@ PngImage read_png(const std::filesystem::path& path) {
   }
   PngImage image;
   ErrorSink sink;
-  const bool ok = decode(f, &image, &sink);
+  const bool ok = decode(f, &image, max_bytes, &sink);
   std::fclose(f);
   if (!ok) fail("png", "cannot read ", path.string(), ": ", sink.message);
   return image;

@@ -31,8 +31,15 @@ struct PngImage {
   PngText text;              // tEXt, zTXt and iTXt chunks in file order
 };
 
+// The most pixels read_png decodes: 2^28 (16384x16384, 768 MiB as RGB), far above any image
+// kiln makes. Deflate compresses up to 1032:1, so a PNG of 2.6 MB can declare a 30000x30000
+// image of one colour, whose 2.7 GB would be allocated before its first row is read.
+constexpr uint64_t kMaxPngPixels = uint64_t(1) << 28;
+
 // Reads any PNG as 8-bit RGB (palette and gray expanded, 16-bit reduced, alpha dropped).
+// The size its header declares is checked before the pixels are allocated: at most
+// kMaxPngPixels, and at most `max_bytes` bytes of RGB when given (what the caller has memory for).
 // Errors are kiln::Error "[png] cannot read <path>: <reason>".
-PngImage read_png(const std::filesystem::path& path);
+PngImage read_png(const std::filesystem::path& path, size_t max_bytes = 0);
 
 }  // namespace kiln::io
