@@ -33,9 +33,9 @@ void add_size_cases(Corpus& corpus) {
   // (also against the host's available memory) refuses it.
   corpus.add(fails("sizes/40000x40000-host", gen({"--height", "40000", "--width", "40000"}),
                    {"[memory] 40000x40000 needs", "available"}));
-  // Past the largest side kiln accepts (2^20).
+  // Past the largest side kiln accepts (2^20): refused with the flag, before the model loads.
   corpus.add(fails("sizes/height-2000000", gen({"--height", "2000000"}),
-                   {"height and width must be at most 1048576", "got 2000000x32"}));
+                   {"[cli] --height must be at most 1048576, got 2000000"}));
 
   // Device capacity: 1 byte fits nothing.
   corpus.add(fails(

@@ -26,6 +26,9 @@ struct Case {
   std::vector<std::string> expect;  // substrings the combined stdout+stderr must contain
   std::vector<std::string> forbid;  // substrings it must not contain (besides the runner's own list)
   std::vector<fs::path> watch;      // folders whose trees must be unchanged; empty: the corpus's out_dir and models
+  // A value bounded before any work: the case must end within the runner's --fast-timeout
+  // (10 s by default, against --timeout's 120), so work in proportion to the value fails it.
+  bool fast = false;
 };
 
 // A case expecting `exit_code` and every one of `expect` in its output.
@@ -94,6 +97,7 @@ void add_value_cases(Corpus& corpus);       // NaN/Inf weights, latents, scalars
 void add_checkpoint_cases(Corpus& corpus);  // dtypes, byte layout, unused tensors, classes, env
 void add_size_cases(Corpus& corpus);        // sizes that exhaust memory
 void add_cli_cases(Corpus& corpus);         // flags, help
+void add_bound_cases(Corpus& corpus);       // steps, sizes, counts, tiles, PNG sizes bounded before work
 void add_input_cases(Corpus& corpus);       // FIFOs, sockets, devices, folders read as files; GGUF by magic
 
 }  // namespace kiln::corpus

@@ -1,5 +1,5 @@
 // Runs the bad-input corpus against a `kiln` binary:
-//   bad_input_corpus KILN FIXTURES_DIR [--filter TEXT] [--timeout SECONDS]
+//   bad_input_corpus KILN FIXTURES_DIR [--filter TEXT] [--timeout SECONDS] [--fast-timeout SECONDS]
 // Prints one line per failed case and a closing "N passed, N failed"; exits non-zero when any
 // case failed or none ran.
 #include <fcntl.h>
@@ -198,15 +198,17 @@ void Corpus::add(Case c) { cases_.push_back(std::move(c)); }
 int main(int argc, char** argv) {
   using namespace kiln::corpus;
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s KILN FIXTURES_DIR [--filter TEXT] [--timeout SECONDS]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s KILN FIXTURES_DIR [--filter TEXT] [--timeout SECONDS] [--fast-timeout SECONDS]\n",
+                 argv[0]);
     return 2;
   }
   const std::string kiln = argv[1];
   std::string filter;
-  int timeout = 120;
+  int timeout = 120, fast_timeout = 10;  // fast: the cases of values bounded before any work (Case::fast)
   for (int i = 3; i + 1 < argc; i += 2) {
     if (std::string(argv[i]) == "--filter") filter = argv[i + 1];
     if (std::string(argv[i]) == "--timeout") timeout = std::atoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--fast-timeout") fast_timeout = std::atoi(argv[i + 1]);
   }
   const fs::path scratch = fs::temp_directory_path() / ("kiln_bad_input_" + std::to_string(::getpid()));
   fs::remove_all(scratch);
@@ -217,6 +219,7 @@ int main(int argc, char** argv) {
   add_checkpoint_cases(corpus);
   add_size_cases(corpus);
   add_cli_cases(corpus);
+  add_bound_cases(corpus);
   add_input_cases(corpus);
 
   // Reports that mean a crash or a sanitizer finding, whatever the exit code.
@@ -230,9 +233,12 @@ int main(int argc, char** argv) {
     if (watch.empty()) watch = {corpus.out_dir(), corpus.models_dir()};
     std::vector<std::map<std::string, std::string>> before;
     for (const fs::path& w : watch) before.push_back(snapshot(w));
-    const Run r = run(kiln, c, timeout);
+    const int limit = c.fast ? std::min(timeout, fast_timeout) : timeout;
+    const Run r = run(kiln, c, limit);
     std::string why;
-    if (r.timed_out) why += " timed out after " + std::to_string(timeout) + " s (a hang);";
+    if (r.timed_out)
+      why += " timed out after " + std::to_string(limit) +
+             (c.fast ? " s (a bound checked before any work must fail at once);" : " s (a hang);");
     else if (r.exit_code != c.exit_code)
       why += " exit code " + std::to_string(r.exit_code) + ", expected " + std::to_string(c.exit_code) + ";";
     for (const std::string& e : c.expect)
