@@ -18,9 +18,11 @@ const std::vector<CommandDoc>& commands() {
            {"--prompt-3", "TEXT", "--prompt", "SD3: the T5 prompt"},
            {"--negative-prompt", "TEXT", "\"\"", "SD3: the unconditional prompt of classifier-free guidance "
                                                 "(--negative-prompt-2 / -3 for CLIP-G / T5)"},
-           {"--height", "H", "1024 (128 x vae_scale_factor)", "image height; not a multiple of 16: rounded down"},
-           {"--width", "W", "1024 (128 x vae_scale_factor)", "image width; not a multiple of 16: rounded down"},
-           {"--steps", "N", "28 (4 for the bundled checkpoint)", "num_inference_steps (use 4 for schnell)"},
+           {"--height", "H", "1024 (128 x vae_scale_factor)",
+            "image height, 16 to 1048576; not a multiple of 16: rounded down"},
+           {"--width", "W", "1024 (128 x vae_scale_factor)",
+            "image width, 16 to 1048576; not a multiple of 16: rounded down"},
+           {"--steps", "N", "28 (4 for the bundled checkpoint)", "num_inference_steps, 1 to 10000 (use 4 for schnell)"},
            {"--guidance", "G", "FLUX 3.5, SD3 7.0, FLUX.2 4.0",
             "FLUX.1/FLUX.2-dev: guidance-distilled checkpoints only; SD3 and FLUX.2 klein base: classifier-free "
             "guidance, on above 1 (two transformer passes per step); distilled klein ignores it"},
@@ -42,7 +44,8 @@ const std::vector<CommandDoc>& commands() {
                                                   "vae.enable_tiling()); auto: only when the untiled decode would not "
                                                   "fit in memory"},
            {"--vae-tile-size", "PIXELS", "the VAE's sample_size (1024)", "image pixels per tile side "
-                                                                         "(Diffusers' tile_sample_min_size)"},
+                                                                         "(Diffusers' tile_sample_min_size): a multiple "
+                                                                         "of 4 latent pixels (32 for an 8x VAE)"},
            {"--device", "DEVICE", "cpu", "cpu, or cuda:N (a build with the CUDA toolkit, on a machine with that GPU)"},
            {"--mode", "eager|defer|compile", "eager", "strict eager, deferred-and-fused, or compiled transformer"},
            {"--compile", "full|blocks", "full", "with --mode compile: the whole transformer or its repeated blocks"},
@@ -121,7 +124,7 @@ const std::vector<CommandDoc>& commands() {
        "Compile the transformer for each size without running it and store the executables in the persistent "
        "cache, so later runs at those sizes compile nothing.",
        {
-           {"--sizes", "HxW[,HxW...]", "required", "the sizes to compile for"},
+           {"--sizes", "HxW[,HxW...]", "required", "the sizes to compile for (at most 256; sides 16 to 1048576)"},
            {"--model", "DIR", "the bundled checkpoint", "as for generate"},
            {"--compile", "full|blocks", "full", "the whole transformer or its repeated blocks"},
            {"--max-sequence-length", "N", "the pipeline's: FLUX 512, SD3 256 (32 for the bundled checkpoint)",
@@ -151,7 +154,8 @@ const std::vector<CommandDoc>& commands() {
             "sd3-medium's transformer; flux2-dev: Mistral Small 3.2 text encoder, 6144-wide transformer; "
             "flux2-klein-4b / -9b: Qwen3-4B / Qwen3-8B text encoder, 3072 / 4096-wide transformer, step-distilled)"},
            {"--blocks", "D+S | N", "19+38 (FLUX.1), 24 (SD3), 8+48 (flux2-dev), 5+20 / 8+24 (klein 4b / 9b)",
-            "FLUX.1, FLUX.2: double-stream + single-stream transformer blocks; SD3: transformer blocks N >= 1 (the "
+            "FLUX.1, FLUX.2: double-stream + single-stream transformer blocks; SD3: transformer blocks N >= 1 (each "
+            "count at most 1000; the "
             "last is the context-pre-only block; sd3.5-medium's dual-attention blocks are those of 0-12 below N)"},
            {"--t5-layers", "N", "24", "FLUX.1, SD3: T5 encoder layers"},
            {"--text-encoder-layers", "N", "40 (flux2-dev), 36 (klein)",
