@@ -70,6 +70,11 @@ TEST(GenerationRequest, BadBodiesNameTheirField) {
       {R"({"prompt": "x", "skip_layer_guidance_start": 2})", 400, "skip_layer_guidance_start"},
       {R"({"prompt": "x", "model": 3})", 400, "model"},
       {R"({"prompt": "x", "latents": [0]})", 400, "latents"},
+      // Control characters: a NUL would fail the PNG only after the run; escapes reach terminals.
+      {R"({"prompt": "a\u0000b"})", 400, "prompt"},
+      {R"({"prompt": "\u001b[2J"})", 400, "prompt"},
+      {R"({"prompt": "x", "prompt_2": "del\u007f"})", 400, "prompt_2"},
+      {R"({"prompt": "x", "negative_prompt": "c1 \u009b"})", 400, "negative_prompt"},
   };
   for (const auto& [body, status, field] : cases) {
     try {
@@ -84,6 +89,13 @@ TEST(GenerationRequest, BadBodiesNameTheirField) {
 }
 
 // Random byte edits of good bodies: each parses or is a RequestError; nothing else escapes.
+// Only tab and line breaks among the control characters: prompts are often pasted paragraphs.
+TEST(GenerationRequest, TabsAndLineBreaksStayInPrompts) {
+  const GenerationRequest r = parse_generation_request(R"({"prompt": "a fox\n\tin snow\r\n", "prompt_2": "é ∑"})", {});
+  EXPECT_EQ(r.call.prompt, "a fox\n\tin snow\r\n");
+  EXPECT_EQ(r.call.prompt_2, "é ∑");
+}
+
 TEST(GenerationRequest, FuzzedBodiesAreAcceptedOrRefusedNeverThrowOtherwise) {
   const std::vector<std::string> seeds = {
       R"({"prompt": "a cat", "size": "512x512", "n": 2, "steps": 4, "seed": 3})",

@@ -2,6 +2,7 @@
 // returns the process exit code; errors are thrown as kiln::Error and printed by main.
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -60,8 +61,12 @@ nlohmann::json quantization_report(const PipelineOptions& options);
 // activations, and what its placement needs, to read beside the measured peaks.
 nlohmann::json estimate_report(const DiffusionPipeline& pipe, const PipelineCallArgs& call, const PipelineOutput& result);
 void compile_transformer(DiffusionPipeline& pipe, const std::string& how, bool prepack_weights = true);   // --compile full|blocks
+// The name an image's metadata and the server give a model: its folder's name, a hub snapshot's
+// repository id ("org/name"), or the bundled checkpoint's id — never a path on this machine, which
+// would travel with every image.
+std::string model_name(const std::filesystem::path& model, bool bundled);
 // The PNG text of an image (generate and serve write the same): prompt, seed (as given), steps,
-// size "HxW", model (as given) and the software.
+// size "HxW", model (model_name) and the software.
 io::PngText image_metadata(const PipelineCallArgs& call, const std::string& seed, const PipelineOutput& result,
                            const std::string& model);
 int serve(const std::vector<std::string>& args);        // serve.cc

@@ -266,6 +266,20 @@ io::PngText image_metadata(const PipelineCallArgs& call, const std::string& seed
           {"software", std::string("kiln ") + KILN_VERSION}};
 }
 
+std::string model_name(const fs::path& model, bool bundled) {
+  if (bundled) return "kiln-bundled-flux1-tiny";
+  fs::path p = model.lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "FLUX.1-schnell/"
+  // A hub cache snapshot, .../models--ORG--NAME/snapshots/REV: the repository's id.
+  const std::string repo = p.parent_path().parent_path().filename().string();
+  if (p.parent_path().filename() == "snapshots" && repo.rfind("models--", 0) == 0) {
+    std::string id = repo.substr(8);
+    if (const size_t dashes = id.find("--"); dashes != std::string::npos) id.replace(dashes, 2, "/");
+    return id;
+  }
+  return p.filename().string();
+}
+
 void compile_transformer(DiffusionPipeline& pipe, const std::string& how, bool prepack_weights) {
   CompileOptions options;
   options.fullgraph = true;  // the transformers' forwards have no graph break; any would be a bug worth an error
@@ -323,7 +337,7 @@ void progress(int64_t i, int64_t n, double step_seconds, double& total) {
 int generate(const std::vector<std::string>& args) {
   // Under mpirun every rank must hold rank 0's command line, before anything else
   // (distributed/same_arguments.h); a no-op for one process.
-  check_same_arguments(*ProcessGroup::world(), "generate", args);
+  check_same_arguments(*ProcessGroup::world(), "generate", args, {"--device-memory"});
   Options o = parse(args);
   const std::shared_ptr<ProcessGroup> world = ProcessGroup::world();
   const bool writer = world->rank() == 0;  // under --tp only rank 0 writes the image and report
@@ -382,7 +396,7 @@ int generate(const std::vector<std::string>& args) {
 
   const io::PngText meta = image_metadata(
       o.call, o.latents_file.empty() ? std::to_string(o.call.seed) : "latents from " + o.latents_file.string(), result,
-      o.model.string());
+      model_name(o.model, o.bundled));
   // Per-rank figures for the report (every rank takes part in the gather).
   struct RankFigures {
     uint64_t bytes_read, device_peak, host_rss;

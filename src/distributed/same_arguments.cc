@@ -19,9 +19,20 @@ std::string shown(const std::vector<std::string>& args, size_t i) {
 
 }  // namespace
 
-void check_same_arguments(ProcessGroup& group, const std::string& command, const std::vector<std::string>& args) {
+void check_same_arguments(ProcessGroup& group, const std::string& command, const std::vector<std::string>& all_args,
+                          const std::vector<std::string>& per_rank_flags) {
   const int n = group.size();
   if (n == 1) return;
+  // A rank's own settings (its device's memory) may differ: each such flag and its value are left
+  // out of the comparison.
+  std::vector<std::string> args;
+  for (size_t i = 0; i < all_args.size(); ++i) {
+    if (std::find(per_rank_flags.begin(), per_rank_flags.end(), all_args[i]) != per_rank_flags.end()) {
+      ++i;
+      continue;
+    }
+    args.push_back(all_args[i]);
+  }
   // Each rank's command line after "kiln" as one buffer, each argument ended by '\0' (which no
   // argv string holds).
   std::string mine = command + '\0';

@@ -15,7 +15,9 @@ namespace kiln {
 // any rank's `args` (the arguments after the subcommand `command`) differ from rank 0's, a
 // kiln::Error on every rank, the same line on each, naming the first argument that differs, its
 // value on both ranks and every rank that differs. Two all_gathers of fixed sizes (each rank's
-// length first), so different lengths cannot truncate a message.
-void check_same_arguments(ProcessGroup& group, const std::string& command, const std::vector<std::string>& args);
+// length first), so different lengths cannot truncate a message. `per_rank_flags` (e.g.
+// "--device-memory", one rank's own device) and their values may differ and are not compared.
+void check_same_arguments(ProcessGroup& group, const std::string& command, const std::vector<std::string>& args,
+                          const std::vector<std::string>& per_rank_flags = {});
 
 }  // namespace kiln

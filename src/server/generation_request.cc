@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <set>
 
@@ -34,6 +35,19 @@ std::string read_text(const json& body, const char* field, const RequestLimits& 
     refuse(field, "is " + std::to_string(s.size()) + " bytes long; this server takes at most " +
                       std::to_string(limits.max_prompt_chars),
            413);
+  // A NUL would fail the job's PNG text only after the whole run, and escapes would reach
+  // terminals and logs: control characters other than tab and line breaks are refused here.
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char ch = static_cast<unsigned char>(s[i]);
+    const bool c1 = ch == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(s[i + 1]) <= 0x9F;  // U+0080..U+009F in UTF-8
+    if ((ch < 0x20 && ch != '\t' && ch != '\n' && ch != '\r') || ch == 0x7F || c1) {
+      char code[16];
+      std::snprintf(code, sizeof code, "U+%04X", c1 ? static_cast<unsigned char>(s[i + 1]) : ch);
+      refuse(field, std::string("holds the control character ") + code + " at byte " + std::to_string(i) +
+                        "; only tab and line breaks are taken");
+    }
+  }
   return s;
 }
 
