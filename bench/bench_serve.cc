@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
   }
 
   std::vector<std::string> serve = launcher;
-  serve.insert(serve.end(), {KILN_CLI_PATH, "serve", "--port", "0", "--max-queue", "100000", "--max-steps", "100000"});
+  serve.insert(serve.end(), {KILN_CLI_PATH, "serve", "--port", "0", "--max-queue", "100000", "--max-steps", "10000"});
   if (!model.empty()) serve.insert(serve.end(), {"--model", model});
   serve.insert(serve.end(), serve_flags.begin(), serve_flags.end());
   const auto start = Clock::now();

@@ -15,7 +15,8 @@ packages=(
   libsentencepiece-dev   # T5 tokenizer (spiece.model)
   libpcre2-dev           # CLIP pre-tokenisation pattern (Unicode classes)
   libopenmpi-dev openmpi-bin  # tensor parallelism: ProcessGroup on MPI, mpirun
-  libcpp-httplib-dev     # kiln serve: HTTP server (and the client its tests use)
+  libboost-dev           # kiln serve: Boost.Asio (event loop) and Boost.Beast (HTTP/1.1), header-only
+  libcpp-httplib-dev     # kiln serve's tests: the HTTP client
   chromium               # tests: kiln serve's page in a headless browser
 )
 

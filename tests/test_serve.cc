@@ -25,9 +25,10 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "headless_browser.h"
+#include "serve_process.h"
 #include "spawn_util.h"
 #include "test_util.h"
-#include "tokenizers/precompiled_charsmap.h"
 
 
 namespace kiln {
@@ -36,65 +37,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace std::chrono_literals;
-
-// One `kiln serve` process (the bundled checkpoint unless the flags say otherwise), started
-// by `launcher` when given (mpirun ...); its stderr goes to a file, where the port it bound is read.
-class ServerProcess {
- public:
-  explicit ServerProcess(const fs::path& dir, std::vector<std::string> flags = {},
-                         std::vector<std::string> launcher = {})
-      : log_(dir / "serve.log") {
-    std::vector<std::string> argv = std::move(launcher);
-    for (const char* a : {KILN_CLI_PATH, "serve", "--port", "0"}) argv.push_back(a);
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    pid_ = test::spawn_logged(argv, log_);
-    EXPECT_GT(pid_, 0);
-    const std::regex serving(R"(serving .* on http://[^:]+:(\d+))");
-    for (int i = 0; i < 600 && port_ == 0; ++i) {  // up to a minute for load and warm-up
-      std::smatch m;
-      const std::string log = test::read_text_file(log_);
-      if (std::regex_search(log, m, serving)) port_ = std::stoi(m[1]);
-      else if (exited()) break;
-      else std::this_thread::sleep_for(100ms);
-    }
-  }
-  ~ServerProcess() {
-    if (pid_ > 0 && !exited()) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  int port() const { return port_; }
-  std::string log() const { return test::read_text_file(log_); }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(120s);
-    return c;
-  }
-  // SIGTERM (or `signal`), then the exit status (-1 when it did not exit normally within a minute).
-  int terminate(int signal = SIGTERM) {
-    ::kill(pid_, signal);
-    return wait_exit();
-  }
-  int wait_exit() {
-    for (int i = 0; i < 600; ++i) {
-      if (exited()) return WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
-      std::this_thread::sleep_for(100ms);
-    }
-    return -1;
-  }
-
- private:
-  bool exited() {
-    if (done_) return true;
-    if (::waitpid(pid_, &status_, WNOHANG) == pid_) done_ = true;
-    return done_;
-  }
-  fs::path log_;
-  pid_t pid_ = -1;
-  int port_ = 0, status_ = 0;
-  bool done_ = false;
-};
+using namespace serve_test;
 
 class Serve : public testing::Test {
  protected:
@@ -109,32 +52,6 @@ class Serve : public testing::Test {
   }
   test::ScopedTempDir tmp_{"serve_" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name())};
 };
-
-std::string b64_png(const json& answer, size_t i = 0) {
-  return tokenizers::PrecompiledCharsmap::base64_decode(answer.at("data").at(i).at("b64_json").get<std::string>(), "b64_json");
-}
-
-json post_json(httplib::Client& c, const std::string& path, const json& body, int expected_status) {
-  const auto res = c.Post(path.c_str(), body.dump(), "application/json");
-  EXPECT_TRUE(res) << path;
-  if (!res) return nullptr;
-  EXPECT_EQ(res->status, expected_status) << path << " " << body.dump() << " -> " << res->body;
-  return json::parse(res->body, nullptr, false);
-}
-
-// Polls GET /v1/jobs/{id} until `done(status)` holds (or ~60 s pass).
-json wait_status(httplib::Client& c, const std::string& id, const std::function<bool(const json&)>& done) {
-  json status;
-  for (int i = 0; i < 6000; ++i) {
-    const auto res = c.Get(("/v1/jobs/" + id).c_str());
-    if (!res) break;
-    status = json::parse(res->body);
-    if (done(status)) return status;
-    std::this_thread::sleep_for(10ms);
-  }
-  ADD_FAILURE() << "job " << id << " never reached the state; last: " << status.dump();
-  return status;
-}
 
 TEST_F(Serve, ImagesEqualGeneratesPngByteForByte) {
   ServerProcess server(dir());
@@ -204,10 +121,10 @@ TEST_F(Serve, EventsArriveOnePerStepInOrderThenDone) {
 }
 
 TEST_F(Serve, CancelsQueuedAndRunningJobsAndKeepsServing) {
-  ServerProcess server(dir(), {"--max-steps", "100000"});
+  ServerProcess server(dir(), {"--max-steps", "10000"});
   ASSERT_GT(server.port(), 0) << server.log();
   httplib::Client c = server.client();
-  const json long_job{{"prompt", "a long job"}, {"steps", 100000}};
+  const json long_job{{"prompt", "a long job"}, {"steps", 10000}};
   const std::string running = post_json(c, "/v1/jobs", long_job, 202)["id"];
   const std::string queued = post_json(c, "/v1/jobs", long_job, 202)["id"];
   wait_status(c, running, [](const json& s) { return s["state"] == "running" && s["step"] >= 1; });
@@ -220,11 +137,11 @@ TEST_F(Serve, CancelsQueuedAndRunningJobsAndKeepsServing) {
   EXPECT_EQ(json::parse(cancel_queued->body)["state"], "cancelled");
   EXPECT_EQ(json::parse(c.Get(("/v1/jobs/" + queued).c_str())->body)["step"], 0);
 
-  // Running: it stops at the next step boundary, long before its 100000 steps.
+  // Running: it stops at the next step boundary, long before its 10000 steps.
   ASSERT_EQ(c.Delete(("/v1/jobs/" + running).c_str())->status, 200);
   const json ended = wait_status(c, running, [](const json& s) { return s["state"] != "running"; });
   EXPECT_EQ(ended["state"], "cancelled");
-  EXPECT_LT(ended["step"].get<int>(), 100000);
+  EXPECT_LT(ended["step"].get<int>(), 10000);
   const auto events = read_events(c, running);
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().first, "cancelled");
@@ -237,10 +154,10 @@ TEST_F(Serve, CancelsQueuedAndRunningJobsAndKeepsServing) {
 }
 
 TEST_F(Serve, FullQueueAnswers429WithRetryAfter) {
-  ServerProcess server(dir(), {"--max-queue", "1", "--max-steps", "100000"});
+  ServerProcess server(dir(), {"--max-queue", "1", "--max-steps", "10000"});
   ASSERT_GT(server.port(), 0) << server.log();
   httplib::Client c = server.client();
-  const json long_job{{"prompt", "a long job"}, {"steps", 100000}};
+  const json long_job{{"prompt", "a long job"}, {"steps", 10000}};
   const std::string running = post_json(c, "/v1/jobs", long_job, 202)["id"];
   wait_status(c, running, [](const json& s) { return s["state"] == "running" && s["step"] >= 1; });
   const std::string queued = post_json(c, "/v1/jobs", long_job, 202)["id"];
@@ -273,6 +190,9 @@ TEST_F(Serve, BadRequestsGetTheirStatusNamingTheField) {
       {"POST", "/v1/images/generations", "{}", 400, "prompt"},
       {"POST", "/v1/images/generations", R"({"prompt": 5})", 400, "prompt"},
       {"POST", "/v1/images/generations", R"({"prompt": ""})", 400, "prompt"},
+      {"POST", "/v1/images/generations", R"({"prompt": "a\u0000b"})", 400, "prompt"},
+      {"POST", "/v1/images/generations", R"({"prompt": "red \u001b[31m fox"})", 400, "prompt"},
+      {"POST", "/v1/jobs", R"({"prompt": "x", "negative_prompt": "\u0085"})", 400, "negative_prompt"},
       {"POST", "/v1/images/generations", R"({"prompt": "x", "size": "0x0"})", 400, "size"},
       {"POST", "/v1/images/generations", R"({"prompt": "x", "size": "99999x99999"})", 400, "size"},
       {"POST", "/v1/images/generations", R"({"prompt": "x", "size": "100x100"})", 400, "size"},
@@ -419,7 +339,7 @@ TEST_F(Serve, ConcurrentClientsLoseNoJobAndMetricsAgree) {
 }
 
 TEST_F(Serve, SigtermFinishesTheRunningJobAnswersQueuedOnesAndExitsZero) {
-  ServerProcess server(dir(), {"--max-steps", "100000"});
+  ServerProcess server(dir(), {"--max-steps", "10000"});
   ASSERT_GT(server.port(), 0) << server.log();
   httplib::Client c = server.client();
   const std::string running = post_json(c, "/v1/jobs", {{"prompt", "finishes"}, {"steps", 300}}, 202)["id"];
@@ -456,10 +376,10 @@ TEST_F(Serve, SigtermFinishesTheRunningJobAnswersQueuedOnesAndExitsZero) {
 }
 
 TEST_F(Serve, OnStopCancelStopsTheRunningJob) {
-  ServerProcess server(dir(), {"--max-steps", "100000", "--on-stop", "cancel"});
+  ServerProcess server(dir(), {"--max-steps", "10000", "--on-stop", "cancel"});
   ASSERT_GT(server.port(), 0) << server.log();
   httplib::Client c = server.client();
-  const std::string running = post_json(c, "/v1/jobs", {{"prompt", "long"}, {"steps", 100000}}, 202)["id"];
+  const std::string running = post_json(c, "/v1/jobs", {{"prompt", "long"}, {"steps", 10000}}, 202)["id"];
   wait_status(c, running, [](const json& s) { return s["state"] == "running" && s["step"] >= 1; });
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(server.terminate(), 0) << server.log();
@@ -490,15 +410,11 @@ TEST_F(Serve, SlowClientsTimeOutWithoutHoldingUpOthers) {
   ASSERT_GT(server.port(), 0) << server.log();
   std::vector<int> slow;
   for (int i = 0; i < 4; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(uint16_t(server.port()));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const int fd = connect_loopback(server.port());
+    ASSERT_GE(fd, 0);
     if (i % 2) {
-      const std::string half = "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"";
-      ASSERT_EQ(::send(fd, half.data(), half.size(), 0), ssize_t(half.size()));
+      ASSERT_TRUE(send_all(fd, "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                               "Content-Length: 100\r\n\r\n{\"prompt\""));
     }
     slow.push_back(fd);
   }
@@ -508,34 +424,16 @@ TEST_F(Serve, SlowClientsTimeOutWithoutHoldingUpOthers) {
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 500ms);
-  // Within a few seconds the server closes each slow connection: silently when nothing came, with
-  // a 400 when the body stopped short; never with a job.
+  // Within a few seconds the server closes each slow connection, silently (nothing came, or the
+  // body stopped short: the request did not arrive whole within --timeout); never with a job.
   for (size_t i = 0; i < slow.size(); ++i) {
-    timeval wait{10, 0};
-    ::setsockopt(slow[i], SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
     const auto t0 = std::chrono::steady_clock::now();
-    std::string answer;
-    char buf[512];
-    for (ssize_t n; (n = ::recv(slow[i], buf, sizeof buf, 0)) > 0;) answer.append(buf, size_t(n));
+    EXPECT_EQ(read_until_closed(slow[i]), "") << "connection " << i;
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 9s) << "connection " << i << " was not dropped";
-    if (i % 2) {
-      EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
-    } else {
-      EXPECT_EQ(answer, "");
-    }
     ::close(slow[i]);
   }
   EXPECT_NE(c.Get("/metrics")->body.find("kiln_jobs_total{outcome=\"submitted\"} 0\n"), std::string::npos);
   EXPECT_EQ(server.terminate(), 0) << server.log();
-}
-
-int metric(httplib::Client& c, const std::string& name) {
-  const std::string m = c.Get("/metrics")->body;
-  std::smatch match;
-  EXPECT_TRUE(std::regex_search(m, match, std::regex(std::regex_replace(name, std::regex(R"([{}])"), R"(\$&)") +
-                                                     R"( (\d+))")))
-      << name << " in " << m;
-  return match.empty() ? -1 : std::stoi(match[1]);
 }
 
 // --warmup compiles (compiled mode) before the server listens: a request at that size traces and
@@ -595,25 +493,42 @@ TEST_F(Serve, Sd35AndFlux2KleinImagesEqualGenerates) {
   }
 }
 
-// The page at / in a real browser (Debian's chromium, headless): a link fills the prompt and
-// submits it; the page follows the job's events and shows its image, which the browser decodes.
+// The page at / in a real browser (Debian's chromium, headless, driven over its DevTools pipe):
+// a link fills the prompt but starts nothing; the button starts the job, the page follows its
+// events and shows its image, which the browser decodes. The page runs under its
+// Content-Security-Policy (an inline script would not run at all).
 TEST_F(Serve, ThePageShowsTheImageInHeadlessChromium) {
   ServerProcess server(dir());
   ASSERT_GT(server.port(), 0) << server.log();
-  const std::string url = "http://127.0.0.1:" + std::to_string(server.port()) + "/?prompt=a%20red%20fox&steps=3&submit=1";
-  const std::string cmd = "timeout 120 chromium --headless --no-sandbox --disable-gpu --user-data-dir=" +
-                          (dir() / "chromium").string() + " --virtual-time-budget=60000 --dump-dom '" + url +
-                          "' 2>/dev/null";
-  std::string dom;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) dom.append(buf, n);
-  ASSERT_EQ(::pclose(p), 0) << "chromium (scripts/install-deps.sh installs it) failed: " << cmd;
-  EXPECT_NE(dom.find("<div id=\"status\">done</div>"), std::string::npos) << dom;
-  EXPECT_TRUE(std::regex_search(dom, std::regex(R"(<img id="image" alt="" src="/v1/jobs/[0-9a-f]{16}/image" data-loaded="128x128">)")))
-      << dom;
   httplib::Client c = server.client();
+  test::HeadlessBrowser browser(dir() / "chromium");
+  ASSERT_TRUE(browser.started()) << "chromium (scripts/install-deps.sh installs it) did not start";
+  const std::string url = "http://127.0.0.1:" + std::to_string(server.port()) + "/?prompt=a%20red%20fox&steps=3&submit=1";
+  ASSERT_TRUE(browser.open(url)) << "chromium did not open " << url;
+  const auto until = [&](const std::string& expression, const json& value) {
+    json got;
+    for (int i = 0; i < 600; ++i) {
+      got = browser.evaluate(expression);
+      if (got == value) return got;
+      std::this_thread::sleep_for(100ms);
+    }
+    return got;
+  };
+  // Loaded, its script ran (the link filled the form), and no job started.
+  EXPECT_EQ(until("document.readyState === 'complete' && document.getElementById('prompt').value", "a red fox"),
+            "a red fox");
+  EXPECT_EQ(browser.evaluate("document.getElementById('steps').value"), "3");
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(browser.evaluate("document.getElementById('status').textContent"), "idle");
+  EXPECT_EQ(metric(c, "kiln_jobs_total{outcome=\"submitted\"}"), 0) << "a GET started a job";
+
+  browser.evaluate("document.getElementById('go').click(), true");
+  EXPECT_EQ(until("document.getElementById('status').textContent", "done"), "done");
+  const json image = until("document.getElementById('image').dataset.loaded || ''", "128x128");
+  EXPECT_EQ(image, "128x128");
+  const json outer = browser.evaluate("document.getElementById('image').outerHTML");
+  const std::string img = outer.is_string() ? outer.get<std::string>() : outer.dump();
+  EXPECT_TRUE(std::regex_search(img, std::regex(R"(src="/v1/jobs/[0-9a-f]{16}/image")"))) << img;
   const std::string m = c.Get("/metrics")->body;
   EXPECT_NE(m.find("kiln_jobs_total{outcome=\"done\"} 1\n"), std::string::npos) << m;
   EXPECT_NE(m.find("kiln_step_seconds_count 3\n"), std::string::npos) << m;
@@ -632,7 +547,7 @@ TEST_F(Serve, TensorParallelRanksServeTogether) {
                         R"(if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$@" --device-memory 64MiB; else exec "$@"; fi)",
                         "rank-flags"})
     mpirun.push_back(a);
-  ServerProcess server(dir(), {"--tp", "2", "--max-steps", "100000"}, mpirun);
+  ServerProcess server(dir(), {"--tp", "2", "--max-steps", "10000"}, mpirun);
   ASSERT_GT(server.port(), 0) << server.log();
   httplib::Client c = server.client();
   EXPECT_EQ(json::parse(c.Get("/health")->body)["ranks"], 2);
@@ -650,12 +565,12 @@ TEST_F(Serve, TensorParallelRanksServeTogether) {
   EXPECT_NE(message.find("rank 1 of 2 could not start this call: [memory] 2048x2048"), std::string::npos) << message;
 
   // A running job cancelled: every rank stops at the same step boundary.
-  const std::string running = post_json(c, "/v1/jobs", {{"prompt", "a long job"}, {"steps", 100000}}, 202)["id"];
+  const std::string running = post_json(c, "/v1/jobs", {{"prompt", "a long job"}, {"steps", 10000}}, 202)["id"];
   wait_status(c, running, [](const json& s) { return s["state"] == "running" && s["step"] >= 2; });
   ASSERT_EQ(c.Delete(("/v1/jobs/" + running).c_str())->status, 200);
   const json ended = wait_status(c, running, [](const json& s) { return s["state"] != "running"; });
   EXPECT_EQ(ended["state"], "cancelled");
-  EXPECT_LT(ended["step"].get<int>(), 100000);
+  EXPECT_LT(ended["step"].get<int>(), 10000);
 
   // The ranks are still in step: a job's image is generate --tp 2's.
   const std::string id = post_json(c, "/v1/jobs", body, 202)["id"];

@@ -91,7 +91,9 @@ const std::vector<CommandDoc>& commands() {
        {
            {"--model", "DIR", "the bundled checkpoint", "as for generate"},
            {"--host", "ADDRESS", "127.0.0.1", "the address to listen on; one other machines reach needs --api-key"},
-           {"--port", "N", "7860", "the port; 0: any free one (printed at start)"},
+           {"--port", "N", "7860", "the port; 0: any free one (printed at start); a port in use fails"},
+           {"--allowed-hosts", "NAME[,NAME...]", "none", "without --api-key: more names the Host and Origin headers "
+                                                         "may give (loopback names and the bound address always)"},
            {"--api-key", "KEY", "none", "every route but / and /health needs Authorization: Bearer KEY"},
            {"--max-queue", "N", "16", "jobs that may wait; more are refused with 429 and Retry-After"},
            {"--keep-jobs", "N", "64", "finished jobs kept readable (state, events, images); older ones are forgotten"},
@@ -99,8 +101,11 @@ const std::vector<CommandDoc>& commands() {
            {"--max-size", "PIXELS", "2048", "the largest image side a request may ask for"},
            {"--max-steps", "N", "100", "the most steps a request may ask for"},
            {"--max-prompt-bytes", "N", "4096", "the longest prompt (each prompt field)"},
-           {"--max-body", "SIZE", "1MiB", "the largest request body (413 above)"},
-           {"--timeout", "SECONDS", "30", "a client that sends or reads nothing for this long is dropped"},
+           {"--max-body", "SIZE", "1MiB", "the largest request body, chunked or not (413 above, the rest unread)"},
+           {"--timeout", "SECONDS", "30", "a request must arrive whole, and an answer be taken, within this"},
+           {"--max-connections", "N", "1024", "open connections in all"},
+           {"--max-client-connections", "N", "256", "open connections from one address; over a limit the oldest one "
+                                                    "still sending its request is closed"},
            {"--on-stop", "finish|cancel", "finish", "SIGTERM/SIGINT/SIGUSR1: the running job finishes, or stops at its "
                                                    "next step; queued jobs are answered as cancelled either way"},
            {"--warmup", "HxW[,HxW...]", "none", "run one step at each size (HEIGHTxWIDTH, as warmup --sizes) before "

@@ -12,14 +12,18 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/terminal.h"
 #include "devices/runtime.h"
+#include "distributed/same_arguments.h"
 #include "distributed/tensor_parallel.h"
 #include "exec/host.h"
 #include "exec/mode.h"
 #include "io/png.h"
 #include "pipelines/diffusion_pipeline.h"
+#include "pipelines/pipeline_checks.h"
 #include "serve_http.h"
 #include "server/rank_calls.h"
+#include "server/redact_paths.h"
 
 namespace kiln::cli {
 
@@ -38,6 +42,30 @@ struct ServeFlags {
   int64_t tp = 0;  // --tp N: the transformer sharded over N processes (mpirun -np N)
 };
 
+// An integer flag within [lo, hi], checked before it is narrowed (a port of 4294975157 must not
+// wrap to 7861).
+int64_t parse_int_in(const std::string& flag, const std::string& text, int64_t lo, int64_t hi, const char* unit) {
+  const int64_t v = parse_int(flag, text);
+  KILN_CHECK(v >= lo && v <= hi, "cli", flag, " must be in [", lo, ", ", hi, "]", *unit ? " " : "", unit, ", got ", text);
+  return v;
+}
+
+// --allowed-hosts a.example,b.example: host names (no scheme, port or path).
+std::vector<std::string> parse_host_list(const std::string& flag, const std::string& text) {
+  std::vector<std::string> hosts;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string host = text.substr(start, comma - start);
+    KILN_CHECK(!host.empty() && host.find_first_of("/@ \t") == std::string::npos &&
+                   host.find("://") == std::string::npos,
+               "cli", flag, " ", text, ": expected host names separated by commas (e.g. kiln.lan,192.168.1.5)");
+    hosts.push_back(host);
+    start = comma + 1;
+  }
+  return hosts;
+}
+
 ServeFlags parse(const std::vector<std::string>& args) {
   ServeFlags f;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -48,16 +76,23 @@ ServeFlags parse(const std::vector<std::string>& args) {
     };
     if (flag == "--model") f.model = parse_model(value());
     else if (flag == "--host") f.http.host = value();
-    else if (flag == "--port") f.http.port = int(parse_int(flag, value()));
+    else if (flag == "--port") f.http.port = int(parse_int_in(flag, value(), 0, 65535, "(0: any free port)"));
     else if (flag == "--api-key") f.http.api_key = value();
     else if (flag == "--max-queue") f.http.max_queue = size_t(parse_int(flag, value()));
     else if (flag == "--keep-jobs") f.http.keep_jobs = size_t(parse_int(flag, value()));
     else if (flag == "--max-n") f.http.limits.max_n = parse_int(flag, value());
-    else if (flag == "--max-steps") f.http.limits.max_steps = parse_int(flag, value());
+    else if (flag == "--max-steps")
+      f.http.limits.max_steps = parse_int_in(flag, value(), 1, pipeline_checks::kMaxSteps, "");
     else if (flag == "--max-size") f.http.limits.max_side = parse_int(flag, value());
     else if (flag == "--max-prompt-bytes") f.http.limits.max_prompt_chars = size_t(parse_int(flag, value()));
-    else if (flag == "--max-body") f.http.max_body_bytes = parse_bytes(flag, value());
-    else if (flag == "--timeout") f.http.timeout_seconds = parse_int(flag, value());
+    else if (flag == "--max-body") f.http.http.max_body_bytes = parse_bytes(flag, value());
+    else if (flag == "--timeout")
+      f.http.http.request_timeout = std::chrono::seconds(parse_int_in(flag, value(), 1, 86400, "seconds"));
+    else if (flag == "--max-connections")
+      f.http.http.max_connections = size_t(parse_int_in(flag, value(), 1, 1000000, ""));
+    else if (flag == "--max-client-connections")
+      f.http.http.max_client_connections = size_t(parse_int_in(flag, value(), 1, 1000000, "(per client address)"));
+    else if (flag == "--allowed-hosts") f.http.allowed_hosts = parse_host_list(flag, value());
     else if (flag == "--on-stop") {
       const std::string v = value();
       KILN_CHECK(v == "finish" || v == "cancel", "cli", "--on-stop ", v,
@@ -80,17 +115,15 @@ ServeFlags parse(const std::vector<std::string>& args) {
     else if (const std::string c = component_file_flag(flag); !c.empty()) f.pipeline.component_files[c] = value();
     else fail("cli", "unknown flag '", flag, "' for serve (see kiln serve --help)");
   }
-  KILN_CHECK(f.http.port >= 0 && f.http.port <= 65535, "cli", "--port must be in [0, 65535] (0: any free port), got ",
-             f.http.port);
   KILN_CHECK(f.http.max_queue >= 1 && f.http.max_queue <= 100000, "cli", "--max-queue must be in [1, 100000], got ",
              f.http.max_queue);
   KILN_CHECK(f.http.keep_jobs >= 1 && f.http.keep_jobs <= 100000, "cli", "--keep-jobs must be in [1, 100000], got ",
              f.http.keep_jobs);
   KILN_CHECK(f.http.limits.max_n >= 1 && f.http.limits.max_n <= 64, "cli", "--max-n must be in [1, 64], got ",
              f.http.limits.max_n);
-  KILN_CHECK(f.http.limits.max_steps >= 1, "cli", "--max-steps must be at least 1, got ", f.http.limits.max_steps);
   KILN_CHECK(f.http.limits.max_side >= 16, "cli", "--max-size must be at least 16, got ", f.http.limits.max_side);
-  KILN_CHECK(f.http.timeout_seconds >= 1, "cli", "--timeout must be at least 1 second, got ", f.http.timeout_seconds);
+  KILN_CHECK(f.http.http.max_body_bytes >= 1024 && f.http.http.max_body_bytes <= (size_t(1) << 30), "cli",
+             "--max-body must be in [1KiB, 1GiB], got ", f.http.http.max_body_bytes, " bytes");
   KILN_CHECK(f.mode == "eager" || f.mode == "defer" || f.mode == "compile", "cli", "--mode ", f.mode,
              ": expected eager, defer or compile");
   check_compile_flag(f.compile);
@@ -118,6 +151,9 @@ int serve(const std::vector<std::string>& args) {
   sigemptyset(&stop_signals);
   for (const int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaddset(&stop_signals, sig);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Under mpirun every rank must have been started with the same arguments (a rank with another
+  // model or port would fail in the first collective with MPI's own message).
+  check_same_arguments(*ProcessGroup::world(), "serve", args, {"--device-memory"});
   ServeFlags f = parse(args);
   const std::shared_ptr<ProcessGroup> world = ProcessGroup::world();
   const bool leader = world->rank() == 0;  // under --tp only rank 0 listens and prints
@@ -125,12 +161,12 @@ int serve(const std::vector<std::string>& args) {
   set_default_eager_mode(f.mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
   if (f.device_memory) runtime(Device::cpu()).set_memory_capacity(f.device_memory);
   const std::function<void(const std::string&)> warn = [leader](const std::string& w) {
-    if (leader) std::fprintf(stderr, "kiln: warning: %s\n", w.c_str());
+    if (leader) print_line(stderr, "kiln: warning: %s", w.c_str());
   };
   PipelineOptions options = f.pipeline;  // FLUX.2 loads only the text encoder layers its out-layers need
   options.on_warning = warn;
   if (f.tp > 1) options.tensor_parallel = TensorParallelConfig{DeviceMesh(world)};
-  if (leader) std::fprintf(stderr, "kiln: loading %s\n", f.model.c_str());
+  if (leader) print_line(stderr, "kiln: loading %s", f.model.c_str());
   const std::unique_ptr<DiffusionPipeline> pipe = DiffusionPipeline::from_pretrained(f.model, options);
   if (leader) std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe->load_seconds());
   if (f.offload == "none") pipe->to(Device::cpu());
@@ -155,16 +191,22 @@ int serve(const std::vector<std::string>& args) {
     defaults.num_inference_steps = kBundledSteps;
     defaults.max_sequence_length = kBundledMaxSequenceLength;
   }
-  const std::string model = f.model.string();
-  const server::ImageRunner runner = [&run_call, &warn, model](
+  const std::string model = model_name(f.model, f.bundled);
+  const server::ImageRunner runner = [&run_call, &warn, model, folder = f.model](
                                          const PipelineCallArgs& job_call,
                                          const std::function<void(int64_t, int64_t, double)>& on_step) {
     PipelineCallArgs call = job_call;
     call.on_step = on_step;
     call.on_warning = warn;
-    const PipelineOutput result = run_call(call);
-    return io::encode_png(result.image.data(), result.height, result.width,
-                          image_metadata(call, std::to_string(call.seed), result, model));
+    try {
+      const PipelineOutput result = run_call(call);
+      return io::encode_png(result.image.data(), result.height, result.width,
+                            image_metadata(call, std::to_string(call.seed), result, model));
+    } catch (const std::exception& e) {
+      // A job's error travels to clients: the model's folder is named by the model's name, and
+      // no other path of this machine is shown whole.
+      throw std::runtime_error(server::redact_paths(e.what(), folder, model));
+    }
   };
   // Warm-up: one step at each size, so compiled executables exist before the first request.
   for (const ImageSize& s : f.warmup) {
@@ -179,8 +221,7 @@ int serve(const std::vector<std::string>& args) {
     run_call(call);
   }
   synchronize(Device::cpu());  // the warm-up's work (and compiles) done before the first request
-  f.http.model_id = f.bundled ? "kiln-bundled-flux1-tiny" : f.model.filename().string();
-  if (f.http.model_id.empty()) f.http.model_id = f.model.parent_path().filename().string();
+  f.http.model_id = model;
   f.http.pipeline_class = pipe->class_name();
   f.http.defaults = defaults;
   f.http.cancel_on_stop = f.cancel_on_stop;

@@ -10,18 +10,19 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
-#include <regex>
+#include <map>
 #include <sstream>
 #include <thread>
 
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/terminal.h"
 #include "devices/runtime.h"
 #include "exec/compile.h"
 #include "io/base64.h"
 #include "serve_page.h"
+#include "server/browser_guard.h"
 
 namespace kiln::cli {
 
@@ -29,10 +30,8 @@ namespace {
 
 using nlohmann::json;
 
-constexpr size_t kConnectionThreads = 64;
-
 // OpenAI's error shape: {"error": {"message", "type", "param"}}; `param` names the field.
-void send_error(httplib::Response& res, int status, const std::string& field, const std::string& message) {
+void send_error(server::HttpResponse& res, int status, const std::string& field, const std::string& message) {
   res.status = status;
   const char* type = status == 401 ? "authentication_error"
                      : status == 404 ? "not_found_error"
@@ -45,7 +44,7 @@ void send_error(httplib::Response& res, int status, const std::string& field, co
                   "application/json");
 }
 
-void send_json(httplib::Response& res, int status, const json& body) {
+void send_json(server::HttpResponse& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
@@ -56,16 +55,6 @@ bool same_secret(const std::string& given, const std::string& expected) {
   for (size_t i = 0; i < given.size(); ++i)
     diff |= static_cast<unsigned char>(given[i] ^ expected[i % (expected.empty() ? 1 : expected.size())]);
   return diff == 0;
-}
-
-// The methods a known path answers ("" for an unknown path): 405 or 404.
-std::string allowed_methods(const std::string& path) {
-  static const std::regex job(R"(/v1/jobs/[^/]+)"), job_part(R"(/v1/jobs/[^/]+/(events|image))");
-  if (path == "/" || path == "/health" || path == "/metrics" || path == "/v1/models") return "GET";
-  if (path == "/v1/images/generations" || path == "/v1/jobs") return "POST";
-  if (std::regex_match(path, job)) return "GET, DELETE";
-  if (std::regex_match(path, job_part)) return "GET";
-  return "";
 }
 
 // Job ids are 16 lowercase hex digits (server/job_queue.cc); anything else never reaches the
@@ -81,7 +70,7 @@ size_t resident_bytes() {
   return resident * size_t(::sysconf(_SC_PAGESIZE));
 }
 
-std::string metrics_text(const server::QueueStats& s, const ServeSettings& settings) {
+std::string metrics_text(const server::QueueStats& s, const server::HttpCounters& c, const ServeSettings& settings) {
   const MemoryStats mem = runtime(Device::cpu()).memory();
   const CompileStats compiled = compile_stats();
   std::ostringstream m;
@@ -107,166 +96,251 @@ std::string metrics_text(const server::QueueStats& s, const ServeSettings& setti
     << "kiln_device_memory_bytes{kind=\"capacity\"} " << mem.capacity_bytes << "\n"
     << "# HELP kiln_host_resident_bytes The server process's resident memory.\n"
     << "# TYPE kiln_host_resident_bytes gauge\nkiln_host_resident_bytes " << resident_bytes() << "\n"
+    << "# HELP kiln_http_connections Connections open now.\n# TYPE kiln_http_connections gauge\n"
+    << "kiln_http_connections " << c.open << "\n"
+    << "# HELP kiln_http_connections_total Connections accepted; evicted: closed while still sending a request, to "
+       "admit a newer one over --max-connections or --max-client-connections; refused: closed at once, with "
+       "nothing to evict; timed_out: a request not received, or an answer not taken, within --timeout.\n"
+    << "# TYPE kiln_http_connections_total counter\n"
+    << "kiln_http_connections_total{outcome=\"accepted\"} " << c.accepted << "\n"
+    << "kiln_http_connections_total{outcome=\"evicted\"} " << c.evicted << "\n"
+    << "kiln_http_connections_total{outcome=\"refused\"} " << c.refused << "\n"
+    << "kiln_http_connections_total{outcome=\"timed_out\"} " << c.timed_out << "\n"
     << "# HELP kiln_info The model served.\n# TYPE kiln_info gauge\nkiln_info{model=\"" << settings.model_id
     << "\",pipeline=\"" << settings.pipeline_class << "\",version=\"" << KILN_VERSION << "\"} 1\n";
   return m.str();
 }
 
+// The routes: which one a path is, and the methods it takes.
+enum class Route { kNone, kPage, kScript, kHealth, kModels, kMetrics, kGenerations, kJobs, kJob, kJobEvents, kJobImage };
+
+struct RouteMatch {
+  Route route = Route::kNone;
+  std::string id;  // /v1/jobs/{id}...
+};
+
+RouteMatch match_route(const std::string& path) {
+  static const std::map<std::string, Route> fixed = {
+      {"/", Route::kPage},          {"/kiln.js", Route::kScript},
+      {"/health", Route::kHealth},  {"/v1/models", Route::kModels},
+      {"/metrics", Route::kMetrics}, {"/v1/images/generations", Route::kGenerations},
+      {"/v1/jobs", Route::kJobs}};
+  if (const auto it = fixed.find(path); it != fixed.end()) return {it->second, ""};
+  static const std::string jobs = "/v1/jobs/";
+  if (path.rfind(jobs, 0) != 0) return {};
+  const std::string rest = path.substr(jobs.size());
+  const size_t slash = rest.find('/');
+  if (rest.empty() || slash == 0) return {};
+  if (slash == std::string::npos) return {Route::kJob, rest};
+  const std::string part = rest.substr(slash + 1);
+  if (part == "events") return {Route::kJobEvents, rest.substr(0, slash)};
+  if (part == "image") return {Route::kJobImage, rest.substr(0, slash)};
+  return {};
+}
+
+std::string allowed_methods(Route route) {
+  switch (route) {
+    case Route::kNone: return "";
+    case Route::kGenerations:
+    case Route::kJobs: return "POST";
+    case Route::kJob: return "GET, DELETE";
+    default: return "GET";
+  }
+}
+
+// Headers every answer carries: no framing (clickjacking), no type sniffing, no referrer.
+void secure(server::HttpResponse& res) {
+  res.set_header("X-Content-Type-Options", "nosniff");
+  res.set_header("X-Frame-Options", "DENY");
+  res.set_header("Referrer-Policy", "no-referrer");
+  res.set_header("Content-Security-Policy", kServePagePolicy);
+}
+
 class Routes {
  public:
-  Routes(const ServeSettings& settings, server::JobQueue& queue, std::atomic<bool>& stopping)
-      : s_(settings), queue_(queue), stopping_(stopping) {}
+  Routes(const ServeSettings& settings, server::JobQueue& queue, std::atomic<bool>& stopping,
+         const server::HttpServer& http)
+      : s_(settings), queue_(queue), stopping_(stopping), http_(http), guard_(settings.host, settings.allowed_hosts) {}
 
-  void install(httplib::Server& http) {
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      return authorized(req, res) ? httplib::Server::HandlerResponse::Unhandled
-                                  : httplib::Server::HandlerResponse::Handled;
-    });
-    // A status httplib set itself (413 for a body over the limit, 400 for a bad request line)
-    // gets the JSON error body too.
-    http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      if (res.status == 413) send_error(res, 413, "body", "the request body is larger than this server takes");
-      else send_error(res, res.status, "request", "the request could not be read (HTTP status " + std::to_string(res.status) + ")");
-    });
-    http.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(kServePage, "text/html"); });
-    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      const server::QueueStats st = queue_.stats();
-      send_json(res, stopping_ ? 503 : 200,
-                {{"status", stopping_ ? "stopping" : "ok"},
-                 {"queued", st.queued},
-                 {"running", st.running},
-                 {"ranks", s_.ranks}});
-    });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      send_json(res, 200,
-                {{"object", "list"},
-                 {"data", json::array({{{"id", s_.model_id},
-                                        {"object", "model"},
-                                        {"owned_by", "kiln"},
-                                        {"pipeline", s_.pipeline_class}}})}});
-    });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics_text(queue_.stats(), s_), "text/plain; version=0.0.4");
-    });
-    http.Post("/v1/images/generations", [this](const httplib::Request& req, httplib::Response& res) {
-      const std::string id = submit(req, res);
-      if (id.empty()) return;
-      const server::JobState state = queue_.wait(id);
-      if (state == server::JobState::kDone) {
-        json data = json::array();
-        for (const std::string& png : queue_.images(id)) data.push_back({{"b64_json", io::base64_encode(png)}});
-        send_json(res, 200, {{"created", int64_t(std::time(nullptr))}, {"id", id}, {"data", data}});
-      } else {
-        job_not_done(res, id, state);
-      }
-    });
-    http.Post("/v1/jobs", [this](const httplib::Request& req, httplib::Response& res) {
-      const std::string id = submit(req, res);
-      if (!id.empty()) send_json(res, 202, queue_.status(id));
-    });
-    http.Get(R"(/v1/jobs/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
-      if (const std::string id = job_id(req, res); !id.empty()) send_json(res, 200, queue_.status(id));
-    });
-    http.Delete(R"(/v1/jobs/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
-      if (const std::string id = job_id(req, res); !id.empty()) {
-        queue_.cancel(id);
-        send_json(res, 200, queue_.status(id));
-      }
-    });
-    http.Get(R"(/v1/jobs/([^/]+)/image)", [this](const httplib::Request& req, httplib::Response& res) {
-      const std::string id = job_id(req, res);
-      if (id.empty()) return;
-      const json status = queue_.status(id);
-      if (status["state"] != "done") {
-        send_error(res, 409, "id", "job " + id + " is " + status["state"].get<std::string>() + ", not done");
-        return;
-      }
-      const std::vector<std::string> pngs = queue_.images(id);
-      size_t index = 0;
-      if (req.has_param("index")) {
-        const std::string v = req.get_param_value("index");
-        if (v.empty() || v.size() > 3 || v.find_first_not_of("0123456789") != std::string::npos ||
-            std::stoul(v) >= pngs.size()) {
-          send_error(res, 400, "index", "expected an image index in [0, " + std::to_string(pngs.size()) + ")");
-          return;
-        }
-        index = std::stoul(v);
-      }
-      res.set_content(pngs.at(index), "image/png");
-    });
-    http.Get(R"(/v1/jobs/([^/]+)/events)", [this](const httplib::Request& req, httplib::Response& res) {
-      const std::string id = job_id(req, res);
-      if (id.empty()) return;
-      res.set_header("Cache-Control", "no-cache");
-      res.set_chunked_content_provider("text/event-stream", [this, id, seen = size_t(0)](
-                                                                size_t, httplib::DataSink& sink) mutable {
-        const std::vector<server::JobEvent> events = queue_.events(id, seen, std::chrono::seconds(5));
-        if (events.empty()) {
-          if (!queue_.exists(id)) {
-            sink.done();
-            return true;
-          }
-          static const std::string keep_alive = ": waiting\n\n";  // an SSE comment: keeps proxies from timing out
-          return sink.write(keep_alive.data(), keep_alive.size());
-        }
-        for (const server::JobEvent& e : events) {
-          const std::string data = e.data.dump(-1, ' ', false, json::error_handler_t::replace);
-          const std::string text = "event: " + e.type + "\ndata: " + data + "\n\n";
-          if (!sink.write(text.data(), text.size())) return false;
-          ++seen;
-          if (e.type != "step") {
-            sink.done();
-            return true;
-          }
-        }
-        return true;
-      });
-    });
-    // Everything else: 405 for a known path with another method, 404 otherwise.
-    const auto other = [](const httplib::Request& req, httplib::Response& res) {
-      if (const std::string allow = allowed_methods(req.path); !allow.empty()) {
-        res.set_header("Allow", allow);
-        send_error(res, 405, "method", req.method + " " + req.path + " is not allowed; this path takes " + allow);
-      } else {
-        send_error(res, 404, "path", "no route " + req.path.substr(0, 200) + " (see docs/server.md)");
-      }
-    };
-    http.Get(".*", other);
-    http.Post(".*", other);
-    http.Put(".*", other);
-    http.Delete(".*", other);
-    http.Patch(".*", other);
-    http.Options(".*", other);
+  // server::HttpHandlers' three functions.
+  std::optional<server::HttpResponse> admit_hook(const server::HttpRequest& req) const {
+    server::HttpResponse res;
+    if (!admit(req, res)) return res;
+    return std::nullopt;
+  }
+  server::HttpReply handle_hook(const server::HttpRequest& req) { return handle(req); }
+  static server::HttpResponse refusal(int status, const std::string& message) {
+    server::HttpResponse res;
+    send_error(res, status, status == 413 ? "body" : status == 431 ? "headers" : "request", message);
+    secure(res);
+    return res;
   }
 
  private:
-  bool authorized(const httplib::Request& req, httplib::Response& res) const {
-    if (s_.api_key.empty() || req.path == "/health" || req.path == "/") return true;
-    const std::string header = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    if (header.rfind(prefix, 0) == 0 && same_secret(header.substr(prefix.size()), s_.api_key)) return true;
-    res.set_header("WWW-Authenticate", "Bearer");
-    send_error(res, 401, "Authorization", "expected the header Authorization: Bearer <the server's --api-key>");
-    return false;
+  // Checks made on the headers, before any body is read: false when answered (res).
+  bool admit(const server::HttpRequest& req, server::HttpResponse& res) const {
+    secure(res);
+    const RouteMatch m = match_route(req.path);
+    if (!s_.api_key.empty()) {
+      if (m.route != Route::kHealth && m.route != Route::kPage && m.route != Route::kScript && !authorized(req)) {
+        res.set_header("WWW-Authenticate", "Bearer");
+        send_error(res, 401, "Authorization", "expected the header Authorization: Bearer <the server's --api-key>");
+        return false;
+      }
+    } else if (const std::string why = guard_.refusal(req); !why.empty()) {
+      send_error(res, 403, server::BrowserGuard::refused_header(why), why);
+      return false;
+    }
+    const std::string allow = allowed_methods(m.route);
+    if (allow.empty()) {
+      send_error(res, 404, "path", "no route " + req.path.substr(0, 200) + " (see docs/server.md)");
+      return false;
+    }
+    if (allow.find(req.method) == std::string::npos || req.method.empty()) {
+      res.set_header("Allow", allow);
+      send_error(res, 405, "method",
+                 req.method.substr(0, 20) + " " + req.path.substr(0, 200) + " is not allowed; this path takes " + allow);
+      return false;
+    }
+    return true;
   }
 
-  // The job id of /v1/jobs/{id}[/...]: "" (and the answer sent) when it is malformed or unknown.
-  std::string job_id(const httplib::Request& req, httplib::Response& res) const {
-    const std::string id = req.matches[1];
+  bool authorized(const server::HttpRequest& req) const {
+    const std::string header = req.header("Authorization");
+    const std::string prefix = "Bearer ";
+    return header.rfind(prefix, 0) == 0 && same_secret(header.substr(prefix.size()), s_.api_key);
+  }
+
+  server::HttpReply handle(const server::HttpRequest& req) {
+    const RouteMatch m = match_route(req.path);
+    server::HttpResponse res;
+    secure(res);
+    switch (m.route) {
+      case Route::kPage: res.set_content(kServePage, "text/html; charset=utf-8"); break;
+      case Route::kScript: res.set_content(kServePageScript, "text/javascript; charset=utf-8"); break;
+      case Route::kHealth: {
+        const server::QueueStats st = queue_.stats();
+        send_json(res, stopping_ ? 503 : 200,
+                  {{"status", stopping_ ? "stopping" : "ok"},
+                   {"queued", st.queued},
+                   {"running", st.running},
+                   {"ranks", s_.ranks}});
+        break;
+      }
+      case Route::kModels:
+        send_json(res, 200,
+                  {{"object", "list"},
+                   {"data", json::array({{{"id", s_.model_id},
+                                          {"object", "model"},
+                                          {"owned_by", "kiln"},
+                                          {"pipeline", s_.pipeline_class}}})}});
+        break;
+      case Route::kMetrics: res.set_content(metrics_text(queue_.stats(), http_.counters(), s_), "text/plain; version=0.0.4"); break;
+      case Route::kGenerations: {
+        const std::string id = submit(req, res);
+        if (id.empty()) break;
+        // Answered when the job ends: polled on the loop whenever the queue changes.
+        return server::HttpReply::Deferred{[this, id]() -> std::optional<server::HttpResponse> {
+          server::HttpResponse done;
+          secure(done);
+          if (!queue_.exists(id)) {
+            job_not_done(done, id, server::JobState::kCancelled);
+            return done;
+          }
+          const std::string state = queue_.status(id)["state"];
+          if (state == "queued" || state == "running") return std::nullopt;
+          if (state == "done") {
+            json data = json::array();
+            for (const std::string& png : queue_.images(id)) data.push_back({{"b64_json", io::base64_encode(png)}});
+            send_json(done, 200, {{"created", int64_t(std::time(nullptr))}, {"id", id}, {"data", data}});
+          } else {
+            job_not_done(done, id, state == "failed" ? server::JobState::kFailed : server::JobState::kCancelled);
+          }
+          return done;
+        }};
+      }
+      case Route::kJobs:
+        if (const std::string id = submit(req, res); !id.empty()) send_json(res, 202, queue_.status(id));
+        break;
+      case Route::kJob:
+        if (job_known(m.id, res)) {
+          if (req.method == "DELETE") queue_.cancel(m.id);
+          send_json(res, 200, queue_.status(m.id));
+        }
+        break;
+      case Route::kJobImage:
+        if (job_known(m.id, res)) image(req, m.id, res);
+        break;
+      case Route::kJobEvents:
+        if (job_known(m.id, res)) return events(m.id);
+        break;
+      case Route::kNone: break;  // admit answered it
+    }
+    return res;
+  }
+
+  void image(const server::HttpRequest& req, const std::string& id, server::HttpResponse& res) const {
+    const json status = queue_.status(id);
+    if (status["state"] != "done") {
+      send_error(res, 409, "id", "job " + id + " is " + status["state"].get<std::string>() + ", not done");
+      return;
+    }
+    const std::vector<std::string> pngs = queue_.images(id);
+    size_t index = 0;
+    if (const std::optional<std::string> v = req.param("index")) {
+      if (v->empty() || v->size() > 3 || v->find_first_not_of("0123456789") != std::string::npos ||
+          std::stoul(*v) >= pngs.size()) {
+        send_error(res, 400, "index", "expected an image index in [0, " + std::to_string(pngs.size()) + ")");
+        return;
+      }
+      index = std::stoul(*v);
+    }
+    res.set_content(pngs.at(index), "image/png");
+  }
+
+  // Server-Sent Events: every event of the job in order, then the stream ends; a comment every
+  // few seconds while nothing happens, so proxies keep the stream and a gone client is noticed.
+  server::HttpReply events(const std::string& id) {
+    server::HttpReply::Stream stream;
+    stream.head.set_header("Content-Type", "text/event-stream");
+    stream.head.set_header("Cache-Control", "no-cache");
+    secure(stream.head);
+    stream.next = [this, id, seen = size_t(0), quiet_since = std::chrono::steady_clock::now()](std::string& out) mutable {
+      const std::vector<server::JobEvent> events = queue_.events(id, seen, std::chrono::milliseconds(0));
+      if (events.empty()) {
+        if (!queue_.exists(id)) return false;
+        if (std::chrono::steady_clock::now() - quiet_since >= std::chrono::seconds(5)) {
+          out += ": waiting\n\n";  // an SSE comment
+          quiet_since = std::chrono::steady_clock::now();
+        }
+        return true;
+      }
+      quiet_since = std::chrono::steady_clock::now();
+      for (const server::JobEvent& e : events) {
+        out += "event: " + e.type + "\ndata: " + e.data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+        ++seen;
+        if (e.type != "step") return false;
+      }
+      return true;
+    };
+    return stream;
+  }
+
+  // Whether /v1/jobs/{id}[/...] names a job: when not (malformed or unknown), the answer is set.
+  bool job_known(const std::string& id, server::HttpResponse& res) const {
     if (!valid_job_id(id)) {
       send_error(res, 400, "id", "expected a job id of 16 hex digits, got '" + id.substr(0, 64) + "'");
-      return "";
+      return false;
     }
     if (!queue_.exists(id)) {
       send_error(res, 404, "id", "no job " + id + " (finished jobs are kept for a while only)");
-      return "";
+      return false;
     }
-    return id;
+    return true;
   }
 
-  // Parses and queues the body's job: its id, or "" with the answer sent (400/413/429/503).
-  std::string submit(const httplib::Request& req, httplib::Response& res) {
+  // Parses and queues the body's job: its id, or "" with the answer set (400/413/429/503).
+  std::string submit(const server::HttpRequest& req, server::HttpResponse& res) {
     if (stopping_) {
       send_error(res, 503, "server", "the server is shutting down");
       return "";
@@ -288,7 +362,7 @@ class Routes {
     return id;
   }
 
-  void job_not_done(httplib::Response& res, const std::string& id, server::JobState state) {
+  void job_not_done(server::HttpResponse& res, const std::string& id, server::JobState state) const {
     const std::string error = queue_.error(id);
     // 422 and 410, not 500 and 409: OpenAI's clients retry those, and the same call would fail
     // (e.g. a size that does not fit the memory) or be cancelled again.
@@ -300,6 +374,8 @@ class Routes {
   const ServeSettings& s_;
   server::JobQueue& queue_;
   std::atomic<bool>& stopping_;
+  const server::HttpServer& http_;
+  const server::BrowserGuard guard_;
 };
 
 }  // namespace
@@ -316,45 +392,37 @@ bool is_loopback_host(const std::string& host) {
 int serve_http(const ServeSettings& settings, const server::ImageRunner& runner, const sigset_t& stop_signals) {
   server::JobQueue queue(settings.max_queue, runner, settings.keep_jobs);
   std::atomic<bool> stopping{false};
-  httplib::Server http;
-  http.set_payload_max_length(settings.max_body_bytes);
-  http.set_read_timeout(std::chrono::seconds(settings.timeout_seconds));
-  http.set_write_timeout(std::chrono::seconds(settings.timeout_seconds));
-  http.set_keep_alive_timeout(5);
-  // Each connection holds a thread while it is served (a request waiting for its image, an
-  // event stream): enough of them that waiting clients never starve /health or new requests.
-  http.new_task_queue = [] { return new httplib::ThreadPool(kConnectionThreads); };
-  int listen_fd = -1;
-  http.set_socket_options([&listen_fd](socket_t fd) {
-    listen_fd = fd;
-    httplib::default_socket_options(fd);
-  });
-  Routes routes(settings, queue, stopping);
-  routes.install(http);
-  const int port = settings.port == 0 ? http.bind_to_any_port(settings.host) : settings.port;
-  KILN_CHECK(port > 0 && (settings.port == 0 || http.bind_to_port(settings.host, settings.port)), "serve",
-             "cannot listen on ", settings.host, ":", settings.port, " (in use, or not an address of this machine)");
-  // The library listens with a backlog of 5: a burst of clients would overflow it and see
-  // resets. listen() again on the bound socket raises it.
-  KILN_CHECK(listen_fd >= 0 && ::listen(listen_fd, SOMAXCONN) == 0, "serve", "cannot listen on ", settings.host, ":",
-             port);
-  std::fprintf(stderr, "kiln: serving %s on http://%s:%d\n", settings.model_id.c_str(), settings.host.c_str(), port);
+  std::unique_ptr<Routes> routes;
+  server::HttpServer http(settings.http, server::HttpHandlers{
+                                             [&routes](const server::HttpRequest& r) { return routes->admit_hook(r); },
+                                             [&routes](const server::HttpRequest& r) { return routes->handle_hook(r); },
+                                             [](int status, const std::string& message) {
+                                               return Routes::refusal(status, message);
+                                             }});
+  routes = std::make_unique<Routes>(settings, queue, stopping, http);
+  const int port = http.bind(settings.host, settings.port);
+  // Waiting answers and event streams are polled whenever a job is queued, steps or ends.
+  queue.on_change([&http] { http.notify(); });
+  print_line(stderr, "kiln: serving %s on http://%s:%d", settings.model_id.c_str(), settings.host.c_str(), port);
 
-  // SIGTERM / SIGINT / SIGUSR1: stop taking jobs, answer the queued ones, finish (or cancel) the
-  // running one, then stop listening.
+  // SIGTERM / SIGINT / SIGUSR1: idle and half-read connections are closed, new requests answered
+  // 503, queued jobs cancelled; the running job finishes (or is cancelled) and its clients are
+  // answered; then the server stops.
   std::thread signals([&] {
     int signal = 0;
     sigwait(&stop_signals, &signal);
     std::fprintf(stderr, "kiln: SIG%s: stopping (%s the running job)\n", sigabbrev_np(signal),
                  settings.cancel_on_stop ? "cancelling" : "finishing");
     stopping = true;
-    queue.shutdown(settings.cancel_on_stop);
     http.stop();
+    queue.shutdown(settings.cancel_on_stop);
+    http.notify();
+    http.drain();
   });
-  const bool listened = http.listen_after_bind();
-  if (!stopping) pthread_kill(signals.native_handle(), SIGTERM);  // listening failed: end the signal thread
+  http.run();
+  if (!stopping) pthread_kill(signals.native_handle(), SIGTERM);
   signals.join();
-  KILN_CHECK(listened || stopping, "serve", "stopped listening on ", settings.host, ":", port, " unexpectedly");
+  queue.on_change(nullptr);
   std::fprintf(stderr, "kiln: stopped\n");
   return 0;
 }

@@ -1,11 +1,13 @@
-// The HTTP side of `kiln serve` (cpp-httplib): routes, limits, API key, metrics and the page,
-// over a server::JobQueue whose jobs the given runner makes.
+// The HTTP side of `kiln serve` (on server::HttpServer): routes, the API key, the browser checks,
+// metrics and the page, over a server::JobQueue whose jobs the given runner makes.
 #pragma once
 #include <signal.h>
 
 #include <string>
+#include <vector>
 
 #include "server/generation_request.h"
+#include "server/http_server.h"
 #include "server/job_queue.h"
 
 namespace kiln::cli {
@@ -17,8 +19,8 @@ struct ServeSettings {
   size_t max_queue = 16;
   size_t keep_jobs = 64;  // finished jobs (their images) kept readable, the oldest forgotten first
   server::RequestLimits limits;
-  size_t max_body_bytes = 1 << 20;
-  int64_t timeout_seconds = 30;  // a client that sends or reads nothing for this long is dropped
+  server::HttpLimits http;  // connections, header and body sizes, the request deadline
+  std::vector<std::string> allowed_hosts;  // --allowed-hosts: more names the Host header may give (no key)
   bool cancel_on_stop = false;   // SIGTERM/SIGINT: cancel the running job instead of finishing it
   std::string model_id, pipeline_class;
   int ranks = 1;  // --tp N: the processes that run each call

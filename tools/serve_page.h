@@ -1,5 +1,6 @@
 // The page `kiln serve` answers at /: a prompt, a few settings, the steps as they run and the
-// image. It uses only the public API (POST /v1/jobs, the job's events and image).
+// image. It uses only the public API (POST /v1/jobs, the job's events and image). Its script is
+// served apart (/kiln.js), so the page's Content-Security-Policy can forbid inline scripts.
 #pragma once
 
 namespace kiln::cli {
@@ -36,8 +37,12 @@ progress { width: 100%; }
 <div id="status">idle</div>
 <div id="error"></div>
 <img id="image" alt="">
-<script>
-const $ = (id) => document.getElementById(id);
+<script src="/kiln.js"></script>
+</body>
+</html>
+)html";
+
+inline constexpr const char* kServePageScript = R"js(const $ = (id) => document.getElementById(id);
 let job = null;
 $("form").addEventListener("submit", async (event) => {
   event.preventDefault();
@@ -75,14 +80,17 @@ $("cancel").addEventListener("click", () => { if (job) fetch("/v1/jobs/" + job, 
 $("image").addEventListener("load", () => {
   $("image").dataset.loaded = $("image").naturalWidth + "x" + $("image").naturalHeight;
 });
-// A link can fill the form and start: /?prompt=...&width=...&height=...&steps=...&seed=...&submit=1
+// A link can fill the form (/?prompt=...&width=...&height=...&steps=...&seed=...), never start it:
+// a job starts only from the button, so no link or page elsewhere can spend the server's time.
 const params = new URLSearchParams(location.search);
 for (const field of ["prompt", "width", "height", "steps", "seed"])
   if (params.has(field)) $(field).value = params.get(field);
-if (params.get("submit") === "1") $("form").requestSubmit();
-</script>
-</body>
-</html>
-)html";
+)js";
+
+// Every answer's Content-Security-Policy: scripts only from the server itself (no inline ones),
+// answers only to it, no plugins, forms or framing.
+inline constexpr const char* kServePagePolicy =
+    "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; img-src 'self'; connect-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 }  // namespace kiln::cli

@@ -68,7 +68,7 @@ std::string JobQueue::submit(GenerationRequest request) {
   jobs_[job->id] = job;
   queue_.push_back(job);
   ++stats_.submitted;
-  changed_.notify_all();
+  changed();
   return job->id;
 }
 
@@ -184,7 +184,7 @@ void JobQueue::finish(Job& job, JobState state, const std::string& error) {
     jobs_.erase(finished_.front());
     finished_.pop_front();
   }
-  changed_.notify_all();
+  changed();
 }
 
 void JobQueue::work() {
@@ -196,7 +196,7 @@ void JobQueue::work() {
     queue_.pop_front();
     job->state = JobState::kRunning;
     running_ = job;
-    changed_.notify_all();
+    changed();
     std::vector<std::string> pngs;
     std::string error;
     JobState outcome = JobState::kDone;
@@ -216,7 +216,7 @@ void JobQueue::work() {
           stats_.step_seconds += seconds;
           job->events.push_back(
               {"step", {{"image", i}, {"step", step + 1}, {"steps", steps}, {"seconds", seconds}}});
-          changed_.notify_all();
+          changed();
           if (job->cancel_requested) throw JobCancelled{};
         };
         {
@@ -240,6 +240,16 @@ void JobQueue::work() {
   }
 }
 
+void JobQueue::on_change(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = std::move(listener);
+}
+
+void JobQueue::changed() {
+  changed_.notify_all();
+  if (listener_) listener_();
+}
+
 void JobQueue::shutdown(bool cancel_running) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -248,7 +258,7 @@ void JobQueue::shutdown(bool cancel_running) {
       for (const auto& job : queue_) finish(*job, JobState::kCancelled, "the server is shutting down");
       queue_.clear();
       if (running_ && cancel_running) running_->cancel_requested = true;
-      changed_.notify_all();
+      changed();
     }
   }
   if (worker_.joinable()) worker_.join();

@@ -73,6 +73,9 @@ class JobQueue {
   // Seconds a new job would wait before it starts, from the mean step time so far (0 when idle).
   double estimated_wait_seconds() const;
   QueueStats stats() const;
+  // `listener` is called (with the queue's lock held: it must only signal, e.g. wake an event
+  // loop) whenever a job is queued, starts, steps or ends — what waiting clients poll for.
+  void on_change(std::function<void()> listener);
   // Stops taking jobs: every queued job is cancelled; the running one is cancelled at its next
   // step when `cancel_running`, else it finishes. Returns when the worker has stopped.
   void shutdown(bool cancel_running);
@@ -80,6 +83,7 @@ class JobQueue {
  private:
   struct Job;
   void work();
+  void changed();  // with mu_ held: wakes waiters and the listener
   void finish(Job& job, JobState state, const std::string& error);  // with mu_ held
   double mean_step_seconds() const;                                  // with mu_ held
   // Steps still to run before `job` starts (nullptr: before a new job): the queue ahead of it and
@@ -95,6 +99,7 @@ class JobQueue {
   std::deque<std::shared_ptr<Job>> queue_;
   std::deque<std::string> finished_;  // ids, oldest first
   std::shared_ptr<Job> running_;
+  std::function<void()> listener_;
   bool stopping_ = false, cancel_running_on_stop_ = false;
   QueueStats stats_;
   std::thread worker_;
