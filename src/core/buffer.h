@@ -130,6 +130,10 @@ using BufferPtr = std::shared_ptr<Buffer>;
 // Blocks of kHostMappingBytes and more are mappings of their own, whose pages leave the process
 // when the buffer is freed.
 BufferPtr host_allocate(size_t bytes);
+// Host address space only: read-only pages that are never touched, so neither committed nor
+// counted against the machine's memory (what a memory plan's placeholders stand on). nullptr when
+// even the address space is missing.
+BufferPtr host_reserve(size_t bytes);
 inline constexpr size_t kHostMappingBytes = size_t(1) << 20;
 
 }  // namespace kiln

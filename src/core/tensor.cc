@@ -122,4 +122,11 @@ BufferPtr host_allocate(size_t bytes) {
   return std::make_shared<Buffer>(p, bytes, Device::cpu(), [p] { std::free(p); });
 }
 
+BufferPtr host_reserve(size_t bytes) {
+  const size_t size = std::max<size_t>(bytes, 1);
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  return std::make_shared<Buffer>(p, bytes, Device::cpu(), [p, size] { ::munmap(p, size); });
+}
+
 }  // namespace kiln

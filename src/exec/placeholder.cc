@@ -1,5 +1,3 @@
-#include <sys/mman.h>
-
 #include "core/error.h"
 #include "devices/runtime.h"
 #include "exec/capture.h"
@@ -12,11 +10,10 @@ Tensor placeholder_tensor(const Shape& shape, DType dtype) {
   // A large one is address space only: read-only pages that are never touched are neither
   // committed nor counted against the machine's memory, so the plan of a size far beyond it (a
   // 2^20-pixel side's latents are terabytes) can still be made, and then refused with its numbers.
-  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  KILN_CHECK(p != MAP_FAILED, "memory", "a size this large cannot even be planned: a placeholder of shape ",
+  BufferPtr reserved = host_reserve(bytes);
+  KILN_CHECK(reserved != nullptr, "memory", "a size this large cannot even be planned: a placeholder of shape ",
              to_string(shape), " (", bytes, " bytes) does not fit the address space");
-  return Tensor::view_of(std::make_shared<Buffer>(p, bytes, Device::cpu(), [p, bytes] { ::munmap(p, bytes); }), shape,
-                         dtype);
+  return Tensor::view_of(std::move(reserved), shape, dtype);
 }
 
 }  // namespace kiln
