@@ -149,13 +149,26 @@ void expect_close_to_f32(const std::vector<float>& got, const std::vector<float>
 class Bf16AttentionShapes : public ::testing::TestWithParam<AttnShape> {};
 
 // Both ways of multiplying bf16 tiles (widened to f32, or oneDNN's bf16 matmul) run on any CPU
-// with AVX-512 (emulated without AVX512-BF16), whichever this process would pick.
-constexpr AttentionProducts kBf16Products[] = {AttentionProducts::kWidened, AttentionProducts::kBf16Dot};
+// with AVX-512 (emulated without AVX512-BF16), whichever this process would pick. On an AVX2-only
+// CPU oneDNN has no bf16 matmul: only the widened products run there (and are what the process
+// picks, Bf16Attention.ProcessMultipliesInBf16WhereBf16MultipliesFast).
+std::vector<AttentionProducts> bf16_products() {
+  std::vector<AttentionProducts> products = {AttentionProducts::kWidened};
+  if (onednn::bf16_primitives_available()) products.push_back(AttentionProducts::kBf16Dot);
+  return products;
+}
+
+// The conv maths this CPU runs: oneDNN's bf16 kernels only where it has them.
+std::vector<detail::ConvMath> conv_maths() {
+  std::vector<detail::ConvMath> maths = {detail::ConvMath::kF32};
+  if (onednn::bf16_primitives_available()) maths.push_back(detail::ConvMath::kBf16);
+  return maths;
+}
 
 TEST_P(Bf16AttentionShapes, MatchesF32KernelOnTheSameValues) {
   const AttnData a = make_data(GetParam());
   const auto ref = run_f32(a, nullptr, nullptr);
-  for (const AttentionProducts p : kBf16Products) {
+  for (const AttentionProducts p : bf16_products()) {
     SCOPED_TRACE(p == AttentionProducts::kBf16Dot ? "bf16 dot products" : "widened products");
     expect_close_to_f32(run_bf16(a, nullptr, nullptr, false, p), ref, 1.0f, false);
     expect_close_to_f32(run_bf16(a, nullptr, nullptr, true, p), ref, 1.0f, true);
@@ -165,7 +178,7 @@ TEST_P(Bf16AttentionShapes, MatchesF32KernelOnTheSameValues) {
 // A bf16 output is the f32 accumulator rounded once: exactly the f32 output's rounding.
 TEST_P(Bf16AttentionShapes, Bf16OutputIsTheF32OutputRoundedOnce) {
   const AttnData a = make_data(GetParam());
-  for (const AttentionProducts p : kBf16Products) {
+  for (const AttentionProducts p : bf16_products()) {
     const auto wide = run_bf16(a, nullptr, nullptr, false, p);
     const auto narrow = run_bf16(a, nullptr, nullptr, true, p);
     for (size_t i = 0; i < wide.size(); ++i)
@@ -185,16 +198,19 @@ TEST_P(Bf16AttentionShapes, OnePassSoftmaxAgreesWithTheStepwiseOne) {
   const AttnShape& s = GetParam();
   const std::vector<float> zeros(size_t(s.B * s.Lk), 0.0f);
   const int64_t ms[4] = {s.Lk, 0, 0, 1};
-  const auto one_pass = run_bf16(a, nullptr, nullptr, false, AttentionProducts::kBf16Dot);
-  const auto stepwise = run_bf16(a, zeros.data(), ms, false, AttentionProducts::kBf16Dot);
-  ASSERT_EQ(one_pass.size(), stepwise.size());
-  std::vector<double> diff(one_pass.size());
-  for (size_t i = 0; i < one_pass.size(); ++i) {
-    diff[i] = std::abs(double(one_pass[i]) - double(stepwise[i]));
-    ASSERT_LE(diff[i], kBf16Eps) << "at " << i << ": " << one_pass[i] << " against " << stepwise[i];  // |v| <= 1
+  for (const AttentionProducts p : bf16_products()) {
+    SCOPED_TRACE(p == AttentionProducts::kBf16Dot ? "bf16 dot products" : "widened products");
+    const auto one_pass = run_bf16(a, nullptr, nullptr, false, p);
+    const auto stepwise = run_bf16(a, zeros.data(), ms, false, p);
+    ASSERT_EQ(one_pass.size(), stepwise.size());
+    std::vector<double> diff(one_pass.size());
+    for (size_t i = 0; i < one_pass.size(); ++i) {
+      diff[i] = std::abs(double(one_pass[i]) - double(stepwise[i]));
+      ASSERT_LE(diff[i], kBf16Eps) << "at " << i << ": " << one_pass[i] << " against " << stepwise[i];  // |v| <= 1
+    }
+    std::nth_element(diff.begin(), diff.begin() + diff.size() / 2, diff.end());
+    EXPECT_LE(diff[diff.size() / 2], 1e-6) << "median difference";
   }
-  std::nth_element(diff.begin(), diff.begin() + diff.size() / 2, diff.end());
-  EXPECT_LE(diff[diff.size() / 2], 1e-6) << "median difference";
 }
 
 INSTANTIATE_TEST_SUITE_P(Bf16Attention, Bf16AttentionShapes,
@@ -305,7 +321,7 @@ TEST(Bf16Attention, StridedViewsGiveTheBitsOfDenseTensors) {
 TEST(Bf16Attention, ThreadCountDoesNotChangeTheBits) {
   const AttnShape s{1, 3, 300, 700, 64, 64};
   const AttnData a = make_data(s);
-  for (const AttentionProducts p : kBf16Products)
+  for (const AttentionProducts p : bf16_products())
     for (bool out_bf16 : {false, true}) {
       std::vector<float> one, two;
       with_threads(1, [&] { one = run_bf16(a, nullptr, nullptr, out_bf16, p); });
@@ -415,6 +431,10 @@ TEST_P(Bf16ConvShapes, F32MathGivesTheF32KernelsBits) {
 // accumulation error, 1e-5 of the sum of |terms| (K <= 1152 terms, each rounding 2^-24), plus
 // 2^-8 of the value for a bf16 y.
 TEST_P(Bf16ConvShapes, Bf16MathMatchesTheF32Kernel) {
+  if (!onednn::bf16_primitives_available()) {  // no bf16 kernels: the process never picks them
+    EXPECT_EQ(detail::conv2d_bf16_math(), detail::ConvMath::kF32);
+    return;
+  }
   const ConvData c = make_conv(GetParam());
   const auto ref = conv_f32(c);
   const auto scale = abs_sums(c);
@@ -442,7 +462,7 @@ INSTANTIATE_TEST_SUITE_P(Bf16Conv, Bf16ConvShapes,
 
 TEST(Bf16Conv, ThreadCountDoesNotChangeTheBits) {
   const ConvData c = make_conv({1, 64, 32, 32, 64, 3, 1, 1});
-  for (auto math : {detail::ConvMath::kF32, detail::ConvMath::kBf16}) {
+  for (auto math : conv_maths()) {
     std::vector<float> one, two;
     with_threads(2, [&] { two = conv_bf16(math, c, DType::bf16, true); });
     with_threads(1, [&] { one = conv_bf16(math, c, DType::bf16, true); });

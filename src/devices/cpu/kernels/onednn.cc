@@ -37,4 +37,9 @@ bool bf16_dot_products_fast() {
   return fast;
 }
 
+bool bf16_primitives_available() {
+  static const bool available = cpu_has(dnnl::cpu_isa::avx512_core);
+  return available;
+}
+
 }  // namespace kiln::cpu::onednn

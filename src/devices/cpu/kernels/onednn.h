@@ -35,4 +35,9 @@ bool cpu_has(dnnl::cpu_isa isa);
 // faster than f32. Fixed for the process.
 bool bf16_dot_products_fast();
 
+// Whether oneDNN has bf16 kernels on this CPU at all: AVX-512 (avx512_core), where CPUs without
+// AVX512-BF16 emulate the multiplies. On AVX2-only CPUs it has none, and kiln's bf16 kernels widen
+// to f32 (bf16_dot_products_fast() is false there too).
+bool bf16_primitives_available();
+
 }  // namespace kiln::cpu::onednn
