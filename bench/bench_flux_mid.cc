@@ -334,7 +334,7 @@ void BM_Interleaved(benchmark::State& state) {
   state.counters["full/raw_matmuls"] = fastest[2] / raw_matmuls()[size];
 }
 
-// Model offload's cost per image (runtime.md §4.1): a 4-step "image" on the mid transformer with
+// Model offload's cost per image: a 4-step "image" on the mid transformer with
 // its weights in place, against the same with the transformer onloaded (its 2.6 GiB of weights
 // copied into device memory) before the steps and released after, as model offload does once
 // per call. Rounds alternate; best of 3 each.

@@ -1,7 +1,7 @@
 // Small Mistral3 / Qwen3 text-encoder checkpoints for the CausalLMTextEncoder tests, written to a
 // temporary folder with generated weights (deterministic_weights.h), and an independent
 // double-precision reference of the language model's hidden states written from the spec's
-// formulas (flux2.md §7.4, §8): host loops, no kiln op.
+// formulas (flux2.md §7.4): host loops, no kiln op.
 #pragma once
 #include <unistd.h>
 

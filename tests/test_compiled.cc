@@ -102,7 +102,7 @@ TEST_P(CompiledFluxPipeline, ImageAndLatentsEqualStrictEagerBitwise) {
   EXPECT_EQ(compiled.image, eager.image) << set << " " << how;
   EXPECT_TRUE(same_bits(compiled.latents, eager.latents)) << set << " " << how;
   EXPECT_LE(test::byte_diff(compiled.image, test::golden_u8(set, "image.uint8")).second, 1) << set;
-  // Regional compile with deferred mode around the blocks (what runtime.md §5.1 recommends).
+  // Regional compile with deferred mode around the blocks (what Diffusers' TPU guide recommends).
   if (how == "blocks") {
     EagerModeGuard defer(EagerMode::DeferAndFuse);
     const PipelineOutput mixed = pipe(args);
@@ -117,7 +117,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CompiledFluxPipeline,
                                          PipelineCase{"flux1_tiny_arch", "blocks"}),
                          [](const auto& info) { return info.param.set + "_" + info.param.how; });
 
-// ---- what compiles, and what does not (runtime.md §2.4.3) ----
+// ---- what compiles, and what does not ----
 
 // Counters after one pipeline call: {traces, compiles}.
 std::pair<uint64_t, uint64_t> traces_and_compiles_of(const FluxPipeline& pipe, const PipelineCallArgs& args) {

@@ -1,4 +1,4 @@
-// The layers above the device seam (design.md §2: graph, exec, nn, models, pipelines) name no
+// The layers above the device seam (graph, exec, nn, models, pipelines) name no
 // device backend: no cpu:: function, no devices/cpu header, no Device::cpu() (where no tensor
 // says where, they use default_device()). What a device does they reach only through
 // DeviceRuntime (devices/runtime.h), so another device plugs in below them.

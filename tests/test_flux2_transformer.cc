@@ -223,7 +223,7 @@ TEST(Flux2Transformer, ClassDataAndParameters) {
   for (const auto& [name, t] : m.named_parameters()) names.push_back(name);
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, file.names()) << "every weight is read, and no other";
-  // No biases anywhere (spec §2.1).
+  // No biases anywhere.
   for (const std::string& n : names) EXPECT_EQ(n.find(".bias"), std::string::npos) << n;
 }
 

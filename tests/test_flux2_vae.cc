@@ -128,7 +128,7 @@ TEST(Flux2Vae, PipelineLatentsToVaeInputMatchDiffusers) {
 }
 
 TEST(Flux2Vae, PatchifyLayoutAndUnpatchifyIsItsInverse) {
-  // flux2.md §4: channel c·4 + dy·2 + dx holds z[c, 2Y + dy, 2X + dx].
+  // flux2.md channel c·4 + dy·2 + dx holds z[c, 2Y + dy, 2X + dx].
   const Tensor z = test::random_tensor({2, 3, 6, 8}, 7);
   const Tensor p = fl::patchify(z);
   ASSERT_EQ(p.shape(), (Shape{2, 12, 3, 4}));

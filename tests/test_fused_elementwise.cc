@@ -1,6 +1,6 @@
 // The fused elementwise kernel against strict eager: every program here mirrors an op chain
 // that is also run through the public op API, and the two results must be equal byte for byte
-// (runtime.md §2.3.5: deferred-and-fused mode may not change a single bit of any result).
+// (deferred-and-fused mode may not change a single bit of any result).
 #include <cstring>
 #include <limits>
 #include <optional>

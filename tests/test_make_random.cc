@@ -88,7 +88,7 @@ Count linear_count(int64_t in, int64_t out, bool bias = true) { return {bias ? 2
 Count operator+(Count a, Count b) { return {a.tensors + b.tensors, a.parameters + b.parameters}; }
 Count operator*(int64_t n, Count a) { return {n * a.tensors, n * a.parameters}; }
 
-// FluxTransformer2DModel at FLUX.1's widths (§2.3).
+// FluxTransformer2DModel at FLUX.1's widths.
 Count flux_transformer_count(bool dev, int64_t double_blocks, int64_t single_blocks) {
   const int64_t D = 3072, hd = 128;
   const Count norm{1, hd};
@@ -102,7 +102,7 @@ Count flux_transformer_count(bool dev, int64_t double_blocks, int64_t single_blo
   return top + double_blocks * dbl + single_blocks * single;
 }
 
-// T5 v1.1 XXL encoder (§4.2), shared embedding counted once.
+// T5 v1.1 XXL encoder, shared embedding counted once.
 Count t5_count(int64_t layers) {
   const int64_t M = 4096, F = 10240;
   const Count block = 4 * linear_count(M, M, false) + 3 * linear_count(M, F, false) + Count{2, 2 * M};
@@ -127,7 +127,7 @@ TEST(MakeRandomCounts, FormulasGiveTheSpecsFullSizeCounts) {
   EXPECT_EQ(vae.parameters(), 83'819'683);
 }
 
-// The full-size folder is sharded as on the Hub (spec §1.1): 3 transformer shards at Diffusers'
+// The full-size folder is sharded as on the Hub: 3 transformer shards at Diffusers'
 // 10 GB, 2 T5 shards at transformers' 5 GB, the rest single files; total_size is 2 bytes a
 // parameter in bf16.
 TEST(MakeRandomCounts, FullSizeFilesAreShardedAsOnTheHub) {

@@ -60,7 +60,7 @@ TransformerSpec transformer_spec(Flux2Variant v) {
   }
 }
 
-// Every tensor of Flux2Transformer2DModel (§2.1): no biases, D = heads x 128, F = 3D.
+// Every tensor of Flux2Transformer2DModel: no biases, D = heads x 128, F = 3D.
 Shapes flux2_transformer_shapes(const TransformerSpec& t) {
   const int64_t D = t.heads * 128, F = 3 * D;
   Shapes s{{"x_embedder.weight", {D, 128}},
@@ -109,7 +109,7 @@ LmSpec lm_spec(Flux2Variant v) {
   }
 }
 
-// The language model's tensors (§7.3, §8: 32 query heads and 8 KV heads of 128), without lm_head.
+// The language model's tensors (32 query heads and 8 KV heads of 128), without lm_head.
 Shapes lm_shapes(const LmSpec& m) {
   const int64_t q = 32 * 128, kv = 8 * 128;
   Shapes s{{m.prefix + "embed_tokens.weight", {m.vocab, m.hidden}}, {m.prefix + "norm.weight", {m.hidden}}};
@@ -161,7 +161,7 @@ TEST(MakeRandomFlux2Counts, TransformerAndTextEncoderHaveEveryKeyAndShapeOfTheSp
     EXPECT_EQ(declared_shapes(c[1]), flux2_transformer_shapes(transformer_spec(v)));
     EXPECT_EQ(declared_shapes(c[0]), lm_shapes(lm_spec(v)));
   }
-  // The parameter counts (§1.2: FLUX.2-dev's transformer is 8 x 0.98 B + 48 x 0.49 B + 0.82 B of
+  // The parameter counts (FLUX.2-dev's transformer is 8 x 0.98 B + 48 x 0.49 B + 0.82 B of
   // embeddings and modulations; the language models are Mistral Small's 23.57 B less its 0.67 B
   // lm_head and vision tower, Qwen3-4B's 4.02 B (tied), Qwen3-8B's 8.19 B less its 0.62 B lm_head).
   const std::vector<int64_t> transformer{32'223'281'152, 3'875'544'576, 9'078'581'248},
@@ -187,7 +187,7 @@ TEST(MakeRandomFlux2Counts, TransformerAndTextEncoderHaveEveryKeyAndShapeOfTheSp
   EXPECT_EQ(c[1].config["num_single_layers"], 0);
 }
 
-// AutoencoderKLFlux2 (§4): the FLUX.1 VAE with 32 latent channels, quant_conv, post_quant_conv and
+// AutoencoderKLFlux2: the FLUX.1 VAE with 32 latent channels, quant_conv, post_quant_conv and
 // the latent BatchNorm's buffers (num_batches_tracked int64, whatever the weights' dtype).
 TEST(MakeRandomFlux2Counts, VaeIsAutoencoderKLFlux2) {
   const rw::RandomComponent vae = rw::autoencoder_kl_random(rw::AutoencoderKlRandomConfig::flux2());

@@ -113,7 +113,7 @@ TEST(MakeRandomSd3Counts, TransformerHasEveryKeyAndShapeOfTheSpec) {
     const rw::Sd3Variant variant = v35 ? rw::Sd3Variant::sd35_medium : rw::Sd3Variant::sd3_medium;
     const Shapes declared = declared_shapes(rw::sd3_transformer_random(variant, 24));
     EXPECT_EQ(declared, sd3_transformer_shapes(v35, 24));
-    // The Hub's transformer files: 4.94 GB (3.5 Medium) and 4.17 GB (3.0 Medium) in 16 bits (§9).
+    // The Hub's transformer files: 4.94 GB (3.5 Medium) and 4.17 GB (3.0 Medium) in 16 bits.
     EXPECT_EQ(parameters(declared), v35 ? 2'469'663'936 : 2'084'951'104);
     EXPECT_EQ(declared.at("pos_embed.pos_embed"), (Shape{1, v35 ? 147456 : 36864, D}));
   }
@@ -151,7 +151,7 @@ TEST(MakeRandomSd3Counts, TransformerHasEveryKeyAndShapeOfTheSpec) {
   EXPECT_EQ(rw::sd3_dual_attention_layers(rw::Sd3Variant::sd3_medium, 24), std::vector<int64_t>{});
 }
 
-// The other components at full size: the Hub's file sizes (§1: CLIP-L 247 MB, CLIP-G 1.39 GB, T5
+// The other components at full size: the Hub's file sizes (CLIP-L 247 MB, CLIP-G 1.39 GB, T5
 // 9.52 GB in two shards, VAE 168 MB), sharded as save_pretrained does.
 TEST(MakeRandomSd3Counts, FullSizeComponents) {
   const std::vector<rw::RandomComponent> c = rw::sd3_random_components({});
@@ -267,7 +267,7 @@ class MakeRandomSd3Cli : public testing::Test {
   fs::path dir_;
 };
 
-// SD3's configs (§1, §2), typed here independently of the tool, with the depths replaced.
+// SD3's configs (§2), typed here independently of the tool, with the depths replaced.
 void expect_sd3_configs(const fs::path& dir) {
   const nlohmann::json index = read_json(dir / "model_index.json");
   EXPECT_EQ(index["_class_name"], "StableDiffusion3Pipeline");

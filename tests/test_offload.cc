@@ -1,4 +1,4 @@
-// Model CPU offload and the device memory budget (runtime.md §3–4, exec/residency.h): one
+// Model CPU offload and the device memory budget (exec/residency.h): one
 // component's weights on the device at a time, the same image as with every weight in place,
 // a lower device peak, and a call that cannot fit failing before any work with the numbers.
 #include <algorithm>

@@ -286,7 +286,7 @@ bool same_bits(const HostTensor& a, const HostTensor& b) {
          std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(double)) == 0;
 }
 
-// Deferred-and-fused mode must give exactly strict eager's bits (design.md §1: a fused kernel
+// Deferred-and-fused mode must give exactly strict eager's bits (a fused kernel
 // computes each element with the same operations in the same order), for the op alone and as
 // the producer of an elementwise epilogue (which deferred mode fuses into the op's own launch,
 // or into one fused elementwise kernel), with inputs that are uploaded tensors or pending
@@ -322,7 +322,7 @@ TEST_P(OpConformance, DeferredEqualsStrictEager) {
   }
 }
 
-// Compiled mode too (design.md §1: results must not depend on the mode): the op traced into an
+// Compiled mode too (results must not depend on the mode): the op traced into an
 // executable, alone and with an epilogue, its inputs passed as args (made dense by the call)
 // or as parameters (bound in place, views and all).
 TEST_P(OpConformance, CompiledEqualsStrictEager) {

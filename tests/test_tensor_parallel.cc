@@ -1,4 +1,4 @@
-// Tensor parallelism (distributed/, runtime.md §6): plan resolution and slice-only loading in
+// Tensor parallelism (distributed/): plan resolution and slice-only loading in
 // one process (detached ranks), and — when this binary runs under `mpirun -np 2` (the CTest
 // tensor_parallel_two_ranks) — the sharded FLUX.1 pipeline against the single-process one.
 #include <cmath>
@@ -163,7 +163,7 @@ TEST_F(TwoRanks, RanksLaunchedWithDifferentArgumentsAllStopNamingTheFirstDiffere
 }
 
 // The sharded pipeline gives the single-process image: latents within atol = rtol = 1e-3
-// (runtime.md §6.10: the sum over ranks reorders floating-point additions), the image within
+// (the sum over ranks reorders floating-point additions), the image within
 // one level, in strict eager, deferred and compiled (repeated blocks, whole model) modes.
 TEST_F(TwoRanks, TheShardedPipelineGivesTheSingleProcessImage) {
   const PipelineCallArgs args = test::fixture_call_args(kSet);

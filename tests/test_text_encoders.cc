@@ -159,7 +159,7 @@ TEST(TextEncoders, T5BucketsMatchSpecTables) {
   }
 }
 
-// §4.1: the fixtures' reference (transformers 4.52, eos_token_id 2) pooled at argmax(ids) = 9;
+// the fixtures' reference (transformers 4.52, eos_token_id 2) pooled at argmax(ids) = 9;
 // the other rule would take position 0 there (no id 2 and max id 999 != 49407).
 TEST(TextEncoders, ClipPooledRules) {
   const auto ids = to_int_vector(test::golden("flux1_tiny", "clip.input_ids"));

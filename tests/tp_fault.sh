@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A rank that dies, stops answering or fails must end the job with an error within a bounded
-# time, never a hang (runtime.md §6.11). Usage: tp_fault.sh MODE PROGRAM MPIRUN-ARGS...
+# time, never a hang. Usage: tp_fault.sh MODE PROGRAM MPIRUN-ARGS...
 #   ok | exit | hang: PROGRAM is tests/tp_probe.cc (collective timeout 3 s);
 #   cli-error: PROGRAM is the kiln CLI, whose rank 0 alone fails (an unwritable --out) while
 #   rank 1 would go on to its first collective: the job must end at once, well before the

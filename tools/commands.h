@@ -45,7 +45,7 @@ std::string component_file_flag(const std::string& flag);
 size_t parse_bytes(const std::string& flag, const std::string& value);  // "6GiB", "512MiB", "2GB", bytes
 void check_compile_flag(const std::string& value);                      // "full" or "blocks"
 // Before anything loads, the launch must match --tp N (0: not given): N processes under mpirun,
-// no model offload (runtime.md §6.2). `command` names the subcommand in the error.
+// no model offload. `command` names the subcommand in the error.
 void check_tensor_parallel_launch(const std::string& command, int64_t tp, const std::string& offload);
 // --dtype auto|bf16|f16|f32[,COMPONENT=DTYPE...] into options.dtype / options.component_dtype.
 void parse_dtype(const std::string& value, PipelineOptions& options);

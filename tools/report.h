@@ -1,4 +1,4 @@
-// The JSON run report (--report FILE) of design.md §7: engine, inputs, timings, counters,
+// The JSON run report (--report FILE): engine, inputs, timings, counters,
 // compiles, memory, io. Written atomically (temp file, then rename) under the output rule of
 // io/output_file.h: a symlink is written through; a folder, device, FIFO or socket is refused.
 #pragma once

@@ -1,4 +1,4 @@
-// `kiln warmup`: fills the compile caches ahead of time (runtime.md §2.4.7), so a server (or the
+// `kiln warmup`: fills the compile caches ahead of time, so a server (or the
 // next `kiln generate --mode compile`) never compiles on a request: traces and compiles the
 // transformer executables for each listed size without running the model, and stores them in
 // the persistent cache (KILN_CACHE_DIR).

@@ -1,4 +1,4 @@
-// The device types this build has (design.md §2: the CUDA backend is built when the toolkit is
+// The device types this build has (the CUDA backend is built when the toolkit is
 // found) and the runtime of each device: what runtime(device) looks up.
 #include <string>
 

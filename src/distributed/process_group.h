@@ -1,4 +1,4 @@
-// Processes that compute together (runtime.md §6.1, design.md §5): one process per device,
+// Processes that compute together: one process per device,
 // launched by mpirun (OpenMPI), ranks 0..size-1. Collectives here are blocking host calls on
 // f32/byte buffers; models use them through the graph ops all_reduce / all_gather
 // (exec/ops.h), which run them as kernels in every execution mode.

@@ -1,4 +1,4 @@
-// Tensor parallelism configuration (runtime.md §6.2–6.5, design.md §5): a device mesh (1-D now;
+// Tensor parallelism configuration: a device mesh (1-D now;
 // the type keeps a list of dims so N-D meshes fit later), the config models take in
 // from_pretrained, and a model's plan as data, like Diffusers' _tp_plan.
 #pragma once
@@ -26,7 +26,7 @@ class DeviceMesh {
 
 struct TensorParallelConfig {
   DeviceMesh mesh;
-  // Also shard the AdaLN modulation linears (colwise, outputs all-gathered; runtime.md §6.8):
+  // Also shard the AdaLN modulation linears (colwise, outputs all-gathered):
   // they are ~27% of FLUX.1's parameters, replicated otherwise.
   bool shard_modulation = true;
 };
@@ -39,7 +39,7 @@ struct TensorParallelConfig {
 //  - packed_colwise / packed_rowwise: the same within each block of the packed dimension, whose
 //    sizes are proportional to `blocks` (proj_out reading [attn (D) | mlp (4D)]: {1, 4});
 //  - colwise_gather (kiln's own): colwise, then an all_gather of the outputs, for layers whose
-//    result every rank needs whole (the AdaLN modulation; runtime.md §6.8's optional sharding);
+//    result every rank needs whole (the AdaLN modulation; the optional sharding);
 //  - vocab_parallel (kiln's own, for nn::Embedding): rows of the table split, lookups summed with
 //    one all_reduce (a text encoder's token embedding: ~12% of Qwen3-4B's first 27 layers).
 struct TensorParallelEntry {

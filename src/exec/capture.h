@@ -1,4 +1,4 @@
-// Capture (compiled mode, runtime.md §2.4.2): running a callable once with every op recorded
+// Capture (compiled mode): running a callable once with every op recorded
 // into a private pending graph that is never flushed, to get the whole computation as one graph.
 // It shares the deferred-mode recorder (exec/deferred.cc): same nodes, same canonical form.
 //

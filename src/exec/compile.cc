@@ -173,7 +173,7 @@ std::shared_ptr<const CompiledFunction::Entry> CompiledFunction::entry_for(std::
                                                                            const std::vector<Tensor>& params,
                                                                            bool* run_eagerly) const {
   *run_eagerly = false;
-  // Inputs are dense buffers of their own (§2.4.2): pending work runs, views are copied, and an
+  // Inputs are dense buffers of their own: pending work runs, views are copied, and an
   // arg sharing a buffer with an earlier arg or a parameter gets a copy, so the executable's
   // argument list depends only on shapes and dtypes.
   // Tensors are told apart by the bytes they span, not by buffer: views of one buffer (a block's
@@ -221,7 +221,7 @@ std::shared_ptr<const CompiledFunction::Entry> CompiledFunction::entry_for(std::
         return e;
       }
     if (!entries_.empty()) {
-      // What changed against the most recent signature (the recompile reason, §7).
+      // What changed against the most recent signature (the recompile reason).
       const Entry& last = *entries_.back().second;
       reason.clear();
       for (size_t i = 0; i < entry->arg_sig.size() && reason.empty(); ++i)
@@ -235,7 +235,7 @@ std::shared_ptr<const CompiledFunction::Entry> CompiledFunction::entry_for(std::
       if (reason.empty()) reason = "argument count changed";
     }
     if (entries_.size() >= options_.cache_size_limit) {
-      // Recompile storm (§2.4.8).
+      // Recompile storm.
       if (!storm_warned_) {
         std::fprintf(stderr,
                      "kiln: warning: %s has compiled %zu signatures (cache_size_limit); the latest new one: %s. "
@@ -361,7 +361,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
     }
     const bool is_arg = b.kind == InputBinding::Kind::arg;
     const Tensor& base = is_arg ? a[size_t(b.index)] : params[size_t(b.index)];
-    // Residency (§5.3): weights must be where the executable runs, else a clear error, not a crash.
+    // Residency: weights must be where the executable runs, else a clear error, not a crash.
     KILN_CHECK(base.device() == device, "compile", name_, ": ", is_arg ? "argument " : "parameter ", b.index, " (",
                base.describe(), ") is not on ", device.str(), ", where this executable runs");
     bound.push_back(Tensor::view_of(base.buffer(), b.shape, b.dtype, b.strides, base.offset() + b.offset));

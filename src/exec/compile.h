@@ -1,4 +1,4 @@
-// Compiled mode (runtime.md §2.4, design.md §1): a callable is traced once per input signature
+// Compiled mode: a callable is traced once per input signature
 // into one static-shape graph (exec/capture.h), compiled with the same passes and kernels as
 // deferred mode plus a static memory plan (exec/memory_plan.h), and cached; later calls with the
 // same signature only bind buffers and enqueue the launches.

@@ -1,4 +1,4 @@
-// Deferred-and-fused eager mode (runtime.md §2.3, design.md §1): under EagerMode::DeferAndFuse
+// Deferred-and-fused eager mode: under EagerMode::DeferAndFuse
 // an op call only records a node in the calling thread's pending graph and returns a deferred
 // tensor that carries full metadata (so shape/dtype errors still raise at the call). At a flush
 // the pending graph is canonicalised (CSE, DCE, topological numbering), looked up in a graph

@@ -1,4 +1,4 @@
-// The persistent executable cache of compiled mode (runtime.md §2.3.4/§2.5, design.md §1): a
+// The persistent executable cache of compiled mode: a
 // compiled graph (canonical graph + launch partition) is written to one file per key, so a
 // second process with the same shapes loads it instead of compiling. The key combines the
 // graph's structural fingerprint with the engine version, the executable format version, the

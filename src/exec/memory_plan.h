@@ -1,6 +1,6 @@
-// Static memory plan of a compiled executable (runtime.md §2.4, design.md §1 "static memory
-// plan"): every intermediate a run allocates is placed at a fixed offset of one arena, and two
-// values share bytes when their lifetimes (in launch order) do not overlap. Launches run in
+// Static memory plan of a compiled executable: every intermediate a run allocates is placed at
+// a fixed offset of one arena, and two values share bytes when their lifetimes (in launch order)
+// do not overlap. Launches run in
 // order on the device's queue, so a value's bytes are free once the last launch reading it has
 // been enqueued before the next writer.
 //

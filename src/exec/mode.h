@@ -1,4 +1,4 @@
-// Execution mode of eager code (runtime.md §2.1). The process-wide default comes from the
+// Execution mode of eager code. The process-wide default comes from the
 // environment, read once at first use (KILN_LAUNCH_BLOCKING=1 selects the debug mode,
 // KILN_DEFER_AND_FUSE=1 deferred-and-fused mode; changing the variables later has no effect). A scoped guard overrides the mode for the
 // current thread only and restores it on exit, exceptions included.

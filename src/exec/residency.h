@@ -1,4 +1,4 @@
-// Where a model component's weights live (runtime.md §3–4, design.md §4). The host copy — the
+// Where a model component's weights live. The host copy — the
 // mmapped safetensors, or host memory when a dtype conversion was needed — is the source of
 // truth. Onload copies every weight into device memory (the device allocator, counted and
 // capacity-limited) and points the weights' buffers at the copies, so the model, its compiled

@@ -1,4 +1,4 @@
-// The fused elementwise program of deferred-and-fused mode (runtime.md §2.3.5): one chain of
+// The fused elementwise program of deferred-and-fused mode: one chain of
 // elementwise ops as a straight-line program over registers, built by the fuser
 // (graph/fusion.h), stored with compiled executables (exec/executable_store.h) and run by a
 // device (DeviceRuntime::fused_elementwise: the CPU interprets it over cache-sized tiles; a

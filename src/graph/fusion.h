@@ -1,4 +1,4 @@
-// Partitioning of a canonical graph into launches (runtime.md §2.3.5): maximal groups of
+// Partitioning of a canonical graph into launches: maximal groups of
 // elementwise nodes become one fused program each (graph/fused_program.h, one kernel on a device),
 // every other node is a launch of its own.
 //
@@ -61,8 +61,8 @@
 namespace kiln {
 
 struct FusionLimits {
-  int max_inputs = 24;  // §2.3.5: ~24 kernel inputs
-  int max_depth = 11;   // §2.3.5: ~11 levels (nesting levels, see above)
+  int max_inputs = 24;  // ~24 kernel inputs
+  int max_depth = 11;   // ~11 levels (nesting levels, see above)
   int max_nodes = 64;   // ops per group, keeps the per-thread register tiles bounded
 };
 

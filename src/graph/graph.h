@@ -1,10 +1,10 @@
-// The pending-graph IR of deferred-and-fused mode (runtime.md §2.3.1): what the recorder
+// The pending-graph IR of deferred-and-fused mode: what the recorder
 // builds instead of running ops, and what the passes (passes.h) and the fuser (fusion.h)
 // work on. Pure metadata: no tensor is referenced, so a graph can be hashed and cached.
 //
 // Values are numbered densely: value id v < inputs.size() is graph input v, any other id is
 // the result of node (v - inputs.size()). Host scalars are 0-d inputs like any tensor, so
-// their values are never part of a graph (the scalar rule of §2.3.3).
+// their values are never part of a graph (the scalar rule).
 //
 // View ops (reshape, permute, slice, expand, ...) of a graph input are folded into that
 // input's strides (which is why inputs carry strides: a fused kernel reads views in place). A

@@ -93,7 +93,7 @@ bool is_noop(const GraphNode& n, const Graph& g, const std::vector<int>& args) {
 
 // Reachable nodes in post-order of a depth-first walk from the outputs (args in order). The walk
 // only follows edges, so the order depends on structure, not on where nodes sit in g.nodes.
-// Iterative: pending graphs may hold tens of thousands of nodes (§2.3.2).
+// Iterative: pending graphs may hold tens of thousands of nodes.
 std::vector<int> post_order(const Graph& g) {
   enum : char { unseen, open, done };
   std::vector<char> state(g.nodes.size(), unseen);

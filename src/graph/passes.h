@@ -1,4 +1,4 @@
-// Canonicalisation and fingerprinting of a pending graph (runtime.md §2.3.3): the graph cache
+// Canonicalisation and fingerprinting of a pending graph: the graph cache
 // key must depend only on the computation's structure, never on the order the recorder happened
 // to store things in, on memory addresses, or on the values of inputs (host scalars included).
 #pragma once

@@ -9,7 +9,7 @@
 
 namespace kiln::nn {
 
-// y = x W^T + b, W [out, in]. Under a tensor-parallel plan (Weights::plan, runtime.md §6.5) the
+// y = x W^T + b, W [out, in]. Under a tensor-parallel plan (Weights::plan) the
 // layer loads only this rank's shard and computes its part: colwise keeps a slice of the output
 // features; rowwise a slice of the input features, all-reduces the partial products, then adds
 // the bias; colwise_gather all-gathers its output slices back to the whole output.

@@ -1,7 +1,7 @@
 // What the repeated blocks of the diffusion transformers (FLUX.1's double- and single-stream
 // blocks, SD3's JointTransformerBlock) share: their dims, with the head count taken from the
 // (possibly tensor-parallel) projection widths, and their compiled form for
-// compile_repeated_blocks (runtime.md §5), which reads a model's repeated_blocks() list.
+// compile_repeated_blocks, which reads a model's repeated_blocks() list.
 #pragma once
 #include <memory>
 #include <string>
@@ -15,14 +15,14 @@
 namespace kiln::nn {
 
 // The dims a block needs. Heads are inferred from the projection width / head_dim at run
-// time (runtime.md §6.6) so the same code runs with all heads or a tensor-parallel share.
+// time so the same code runs with all heads or a tensor-parallel share.
 struct BlockDims {
   int64_t dim = 0;       // D = heads * head_dim
   int64_t head_dim = 0;  // hd
   int64_t mlp_hidden = 0;  // 4 D
 };
 
-// What a repeated block shares with compiled mode (runtime.md §5): calls go through its
+// What a repeated block shares with compiled mode: calls go through its
 // CompiledFunction once compile() was called; the block's tensors, by their state-dict keys
 // relative to the block (recorded when load_block built it), are the executable's runtime
 // arguments, so every block of the same structure runs one shared executable.

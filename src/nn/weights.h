@@ -90,7 +90,7 @@ class Weights {
 };
 
 // A module's parameters by their state-dict keys, sorted by key: what its compiled form takes as
-// runtime arguments (runtime.md §2.4), what TP plans and offload name. Blocks of the same
+// runtime arguments, what TP plans and offload name. Blocks of the same
 // structure have the same relative keys, so their lists line up.
 using NamedParameters = std::vector<std::pair<std::string, Tensor>>;
 std::vector<Tensor> parameter_values(const NamedParameters& named);

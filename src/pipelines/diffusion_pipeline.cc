@@ -153,7 +153,7 @@ DiffusionPipeline& DiffusionPipeline::enable_model_cpu_offload(const Device& dev
   std::lock_guard<std::mutex> lock(s_->call_mu);
   runtime(device);
   KILN_CHECK(!s_->options.tensor_parallel, "pipeline",
-             "model CPU offload with tensor parallelism is not supported (runtime.md §4.1.4): the sharded "
+             "model CPU offload with tensor parallelism is not supported: the sharded "
              "transformer already fits each rank");
   if (s_->placement == Placement::device)  // §4.1.2 step 4: everything back to the host first
     for (size_t i = 0; i < s_->components.size(); ++i) offload(i);
@@ -563,7 +563,7 @@ PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const
   out.max_sequence_length = msl;
   check_call(args, height, width, out);
 
-  // Fail fast (§4, design.md §4): check what this call needs under the current placement before
+  // Fail fast: check what this call needs under the current placement before
   // any work, against the device's capacity or, without one, the memory the device can still get
   // (the host's, on the CPU), and say what would fit instead.
   const MemoryStats mem = runtime(s_->device).memory();

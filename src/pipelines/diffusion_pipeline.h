@@ -1,4 +1,4 @@
-// DiffusionPipeline: what every text-to-image pipeline shares (runtime.md §3–4, design.md §4),
+// DiffusionPipeline: what every text-to-image pipeline shares,
 // as Diffusers' DiffusionPipeline base: the components listed in model_index.json, where their
 // weights live (host, to(device), model CPU offload in model_cpu_offload_seq order), the
 // fail-fast memory estimate of a call, the size checks and the stage bookkeeping of __call__.
@@ -28,7 +28,7 @@ struct PipelineState;
 
 struct PipelineOptions {
   Device device = default_device();
-  // Tensor parallelism (runtime.md §6): the transformer is sharded over the mesh (each rank
+  // Tensor parallelism: the transformer is sharded over the mesh (each rank
   // loads only its slices); text encoders and VAE are replicated; every rank runs the pipeline.
   std::optional<TensorParallelConfig> tensor_parallel;
   // A checkpoint tensor no model reads (beyond those it skips on purpose) is an error, not a
@@ -36,7 +36,7 @@ struct PipelineOptions {
   bool strict = false;
   // Called with each load warning (unused checkpoint tensors).
   std::function<void(const std::string&)> on_warning;
-  // Diffusers' torch_dtype (design.md §6): the dtype every component's weights are held in and
+  // Diffusers' torch_dtype: the dtype every component's weights are held in and
   // its activations computed in. std::nullopt is "auto": each component's checkpoint dtype, so
   // a bf16 checkpoint runs in bf16 with its weights read in place and never widened. f32 is the
   // reference path (a bf16 checkpoint's weights are then converted once, at load).
@@ -109,7 +109,7 @@ struct PipelineCallArgs {
   std::function<void()> on_checked;
 };
 
-// One move of a component's weights (model offload, runtime.md §4.1.3), for reports and tests.
+// One move of a component's weights (model offload), for reports and tests.
 struct OffloadEvent {
   std::string component;  // a model component, e.g. "text_encoder", "transformer", "vae"
   std::string action;     // "onload" or "offload"
@@ -153,7 +153,7 @@ struct PipelineOutput {
   int64_t max_sequence_length = 0;
 };
 
-// How a pipeline's denoiser is compiled (runtime.md §2.4, §5): the whole transformer, or
+// How a pipeline's denoiser is compiled: the whole transformer, or
 // compile_repeated_blocks (one executable per block structure).
 enum class CompileScope { kFull, kRepeatedBlocks };
 
@@ -172,7 +172,7 @@ class DiffusionPipeline {
   // with the numbers and what would fit), then runs the pipeline's stages.
   PipelineOutput operator()(const PipelineCallArgs& args) const;
 
-  // ---- where the weights live (runtime.md §3–4, design.md §4) ----
+  // ---- where the weights live ----
   // By default the weights stay on the host (the mmapped checkpoint) and the CPU device reads
   // them in place: device memory holds only activations.
   // to(device): every component's weights are copied into device memory now (fails fast, naming
@@ -293,7 +293,7 @@ class DiffusionPipeline {
   virtual void run(const PipelineCallArgs& args, const Sized& sized, PipelineOutput& out) const = 0;
 
   // ---- what run() uses ----
-  // The offload hook before `component` runs (§4.1.3): every other component leaves the device,
+  // The offload hook before `component` runs: every other component leaves the device,
   // then it arrives (if not there already). A no-op unless model offload is on.
   void use(const std::string& component) const;
   // The VAE decode of latents z [1, C, h, w], tiled when vae_tile_size > 0.

@@ -382,7 +382,7 @@ void Flux2Pipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipeli
     latents = cast(latents, dt);
   } else {
     // fp32 noise, rounded to the dtype (Diffusers draws bf16 noise with another generator path,
-    // flux1.md §6.4: pass latents to reproduce a bf16 run's noise exactly).
+    // flux1.md pass latents to reproduce a bf16 run's noise exactly).
     latents = flux2_latents::pack(from_vector(TorchGenerator(args.seed).randn(numel(patchified)), patchified));
     if (dt != DType::f32) latents = cast(latents, dt);
   }
@@ -401,7 +401,7 @@ void Flux2Pipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipeli
   for (int64_t i = 0; i < args.num_inference_steps; ++i) {
     t0 = std::chrono::steady_clock::now();
     const float t = scheduler.timesteps()[size_t(i)];
-    // §5.2: t in the latents' dtype, divided by 1000 in that dtype.
+    // t in the latents' dtype, divided by 1000 in that dtype.
     const Tensor timestep = from_vector({rounded_to(dt, rounded_to(dt, t) / 1000.0f)}, {1}, dt);
     Tensor v = m_->transformer.forward(latents, embeds, timestep, img_ids, pos.text_ids, guidance);
     if (cfg) {

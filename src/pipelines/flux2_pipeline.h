@@ -1,6 +1,6 @@
 // Flux2Pipeline (FLUX.2-dev: Mistral 3 text encoder, guidance-distilled) and Flux2KleinPipeline
 // (FLUX.2 [klein]: Qwen3 text encoder; real classifier-free guidance for the undistilled "base"
-// checkpoints), text-to-image step for step as Diffusers' __call__ (flux2.md §5, §6, §8): the chat
+// checkpoints), text-to-image step for step as Diffusers' __call__ (flux2.md §5, §6): the chat
 // template rendered and tokenized, the text encoder's hidden layers (text_encoder_out_layers)
 // concatenated per token, noise drawn patchified and packed, the empirical-mu sigma schedule, the
 // transformer per step (twice with klein's CFG), then the tokens unpacked by their ids,

@@ -261,7 +261,7 @@ void FluxPipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipelin
     latents = cast(latents, dt);
   } else {
     // fp32 noise, rounded to the dtype (Diffusers draws bf16 noise with another generator path,
-    // flux1.md §6.4: pass --latents to reproduce a bf16 run's noise exactly).
+    // flux1.md pass --latents to reproduce a bf16 run's noise exactly).
     latents = pack_latents(from_vector(TorchGenerator(args.seed).randn(numel(unpacked)), unpacked));
     if (dt != DType::f32) latents = cast(latents, dt);
   }
@@ -273,7 +273,7 @@ void FluxPipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipelin
   scheduler.set_timesteps(args.num_inference_steps, scheduler.calculate_shift(image_seq_len));
   std::optional<Tensor> guidance;
   // Per-call and per-step scalars are uploaded host data (graph inputs), never op attributes,
-  // so deferred/compiled graphs do not depend on their values (runtime.md §2.3.3).
+  // so deferred/compiled graphs do not depend on their values.
   if (tcfg.guidance_embeds) guidance = from_vector({float(args.guidance_scale.value_or(kDefaultGuidance))}, {1});
 
   // 4. Denoising loop: the step count is a host loop; every step runs the same graph. In
@@ -285,7 +285,7 @@ void FluxPipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipelin
   for (int64_t i = 0; i < args.num_inference_steps; ++i) {
     t0 = std::chrono::steady_clock::now();
     const float t = scheduler.timesteps()[size_t(i)];
-    // §6.6: t in the latents' dtype, divided by 1000 in that dtype.
+    // t in the latents' dtype, divided by 1000 in that dtype.
     const Tensor timestep = from_vector({rounded_to(dt, rounded_to(dt, t) / 1000.0f)}, {1}, dt);
     const Tensor v = m_->transformer.forward(latents, embeds_in, pooled_in, timestep, img_ids, txt_ids, guidance);
     latents = scheduler.step(v, latents);

@@ -23,7 +23,7 @@ class FluxPipeline : public DiffusionPipeline {
 
   const char* class_name() const override { return kClassName; }
   // The denoiser, for compiled mode as in Diffusers: pipe.transformer().compile(options) or
-  // pipe.transformer().compile_repeated_blocks(options) (runtime.md §2.4, §5).
+  // pipe.transformer().compile_repeated_blocks(options).
   FluxTransformer2DModel& transformer();
   void compile_transformer(CompileScope scope, const CompileOptions& options = {}) override;
   int64_t default_sample_size() const override { return 128; }

@@ -101,7 +101,7 @@ PipelineLoader::PipelineLoader(const fs::path& model, const PipelineOptions& opt
   for (const auto& [name, type] : options.quantize)
     if (const auto file = options.component_files.find(name); file != options.component_files.end())
       check_not_requantized(name, file->second, type);
-  // Diffusers refuses tensor parallelism with quantization (runtime.md §6): so does kiln, before
+  // Diffusers refuses tensor parallelism with quantization: so does kiln, before
   // anything is loaded, rather than loading a whole model on every rank.
   KILN_CHECK(!options.tensor_parallel || (options.quantize.empty() && options.component_files.empty()), "pipeline",
              "tensor parallelism (--tp) with --quantize or a single-file checkpoint is not supported");

@@ -1,6 +1,6 @@
 // StableDiffusion3Pipeline: text-to-image with a Stable Diffusion 3 / 3.5 checkpoint in
 // Diffusers folder layout, step for step as diffusers.StableDiffusion3Pipeline.__call__
-// (sd3.md §4, §7): three text encoders (CLIP-L, CLIP-G, T5; T5 optional), classifier-free
+// (sd3.md §4): three text encoders (CLIP-L, CLIP-G, T5; T5 optional), classifier-free
 // guidance as a batch of two (unconditional first), skip-layer guidance, FlowMatchEuler with
 // its static shift, AutoencoderKL with SD3's scaling and shift. Placement, offload, the memory
 // checks and the size rules are DiffusionPipeline's.

@@ -1,6 +1,6 @@
 // The T5 tokenizer of FLUX's second text encoder: SentencePiece (spiece.model) plus the added
 // tokens transformers keeps outside the model (<pad>, </s>, <unk>, <extra_id_k>), with the
-// slow T5Tokenizer's rules (spec §5.2): the text is split on added tokens, each piece goes
+// slow T5Tokenizer's rules: the text is split on added tokens, each piece goes
 // through SentencePiece, and </s> is appended.
 //
 // A folder with tokenizer.json but no spiece.model (some FLUX.1 / SD3 re-uploads) is read with kiln's

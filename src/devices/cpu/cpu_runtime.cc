@@ -152,7 +152,7 @@ namespace cpu {
 DeviceRuntime& runtime_of(int index) {
   KILN_CHECK(index == 0, "device", "cpu:", index, " does not exist (the CPU is cpu:0)");
   // Never destroyed: buffers released during static destruction still return to the pool.
-  // At exit, queued work is drained first (runtime.md §2.3.2 "process exit"): a program
+  // At exit, queued work is drained first: a program
   // that returns or throws while kernels are still queued must not tear down the libraries
   // those kernels use under them. Exit handlers run in reverse order of registration, so the
   // libraries' lazily built state is built first (warm-up) and the drain registered after it.

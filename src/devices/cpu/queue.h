@@ -4,7 +4,7 @@
 // (backpressure), and its queued items' outputs may hold at most `max_pending_bytes` (one item
 // over that is let in when the queue is empty): a host far ahead of slow kernels would otherwise
 // hold many outputs that are not computed yet. An exception thrown by queued work is kept and rethrown, naming the
-// op that failed, at the next wait (the asynchronous error rule of runtime.md §1.3).
+// op that failed, at the next wait (the asynchronous error rule).
 #pragma once
 #include <condition_variable>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Collectives (runtime.md §2.4.2, §6): graph ops like any other, so tensor-parallel models run
+// Collectives: graph ops like any other, so tensor-parallel models run
 // them in strict eager, deferred and compiled modes alike. They act on this process's world
 // (distributed/process_group.h); their reference is the single-rank result (identity).
 #include "graph/ops/ref_util.h"

@@ -148,7 +148,7 @@ Tensor FluxTransformer2DModel::time_text_embed(const Tensor& timestep, const Ten
 
 Tensor FluxTransformer2DModel::Core::time_embedding(const Tensor& timestep, const Tensor& pooled_projections,
                                                     const std::optional<Tensor>& guidance) const {
-  // Cast chain (§6.6): to the model dtype first, then ×1000 in that dtype.
+  // Cast chain: to the model dtype first, then ×1000 in that dtype.
   const DType dt = x_embedder.dtype;
   std::optional<Tensor> gs;
   if (guidance) gs = cast(*guidance, dt) * 1000.0;

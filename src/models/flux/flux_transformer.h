@@ -15,7 +15,7 @@
 
 namespace kiln {
 
-// transformer/config.json with the class defaults (spec §1.4).
+// transformer/config.json with the class defaults.
 struct FluxTransformerConfig {
   int64_t patch_size = 1;
   int64_t in_channels = 64;
@@ -42,7 +42,7 @@ class FluxTransformer2DModel {
  public:
   // Class names of the repeated blocks (what compile_repeated_blocks compiles separately).
   static const std::vector<std::string>& repeated_blocks();
-  // Diffusers' _tp_plan for this model (runtime.md §6.7); every Linear not listed is
+  // Diffusers' _tp_plan for this model; every Linear not listed is
   // replicated. With shard_modulation the AdaLN modulation linears are added as colwise_gather.
   static std::vector<TensorParallelEntry> tp_plan(bool shard_modulation = false);
 
@@ -71,7 +71,7 @@ class FluxTransformer2DModel {
   const FluxTransformerConfig& config() const { return config_; }
   DType dtype() const;  // torch_dtype it was loaded in
 
-  // ---- compiled mode (runtime.md §2.4, §5) ----
+  // ---- compiled mode ----
   // Whole-model compile (torch.compile(transformer, fullgraph, dynamic=False)): forward runs one
   // executable per input signature. The RoPE tables are built on the host from the ids (f64, as
   // Diffusers), cached per ids, and passed to the executable as inputs: everything else

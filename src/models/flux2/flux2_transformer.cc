@@ -162,7 +162,7 @@ Tensor Flux2Transformer2DModel::time_guidance_embed(const Tensor& timestep,
 
 Tensor Flux2Transformer2DModel::Core::time_embedding(const Tensor& timestep,
                                                      const std::optional<Tensor>& guidance) const {
-  // Cast chain (spec §5.2): to the model dtype first, then ×1000 in that dtype; the f32 sinusoid
+  // Cast chain: to the model dtype first, then ×1000 in that dtype; the f32 sinusoid
   // is cast back to the model dtype before the MLPs.
   const DType dt = x_embedder.dtype;
   const int64_t channels = timestep_embedder.linear_1.weight.dim(1);

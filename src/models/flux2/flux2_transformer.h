@@ -17,7 +17,7 @@
 
 namespace kiln {
 
-// transformer/config.json with the class defaults (spec §1.2).
+// transformer/config.json with the class defaults.
 struct Flux2TransformerConfig {
   int64_t patch_size = 1;
   int64_t in_channels = 128;
@@ -46,7 +46,7 @@ struct Flux2TransformerConfig {
 class Flux2Transformer2DModel {
  public:
   static const std::vector<std::string>& repeated_blocks();
-  // Diffusers' _tp_plan (spec §3.1) for this config's widths; every Linear not listed is
+  // Diffusers' _tp_plan for this config's widths; every Linear not listed is
   // replicated. With shard_modulation the three shared modulation Linears and norm_out.linear
   // are added as colwise_gather (each rank computes a slice, all gather it).
   static std::vector<TensorParallelEntry> tp_plan(const Flux2TransformerConfig& config, bool shard_modulation = false);
@@ -70,7 +70,7 @@ class Flux2Transformer2DModel {
   const Flux2TransformerConfig& config() const { return config_; }
   DType dtype() const;
 
-  // ---- compiled mode (runtime.md §2.4, §5) ----
+  // ---- compiled mode ----
   void compile(const CompileOptions& options = {});
   void compile_repeated_blocks(const CompileOptions& options = {});
   bool is_compiled() const { return compiled_ != nullptr; }

@@ -1,4 +1,4 @@
-// The language model of FLUX.2's text encoders, used for its hidden states (spec flux2.md §7, §8):
+// The language model of FLUX.2's text encoders, used for its hidden states (spec flux2.md §7):
 // FLUX.2-dev's Mistral3ForConditionalGeneration (its Mistral language model; the vision tower,
 // projector and lm_head are never read) and FLUX.2 [klein]'s Qwen3ForCausalLM, one decoder-only
 // class: token embedding, decoder layers (RMSNorm, grouped-query self-attention with half-split

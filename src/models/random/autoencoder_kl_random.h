@@ -22,7 +22,7 @@ struct AutoencoderKlRandomConfig {
 
   // FLUX.1-schnell / -dev (the Hub's file).
   static AutoencoderKlRandomConfig flux1();
-  // SD3.0 / 3.5 Medium (sd3.md §2.2: scaling_factor 1.5305, shift_factor 0.0609).
+  // SD3.0 / 3.5 Medium (sd3.md scaling_factor 1.5305, shift_factor 0.0609).
   static AutoencoderKlRandomConfig sd3();
   // FLUX.2-dev / klein (AutoencoderKLFlux2: no scaling or shift factor).
   static AutoencoderKlRandomConfig flux2();

@@ -4,7 +4,7 @@
 // flux2.md §1.1:
 //   model_index.json   Flux2Pipeline (dev) or Flux2KleinPipeline with is_distilled true (klein);
 //                      the tokenizer entry names the copied folder's class (see below)
-//   scheduler/         FlowMatchEulerDiscreteScheduler, dynamic exponential shifting (§1.4)
+//   scheduler/         FlowMatchEulerDiscreteScheduler, dynamic exponential shifting
 //   text_encoder/      Mistral3 (dev) or Qwen3 (klein) language model (causal_lm_random.h)
 //   tokenizer/         copied from a tokenizer folder given (kiln's bundled FLUX.2 fixtures): dev
 //                      a slow LlamaTokenizer (sentencepiece, Mistral chat template; the Hub's is a

@@ -67,7 +67,7 @@ nlohmann::json sd3_model_index(Sd3Variant variant) {
 }
 
 nlohmann::json sd3_scheduler_config(Sd3Variant variant) {
-  // sd3.md §2.3: the Hub's file sets only these; every other field takes the defaults.
+  // sd3.md the Hub's file sets only these; every other field takes the defaults.
   return {
       {"_class_name", "FlowMatchEulerDiscreteScheduler"},
       {"_diffusers_version", variant == Sd3Variant::sd35_medium ? "0.31.0.dev0" : "0.29.0.dev0"},

@@ -3,17 +3,17 @@
 // depth, weights in a chosen dtype, to measure speed and memory at real size without the
 // download. The layout is spec sd3.md §1:
 //   model_index.json            StableDiffusion3Pipeline (tokenizer_3: T5Tokenizer, see below)
-//   scheduler/                  FlowMatchEulerDiscreteScheduler, shift 3.0 (§2.3)
+//   scheduler/                  FlowMatchEulerDiscreteScheduler, shift 3.0
 //   text_encoder/               CLIP-L/14 with projection (clip_text_random.h)
 //   text_encoder_2/             OpenCLIP bigG/14 with projection
 //   text_encoder_3/             T5 v1.1 XXL encoder (t5_encoder_random.h)
 //   tokenizer/, tokenizer_2/    the bundled checkpoint's CLIP tokenizer; tokenizer_2's
 //                               special_tokens_map.json and tokenizer_config.json say pad "!"
-//                               (SD3's CLIP-G pads with "!", §2.5)
+//                               (SD3's CLIP-G pads with "!")
 //   tokenizer_3/                the bundled checkpoint's T5 tokenizer (a slow T5Tokenizer folder:
 //                               spiece.model, no tokenizer.json)
 //   transformer/                SD3Transformer2DModel (sd3_transformer_random.h)
-//   vae/                        AutoencoderKL with SD3's scaling 1.5305 / shift 0.0609 (§2.2)
+//   vae/                        AutoencoderKL with SD3's scaling 1.5305 / shift 0.0609
 // The weights are streamed to disk and sharded as save_pretrained would (random_folder.h); the
 // folder appears at DIR only once complete.
 #pragma once

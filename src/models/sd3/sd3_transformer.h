@@ -17,7 +17,7 @@
 
 namespace kiln {
 
-// transformer/config.json with the class defaults (spec §2.1).
+// transformer/config.json with the class defaults.
 struct SD3TransformerConfig {
   int64_t sample_size = 128;  // only defines Diffusers' formula for the table; the table is loaded
   int64_t patch_size = 2;
@@ -78,7 +78,7 @@ class SD3Transformer2DModel {
   const SD3TransformerConfig& config() const { return config_; }
   DType dtype() const;  // torch_dtype it was loaded in
 
-  // ---- compiled mode (runtime.md §2.4, §5) ----
+  // ---- compiled mode ----
   // Whole-model compile: forward runs one executable per input signature (and skip_layers set:
   // a different set is a different graph, compiled on first use).
   void compile(const CompileOptions& options = {});

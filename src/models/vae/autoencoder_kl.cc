@@ -13,7 +13,7 @@ namespace {
 
 constexpr const char* kWhere = "vae";
 
-// The VAE computes in its weights' dtype (flux1.md §3.2: no upcast inside); an input in
+// The VAE computes in its weights' dtype (flux1.md no upcast inside); an input in
 // another dtype is cast to it first (torch would refuse the mix).
 Tensor as_dtype(const Tensor& x, DType dtype) { return x.dtype() == dtype ? x : cast(x, dtype); }
 

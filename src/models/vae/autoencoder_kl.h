@@ -43,7 +43,7 @@ struct VaeConfig {
   bool use_post_quant_conv = true;
   bool mid_block_add_attention = true;
 
-  // AutoencoderKLFlux2 only (flux2.md §1.3, §4).
+  // AutoencoderKLFlux2 only (flux2.md §1.3).
   double batch_norm_eps = 1e-4;
   double batch_norm_momentum = 0.1;  // training only; kept for completeness
   std::array<int64_t, 2> patch_size{1, 1};  // AutoencoderKLFlux2's default: (2, 2); AutoencoderKL: none

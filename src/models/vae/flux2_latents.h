@@ -1,4 +1,4 @@
-// The FLUX.2 pipeline's latent transforms around AutoencoderKLFlux2 (flux2.md §4, §6): the VAE's
+// The FLUX.2 pipeline's latent transforms around AutoencoderKLFlux2 (flux2.md §4): the VAE's
 // 32-channel latents are 2x2-patchified to 128 channels, normalized with the VAE's batch-norm
 // running statistics (bn.running_mean / bn.running_var, which the VAE's own encode/decode never
 // apply) and packed into tokens for the transformer; decoding runs the same steps backwards:

@@ -1,4 +1,4 @@
-// The CPU's fused elementwise kernel of deferred-and-fused mode (runtime.md §2.3.5): a fused
+// The CPU's fused elementwise kernel of deferred-and-fused mode: a fused
 // program (graph/fused_program.h) evaluated in ONE pass over cache-sized tiles of the output, with
 // every intermediate held in per-thread f32 tiles instead of device memory.
 //
