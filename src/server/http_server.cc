@@ -174,10 +174,16 @@ struct HttpServer::Impl::Connection : std::enable_shared_from_this<Connection> {
   std::unique_ptr<http::response<http::empty_body>> stream_head;
   std::unique_ptr<http::response_serializer<http::empty_body>> stream_serializer;
   std::string chunk;
-  bool chunk_in_flight = false, stream_ended = false;
+  bool chunk_in_flight = false, stream_ended = false;  // chunk: written, or waiting to be
 
   // What eviction and stop() may close: a connection whose request has not arrived (or whose
   // refused body is being dropped).
+  void count_timeout(const beast::error_code& ec) {
+    if (ec != beast::error::timeout) return;
+    std::lock_guard lock(server.counters_mu);
+    ++server.counters.timed_out;
+  }
+
   bool receiving() const { return state == State::kReceiving || state == State::kLingering; }
 
   void close() {
@@ -274,10 +280,7 @@ struct HttpServer::Impl::Connection : std::enable_shared_from_this<Connection> {
 
   // A request the parser refused: answered (431, 413, 400) and closed without reading more.
   void refuse(const beast::error_code& ec) {
-    if (ec == beast::error::timeout) {
-      std::lock_guard lock(server.counters_mu);
-      ++server.counters.timed_out;
-    }
+    count_timeout(ec);
     const int status = refusal_status(ec);
     if (status == 0 || !server.handlers.error || server.stopping) return close();
     keep_alive = false;
@@ -325,10 +328,7 @@ struct HttpServer::Impl::Connection : std::enable_shared_from_this<Connection> {
     http::async_write(stream, *response, [self = shared_from_this(), persist](beast::error_code ec, size_t) {
       if (self->state == State::kClosed) return;
       self->response.reset();
-      if (ec == beast::error::timeout) {
-        std::lock_guard lock(self->server.counters_mu);
-        ++self->server.counters.timed_out;
-      }
+      self->count_timeout(ec);
       if (!ec && self->body_unread) return self->linger();
       if (ec || !persist) return self->close();
       self->next_request(false);
@@ -396,42 +396,29 @@ struct HttpServer::Impl::Connection : std::enable_shared_from_this<Connection> {
   // within request_timeout is dropped.
   void pump() {
     if (state != State::kStreaming || chunk_in_flight || !streaming) return;
-    if (stream_ended) return;
-    chunk.clear();
-    bool more = false;
-    try {
-      more = streaming->next(chunk);
-    } catch (const std::exception&) {
-      return close();  // the head is sent: the stream can only end
+    if (chunk.empty() && !stream_ended) {
+      try {
+        stream_ended = !streaming->next(chunk);
+      } catch (const std::exception&) {
+        return close();  // the head is sent: the stream can only end
+      }
     }
-    const auto write = [this](auto buffers, bool last) {
-      chunk_in_flight = true;
-      stream.expires_after(server.limits.request_timeout);
-      net::async_write(stream, buffers, [self = shared_from_this(), last](beast::error_code ec, size_t) {
-        if (self->state == State::kClosed) return;
-        self->chunk_in_flight = false;
-        if (ec == beast::error::timeout) {
-          std::lock_guard lock(self->server.counters_mu);
-          ++self->server.counters.timed_out;
-        }
-        if (ec || last) return self->close();
-        self->stream.expires_never();
-        self->pump();
-      });
+    if (chunk.empty() && !stream_ended) return;  // nothing yet: polled again on the next notify
+    const bool last = chunk.empty();  // the data written first, then the end of the stream
+    chunk_in_flight = true;
+    stream.expires_after(server.limits.request_timeout);
+    const auto written = [self = shared_from_this(), last](beast::error_code ec, size_t) {
+      if (self->state == State::kClosed) return;
+      self->chunk_in_flight = false;
+      self->chunk.clear();
+      self->count_timeout(ec);
+      if (ec || last) return self->close();
+      self->stream.expires_never();
+      self->pump();
     };
-    if (!chunk.empty() && more) return write(http::make_chunk(net::buffer(chunk)), false);
-    if (!more) {
-      stream_ended = true;
-      if (chunk.empty()) return write(http::make_chunk_last(), true);
-      // The last data and the end of the stream in one write.
-      chunk_frame = std::make_unique<std::string>();
-      char size[32];
-      std::snprintf(size, sizeof size, "%zx\r\n", chunk.size());
-      *chunk_frame = size + chunk + "\r\n0\r\n\r\n";
-      return write(net::buffer(*chunk_frame), true);
-    }
+    if (last) net::async_write(stream, http::make_chunk_last(), written);
+    else net::async_write(stream, http::make_chunk(net::buffer(chunk)), written);
   }
-  std::unique_ptr<std::string> chunk_frame;
 };
 
 void HttpServer::Impl::accept() {
