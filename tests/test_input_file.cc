@@ -27,16 +27,8 @@ namespace fs = std::filesystem;
 
 class InputFile : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("kif_" + std::to_string(::getpid()));  // short: a socket path
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  fs::path dir_;
+  test::ScopedTempDir tmp_{"if"};  // short: a socket path must fit sun_path
+  const fs::path dir_ = tmp_.path();
 };
 
 // A FIFO with no writer: a plain open(O_RDONLY) would block here forever. Every reader refuses it
