@@ -25,13 +25,35 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
-if [ "${#missing[@]}" -eq 0 ]; then
-  exit 0
+if [ "${#missing[@]}" -ne 0 ]; then
+  echo "install-deps: installing ${missing[*]}" >&2
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}" >&2
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# XLA's CPU plugin for the PJRT device (src/devices/pjrt): a native runtime published only as a
+# PyPI wheel. Pinned by version and sha256, unpacked outside the repository into
+# $KILN_DEPS_DIR/xla-cpu-pjrt-<version>/ (the plugin .so and its pjrt_c_api.h); CMake looks there.
+pjrt_version=0.0.1
+pjrt_sha256=55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc
+deps_dir="${KILN_DEPS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln-deps}"
+pjrt_dir="$deps_dir/xla-cpu-pjrt-$pjrt_version"
+if [ ! -f "$pjrt_dir/.complete" ]; then
+  echo "install-deps: fetching the XLA CPU PJRT plugin (xla-cpu-pjrt $pjrt_version) into $pjrt_dir" >&2
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$tmp" "xla-cpu-pjrt==$pjrt_version"
+  wheel="$(ls "$tmp"/xla_cpu_pjrt-"$pjrt_version"-*.whl)"
+  echo "$pjrt_sha256  $wheel" | sha256sum --check --quiet - || {
+    echo "install-deps: $wheel does not have the pinned sha256 $pjrt_sha256" >&2
+    exit 1
+  }
+  rm -rf "$pjrt_dir" && mkdir -p "$pjrt_dir"
+  python3 -m zipfile -e "$wheel" "$tmp/unpacked"
+  mv "$tmp/unpacked/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so" "$pjrt_dir/"
+  mv "$tmp/unpacked/xla_plugins/xla_cpu_pjrt/include" "$pjrt_dir/"
+  touch "$pjrt_dir/.complete"
+fi

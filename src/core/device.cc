@@ -12,8 +12,12 @@ Device Device::parse(const std::string& name) {
     d.type = DeviceType::cpu;
   } else if (type == "cuda") {
     d.type = DeviceType::cuda;
+  } else if (type == "pjrt") {
+    d.type = DeviceType::pjrt;
+  } else if (type == "tpu") {
+    d.type = DeviceType::tpu;
   } else {
-    fail("device", "unknown device '", name, "' (expected cpu, cpu:N, cuda or cuda:N)");
+    fail("device", "unknown device '", name, "' (expected cpu, cuda, pjrt or tpu, each optionally :N)");
   }
   if (colon != std::string::npos) {
     const std::string idx = name.substr(colon + 1);
@@ -37,7 +41,8 @@ DefaultDeviceGuard::DefaultDeviceGuard(const Device& device) : previous_(t_defau
 DefaultDeviceGuard::~DefaultDeviceGuard() { t_default_device = previous_; }
 
 std::string Device::str() const {
-  return std::string(type == DeviceType::cpu ? "cpu" : "cuda") + ":" + std::to_string(index);
+  const char* name = type == DeviceType::cpu ? "cpu" : type == DeviceType::cuda ? "cuda" : type == DeviceType::pjrt ? "pjrt" : "tpu";
+  return std::string(name) + ":" + std::to_string(index);
 }
 
 }  // namespace kiln

@@ -53,6 +53,9 @@ const std::vector<Variable>& variables() {
       {"KILN_BENCH_KERNEL_TIMES", Kind::flag, {}, "1", "benchmarks: time every kernel"},
       {"KILN_HOST_MEMORY_CHECK", Kind::choice, {"0", "1"}, "0",
        "0 skips the fail-fast check against the host's available memory (without --device-memory)"},
+      {"KILN_PJRT_PLUGIN", Kind::text, {}, "PATH",
+       "--device pjrt: the PJRT plugin to load (default: XLA's CPU plugin from scripts/install-deps.sh)"},
+      {"KILN_TPU_PLUGIN", Kind::text, {}, "PATH", "--device tpu: the TPU PJRT plugin (default: libtpu.so)"},
   };
   return *v;
 }

@@ -1,12 +1,17 @@
 // The device types this build has (the CUDA backend is built when the toolkit is
-// found) and the runtime of each device: what runtime(device) looks up.
+// found, the PJRT backend when the PJRT C API header is) and the runtime of each device: what
+// runtime(device) looks up.
 #include <string>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "devices/cpu/cpu_runtime.h"
 #include "devices/runtime.h"
 #if KILN_WITH_CUDA
 #include "devices/cuda/cuda_runtime.h"
+#endif
+#if KILN_WITH_PJRT
+#include "devices/pjrt/pjrt_runtime.h"
 #endif
 
 namespace kiln {
@@ -24,6 +29,10 @@ constexpr DeviceKind kDeviceKinds[] = {
 #if KILN_WITH_CUDA
     {DeviceType::cuda, "cuda", cuda::runtime_of},
 #endif
+#if KILN_WITH_PJRT
+    {DeviceType::pjrt, "pjrt", pjrt::runtime_of},
+    {DeviceType::tpu, "tpu", pjrt::tpu_runtime_of},
+#endif
 };
 
 std::string built_kinds() {
@@ -38,7 +47,12 @@ DeviceRuntime& runtime(const Device& device) {
   for (const DeviceKind& k : kDeviceKinds)
     if (k.type == device.type) return k.runtime_of(device.index);
   fail("device", device.str(), " is not available: this build has no backend for it (it has: ", built_kinds(),
-       "; the CUDA backend is built when CMake finds the CUDA toolkit)");
+       "; the CUDA backend is built when CMake finds the CUDA toolkit, the PJRT backend (pjrt, tpu) when ",
+       "it finds pjrt_c_api.h, which scripts/install-deps.sh installs)");
+}
+
+std::vector<Tensor> DeviceRuntime::run_whole_graph(const Graph&, const std::vector<Tensor>&) {
+  fail("device", device().str(), " runs graphs as kiln's launches, not as one program");
 }
 
 DeviceRuntime& runtime_for(const std::string& op, const Device& device, const std::vector<OperandMeta>& inputs) {

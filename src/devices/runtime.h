@@ -15,6 +15,7 @@
 namespace kiln {
 
 struct FusedProgram;
+struct Graph;
 class Tensor;
 
 struct KernelArgs {
@@ -135,6 +136,19 @@ class DeviceRuntime {
     (void)w, (void)after_write;
     return nullptr;
   }
+
+  // Counts a device keeps of its own work, by name (PJRT: "programs_compiled",
+  // "programs_loaded_from_disk", "programs_reused", "programs_executed", "whole_graphs_run"):
+  // what run reports print beside kiln's counters. None by default.
+  virtual std::map<std::string, uint64_t> device_counters() const { return {}; }
+
+  // ---- devices that compile whole programs (PJRT: XLA fuses and plans memory itself) ----
+  // Whether deferred and compiled mode hand this device each graph whole (run_whole_graph)
+  // instead of kiln's launches (fused groups, epilogues, a memory arena).
+  virtual bool runs_whole_graphs() const { return false; }
+  // Runs canonical graph `g` on `inputs` (bound as run_graph binds them) as one program, enqueued;
+  // returns its outputs, dense and freshly computed. Only called where runs_whole_graphs().
+  virtual std::vector<Tensor> run_whole_graph(const Graph& g, const std::vector<Tensor>& inputs);
 };
 
 // The runtime of a device (created on first use, lives for the process), from the registry of

@@ -181,6 +181,12 @@ std::vector<Tensor> run_graph(const std::shared_ptr<const CompiledGraph>& compil
   }
   const Device device = g.device;
   DeviceRuntime& rt = runtime(device);
+  // A device that compiles whole programs takes the graph as it is (XLA fuses and plans memory).
+  if (rt.runs_whole_graphs()) {
+    std::vector<Tensor> results = rt.run_whole_graph(g, inputs);
+    detail::count_kernel("whole_graph");
+    return results;
+  }
   std::vector<Tensor> val(size_t(g.num_values()));
   for (int i = 0; i < g.num_inputs(); ++i) val[size_t(i)] = inputs[size_t(i)];
   auto gather = [&](const std::vector<int>& ids) {

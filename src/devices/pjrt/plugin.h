@@ -1,0 +1,97 @@
+// A PJRT plugin (XLA's plugin C API, pjrt_c_api.h) loaded with dlopen, and one client of it: the
+// calls the PJRT device needs, each checked, each error one "[device] ..." line naming the plugin.
+// The same code drives XLA's CPU plugin, libtpu and the GPU plugins: they differ only in the path.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+struct PJRT_Api;
+struct PJRT_Client;
+struct PJRT_Device;
+struct PJRT_Buffer;
+struct PJRT_Event;
+struct PJRT_LoadedExecutable;
+struct PJRT_Error;
+
+namespace kiln::pjrt {
+
+// A device buffer of the client (destroyed with its last reference).
+using DeviceBuffer = std::shared_ptr<PJRT_Buffer>;
+// Something the device will finish (a copy, an execution): await() blocks until it has.
+using Event = std::shared_ptr<PJRT_Event>;
+
+struct Executable;
+
+class Client {
+ public:
+  // Loads the plugin at `path` and starts a client: throws "[device] the PJRT plugin <path> ..."
+  // when the file is missing, is no PJRT plugin, has an incompatible API or fails to start.
+  explicit Client(const std::string& path);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string platform_name() const;     // "cpu", "tpu", "cuda", ...
+  std::string platform_version() const;  // the plugin's own version string
+  std::string api_version() const;       // "0.81": the C API the plugin serves
+  int device_count() const { return int(devices_.size()); }
+
+  // Compiles StableHLO (MLIR text) for device `device`. Throws "[pjrt] compiling <name>: ..."
+  // with XLA's message.
+  std::shared_ptr<Executable> compile(const std::string& name, const std::string& mlir, int device) const;
+  // The executable's serialized form (what the on-disk cache stores) and its reverse.
+  std::string serialize(const Executable& exe) const;
+  std::shared_ptr<Executable> deserialize(const std::string& name, const std::string& bytes, int device) const;
+
+  // Runs `exe` on its device with `args` (one per program argument; an argument listed in
+  // `donated` may be reused for an output). Returns its outputs; their ready events order
+  // later work.
+  std::vector<DeviceBuffer> execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args,
+                                    const std::vector<bool>& donated) const;
+
+  // A u8[bytes] buffer on `device` from host memory, which must stay valid and unchanged until
+  // the returned event (the plugin may still read it).
+  std::pair<DeviceBuffer, Event> upload(const void* data, size_t bytes, int device) const;
+  // Copies `bytes` bytes at `offset` of `buffer` to `dst`; done at the returned event.
+  Event download(PJRT_Buffer* buffer, void* dst, size_t offset, size_t bytes) const;
+  // The event at which `buffer`'s contents are computed.
+  Event ready(PJRT_Buffer* buffer) const;
+  // Blocks until `event`; throws "[pjrt] <what>: ..." if the work behind it failed.
+  void await(const Event& event, const char* what) const;
+  bool is_ready(const Event& event) const;
+
+  // The device's memory statistics where the plugin keeps them (bytes in use, peak): false when
+  // it does not (XLA's CPU plugin).
+  bool memory_stats(int device, int64_t* in_use, int64_t* peak) const;
+  const PJRT_Api* api() const { return api_; }
+
+ private:
+  friend struct Executable;
+  void check(PJRT_Error* error, const std::string& what) const;
+  DeviceBuffer own(PJRT_Buffer* buffer) const;
+  Event own(PJRT_Event* event) const;
+  std::string error_message(PJRT_Error* error) const;
+  PJRT_Device* device(int index) const;
+
+  std::string path_;
+  void* library_ = nullptr;
+  const PJRT_Api* api_ = nullptr;
+  PJRT_Client* client_ = nullptr;
+  std::vector<PJRT_Device*> devices_;
+};
+
+// A compiled program loaded on one device.
+struct Executable {
+  const Client* client = nullptr;
+  PJRT_LoadedExecutable* loaded = nullptr;
+  std::string name;
+  int device = 0;
+  size_t outputs = 0;
+  ~Executable();
+};
+
+}  // namespace kiln::pjrt
