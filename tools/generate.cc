@@ -6,6 +6,7 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -128,6 +129,8 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--vae-tiling") o.call.vae_tiling = parse_vae_tiling(value());
     else if (flag == "--vae-tile-size") o.call.vae_tile_size = parse_vae_tile_size(value());
     else if (flag == "--device") o.device = value();
+    // The plugin a pjrt device loads, read where the device starts (devices/pjrt).
+    else if (flag == "--pjrt-plugin") ::setenv("KILN_PJRT_PLUGIN", value().c_str(), 1);
     else if (flag == "--mode") o.mode = value(), o.mode_given = true;
     else if (flag == "--compile") o.compile = value(), o.compile_given = true;
     else if (flag == "--prepack") o.prepack = value(), o.prepack_given = true;

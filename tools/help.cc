@@ -46,7 +46,10 @@ const std::vector<CommandDoc>& commands() {
            {"--vae-tile-size", "PIXELS", "the VAE's sample_size (1024)", "image pixels per tile side "
                                                                          "(Diffusers' tile_sample_min_size): a multiple "
                                                                          "of 4 latent pixels (32 for an 8x VAE)"},
-           {"--device", "DEVICE", "cpu", "cpu, or cuda:N (a build with the CUDA toolkit, on a machine with that GPU)"},
+           {"--device", "DEVICE", "cpu", "cpu; cuda:N (a build with the CUDA toolkit, on a machine with that GPU); "
+                                        "pjrt (a PJRT plugin: XLA's CPU plugin unless --pjrt-plugin); tpu (libtpu)"},
+           {"--pjrt-plugin", "PATH", "XLA's CPU plugin", "with --device pjrt: the PJRT plugin .so to load (a GPU or "
+                                                          "other accelerator's; KILN_PJRT_PLUGIN does the same)"},
            {"--mode", "eager|defer|compile", "eager", "strict eager, deferred-and-fused, or compiled transformer"},
            {"--compile", "full|blocks", "full", "with --mode compile: the whole transformer or its repeated blocks"},
            {"--prepack", "on|off", "on", "with --mode compile: linears read pre-packed weights"},

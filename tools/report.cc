@@ -78,6 +78,8 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
         // Bytes of operands kernels had to convert to f32 copies (0 when every weight and
         // activation is read in its own dtype).
         {"f32_conversion_bytes", cpu::f32_conversion_bytes()}}},
+      // The device's own counts (PJRT: programs compiled, loaded from the disk cache, reused, run).
+      {"device_counters", runtime(device).device_counters()},
       {"compiles", compiles},
       {"memory",
        {{"device_peak_bytes", mem.peak_bytes},
