@@ -109,14 +109,16 @@ HostElements host_elements(const Tensor& t) {
   wait(t);
   DeviceRuntime& rt = runtime(t.device());
   if (rt.is_host()) return {nullptr, t.data_ptr()};
-  int64_t last = 0;  // the furthest element it views, past element 0
+  // The nearest and furthest elements it views, relative to element 0 (a flipped view's
+  // negative strides reach before it).
+  int64_t first = 0, last = 0;
   for (size_t d = 0; d < t.shape().size(); ++d)
-    if (t.shape()[d] > 1) last += (t.shape()[d] - 1) * t.strides()[d];
-  const size_t begin = storage_bytes(t.dtype(), t.offset());
+    if (t.shape()[d] > 1) (t.strides()[d] < 0 ? first : last) += (t.shape()[d] - 1) * t.strides()[d];
+  const size_t begin = storage_bytes(t.dtype(), t.offset() + first);
   const size_t bytes = storage_bytes(t.dtype(), t.offset() + last + 1) - begin;
   HostElements h{rt.allocate_staging(bytes), nullptr};
   rt.wait_for(rt.copy(t.buffer(), begin, h.staged, 0, bytes));
-  h.base = h.staged->data();
+  h.base = static_cast<const char*>(h.staged->data()) + (storage_bytes(t.dtype(), t.offset()) - begin);
   return h;
 }
 
