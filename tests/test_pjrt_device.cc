@@ -3,6 +3,8 @@
 // program each, FLUX.1's Diffusers golden in the three modes, and model offload across the
 // device's own address space. (The op harness and the goldens of every pipeline also run on
 // pjrt:0: tests/CMakeLists.txt, label pjrt.)
+#include <sys/wait.h>
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -32,6 +34,8 @@ namespace fs = std::filesystem;
 const Device kPjrt{DeviceType::pjrt, 0};
 
 uint64_t device_counter(const std::string& name) { return runtime(kPjrt).device_counters().at(name); }
+// Programs made ready in this process: compiled, or read from the on-disk cache when one is set.
+uint64_t programs_prepared() { return device_counter("programs_compiled") + device_counter("programs_loaded_from_disk"); }
 
 std::vector<float> values(int64_t n, float scale) {
   std::vector<float> v(static_cast<size_t>(n));
@@ -78,18 +82,18 @@ TEST(PjrtDevice, TensorsLiveInTheDevicesOwnMemory) {
 TEST(PjrtDevice, AnOpCompilesOncePerShapeAndDtype) {
   const DefaultDeviceGuard on(kPjrt);
   const Tensor a = to(from_vector(values(12, 1.f), {3, 4}), kPjrt), b = to(from_vector(values(12, .25f), {3, 4}), kPjrt);
-  const uint64_t compiled = device_counter("programs_compiled");
+  const uint64_t compiled = programs_prepared();
   const std::vector<float> first = to_vector(a * b + a);
-  const uint64_t after_first = device_counter("programs_compiled");
+  const uint64_t after_first = programs_prepared();
   EXPECT_GT(after_first, compiled);
   const uint64_t reused = device_counter("programs_reused");
   const Tensor c = to(from_vector(values(12, -2.f), {3, 4}), kPjrt);
   const std::vector<float> second = to_vector(c * b + c);
-  EXPECT_EQ(device_counter("programs_compiled"), after_first) << "same shapes and dtypes: nothing compiles";
+  EXPECT_EQ(programs_prepared(), after_first) << "same shapes and dtypes: nothing compiles";
   EXPECT_GE(device_counter("programs_reused"), reused + 2);
   for (size_t i = 0; i < second.size(); ++i) EXPECT_EQ(second[i], values(12, -2.f)[i] * values(12, .25f)[i] + values(12, -2.f)[i]);
   to_vector(to(from_vector(values(20, 1.f), {5, 4}), kPjrt) * 2.0);
-  EXPECT_GT(device_counter("programs_compiled"), after_first) << "a new shape compiles";
+  EXPECT_GT(programs_prepared(), after_first) << "a new shape compiles";
 }
 
 TEST(PjrtDevice, DeferredModeRunsEachFlushedGraphAsOneProgram) {
@@ -109,65 +113,90 @@ TEST(PjrtDevice, DeferredModeRunsEachFlushedGraphAsOneProgram) {
   EXPECT_EQ(deferred, eager) << "XLA's fused program gives strict eager's bits";
 }
 
-// FLUX.1's tiny golden on pjrt:0 in the three modes: eager and deferred match Diffusers as on
-// the CPU; compiled mode (the whole transformer, then its repeated blocks) gives the same image,
-// compiles once per executable, and neither a second call nor a new step count compiles.
-class PjrtFlux : public testing::Test {
+// Each pipeline's tiny golden on pjrt:0 from the seed alone, in the three modes: strict eager,
+// deferred and compiled (the whole transformer, then its repeated blocks) give Diffusers' image
+// within one level; kiln compiles one executable for the whole transformer; neither a second
+// call nor a new step count compiles anything.
+class PjrtGolden : public testing::TestWithParam<std::string> {
  protected:
-  static constexpr const char* kSet = "flux1_tiny_arch";
   void SetUp() override {
     clear_executable_cache();
     reset_compile_stats();
     set_executable_cache_dir({});
   }
+  static std::unique_ptr<DiffusionPipeline> pipe(const std::string& set) {
+    PipelineOptions options;
+    const PipelineCallArgs args = test::fixture_call_args(set);
+    options.text_encoder_out_layers = args.text_encoder_out_layers;
+    std::unique_ptr<DiffusionPipeline> p = DiffusionPipeline::from_pretrained(test::pipeline_dir(set), options);
+    p->to(kPjrt);
+    return p;
+  }
+};
+
+TEST_P(PjrtGolden, ThreeModesGiveDiffusersImageFromTheSeed) {
+  const std::string set = GetParam();
+  PipelineCallArgs args = test::fixture_call_args(set);
+  args.seed = 0;  // the fixtures' noise came from torch.Generator("cpu").manual_seed(0)
+  const std::vector<uint8_t> diffusers = test::golden_u8(set, "image.uint8");
+  PipelineOutput eager;
+  {
+    EagerModeGuard strict(EagerMode::DeferNever);
+    eager = (*pipe(set))(args);
+  }
+  EXPECT_LE(test::byte_diff(eager.image, diffusers).second, 1) << set << " strict eager on pjrt";
+  {
+    EagerModeGuard deferred(EagerMode::DeferAndFuse);
+    const uint64_t graphs = device_counter("whole_graphs_run");
+    const PipelineOutput out = (*pipe(set))(args);
+    EXPECT_GT(device_counter("whole_graphs_run"), graphs);
+    EXPECT_LE(test::byte_diff(out.image, diffusers).second, 1) << set << " deferred on pjrt";
+    const auto [differing, most] = test::byte_diff(out.image, eager.image);
+    std::printf("%s: pjrt deferred vs strict eager: %zu of %zu channels differ, by at most %d\n", set.c_str(),
+                differing, eager.image.size(), most);
+  }
+  for (const CompileScope scope : {CompileScope::kFull, CompileScope::kRepeatedBlocks}) {
+    const char* what = scope == CompileScope::kFull ? "whole transformer" : "repeated blocks";
+    std::unique_ptr<DiffusionPipeline> p = pipe(set);
+    p->compile_transformer(scope);
+    const uint64_t compiles = compile_stats().compiles;
+    const PipelineOutput out = (*p)(args);
+    EXPECT_LE(test::byte_diff(out.image, diffusers).second, 1) << set << " " << what;
+    const auto [differing, most] = test::byte_diff(out.image, eager.image);
+    std::printf("%s: pjrt compiled (%s) vs strict eager: %zu of %zu channels differ, by at most %d\n", set.c_str(),
+                what, differing, eager.image.size(), most);
+    if (scope == CompileScope::kFull) EXPECT_EQ(compile_stats().compiles - compiles, 1u) << set << " " << what;
+    else EXPECT_GE(compile_stats().compiles - compiles, 1u) << set << " " << what;
+    const uint64_t programs = device_counter("programs_compiled");
+    (*p)(args);
+    EXPECT_EQ(device_counter("programs_compiled"), programs) << set << " " << what << ": a second call compiles nothing";
+    PipelineCallArgs more_steps = args;
+    more_steps.num_inference_steps = args.num_inference_steps + 2;
+    const uint64_t kiln_compiles = compile_stats().compiles;
+    const uint64_t transformer_programs = device_counter("programs_compiled");
+    (*p)(more_steps);
+    EXPECT_EQ(compile_stats().compiles, kiln_compiles) << set << " " << what << ": a new step count traces nothing";
+    // The transformer's executables take timestep and sigma as inputs: no program has the step
+    // count in it.
+    EXPECT_EQ(device_counter("programs_compiled"), transformer_programs)
+        << set << " " << what << ": a new step count compiles no PJRT program";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PjrtGolden, testing::Values("flux1_tiny_arch", "sd35_tiny_arch", "flux2_tiny"));
+
+// Model CPU offload on pjrt:0: each component's weights cross into the device's memory when its
+// turn comes and leave after, the image is the one of every component placed there, and the
+// device's peak stays within the largest component plus the call's activations.
+class PjrtFlux : public testing::Test {
+ protected:
+  static constexpr const char* kSet = "flux1_tiny_arch";
   static FluxPipeline pipe() {
     FluxPipeline p = FluxPipeline::from_pretrained(test::pipeline_dir(kSet));
     p.to(kPjrt);
     return p;
   }
 };
-
-TEST_F(PjrtFlux, ThreeModesMatchDiffusersAndEachOther) {
-  const PipelineCallArgs args = test::fixture_call_args(kSet);
-  const std::vector<uint8_t> diffusers = test::golden_u8(kSet, "image.uint8");
-  PipelineOutput eager;
-  {
-    EagerModeGuard strict(EagerMode::DeferNever);
-    eager = pipe()(args);
-  }
-  EXPECT_LE(test::byte_diff(eager.image, diffusers).second, 1) << "strict eager on pjrt";
-  const std::string last = "latents.after_step" + std::to_string(args.num_inference_steps - 1);
-  test::expect_close(eager.latents, test::golden(kSet, last), 1e-4, 0, "strict eager on pjrt: final latents");
-  {
-    EagerModeGuard deferred(EagerMode::DeferAndFuse);
-    const PipelineOutput out = pipe()(args);
-    EXPECT_LE(test::byte_diff(out.image, diffusers).second, 1) << "deferred on pjrt";
-    const auto [differing, most] = test::byte_diff(out.image, eager.image);
-    std::printf("pjrt deferred vs strict eager: %zu channels differ, by at most %d\n", differing, most);
-    EXPECT_LE(most, 1);
-  }
-  for (const CompileScope scope : {CompileScope::kFull, CompileScope::kRepeatedBlocks}) {
-    const char* what = scope == CompileScope::kFull ? "whole transformer" : "repeated blocks";
-    FluxPipeline p = pipe();
-    p.compile_transformer(scope);
-    const uint64_t compiles = compile_stats().compiles;
-    const PipelineOutput out = p(args);
-    EXPECT_LE(test::byte_diff(out.image, diffusers).second, 1) << what;
-    const auto [differing, most] = test::byte_diff(out.image, eager.image);
-    std::printf("pjrt compiled (%s) vs strict eager: %zu channels differ, by at most %d\n", what, differing, most);
-    EXPECT_LE(most, 1) << what;
-    if (scope == CompileScope::kFull) EXPECT_EQ(compile_stats().compiles - compiles, 1u) << what;
-    else EXPECT_GE(compile_stats().compiles - compiles, 1u) << what;
-    const uint64_t programs = device_counter("programs_compiled");
-    p(args);
-    EXPECT_EQ(device_counter("programs_compiled"), programs) << what << ": a second call compiles nothing";
-    PipelineCallArgs more_steps = args;
-    more_steps.num_inference_steps = args.num_inference_steps + 2;
-    const uint64_t kiln_compiles = compile_stats().compiles;
-    p(more_steps);
-    EXPECT_EQ(compile_stats().compiles, kiln_compiles) << what << ": a new step count traces nothing";
-  }
-}
 
 TEST_F(PjrtFlux, ModelOffloadCrossesTheAddressSpaceWithinTheLargestComponent) {
   const PipelineCallArgs args = test::fixture_call_args(kSet);
@@ -207,19 +236,44 @@ TEST_F(PjrtFlux, ModelOffloadCrossesTheAddressSpaceWithinTheLargestComponent) {
   runtime(kPjrt).set_memory_capacity(0);
 }
 
+std::pair<int, std::string> run_command(const std::string& cmd) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buf{};
+  while (p && std::fgets(buf.data(), int(buf.size()), p)) output += buf.data();
+  const int status = p ? ::pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+// What a user runs: the bundled checkpoint on pjrt from the seed gives Diffusers' image.
+TEST(PjrtCli, GenerateOnPjrtGivesDiffusersImage) {
+  const test::ScopedTempDir dir("pjrt_generate");
+  const fs::path png = dir.path() / "pjrt.png";
+  const auto [code, output] = run_command(std::string(KILN_CLI_PATH) + " generate --device pjrt --seed 0 --out " + png.string());
+  ASSERT_EQ(code, 0) << output;
+  const fs::path diffusers = fs::path(KILN_FIXTURES_DIR) / "flux1_tiny_arch" / "image.png";
+  const auto [same, compared] = run_command(std::string(KILN_CLI_PATH) + " compare " + png.string() + " " + diffusers.string());
+  EXPECT_EQ(same, 0) << compared;
+  EXPECT_NE(compared.find("; same (tolerance 1)"), std::string::npos) << compared;
+}
+
+// A missing plugin is one line naming it, before any work.
+TEST(PjrtCli, AMissingPluginIsNamed) {
+  const auto [code, output] =
+      run_command(std::string(KILN_CLI_PATH) + " generate --device pjrt --pjrt-plugin /nonexistent/plugin.so --out /dev/null");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(output.find("/nonexistent/plugin.so does not exist"), std::string::npos) << output;
+}
+
 // A second process finds the executables the first one compiled in the on-disk cache.
 TEST(PjrtCli, ASecondProcessLoadsTheExecutablesFromDisk) {
   const test::ScopedTempDir dir("pjrt_cli");
   auto run = [&](const std::string& name) {
     const fs::path report = dir.path() / (name + ".json");
-    const std::string cmd = "KILN_CACHE_DIR=" + (dir.path() / "cache").string() + " " + KILN_CLI_PATH +
-                            " generate --device pjrt --mode compile --steps 2 --out " + (dir.path() / (name + ".png")).string() +
-                            " --report " + report.string() + " 2>&1";
-    FILE* p = ::popen(cmd.c_str(), "r");
-    std::string output;
-    std::array<char, 4096> buf{};
-    while (p && std::fgets(buf.data(), int(buf.size()), p)) output += buf.data();
-    EXPECT_EQ(p ? ::pclose(p) : -1, 0) << output;
+    const auto [code, output] = run_command("KILN_CACHE_DIR=" + (dir.path() / "cache").string() + " " + KILN_CLI_PATH +
+                                            " generate --device pjrt --mode compile --steps 2 --out " +
+                                            (dir.path() / (name + ".png")).string() + " --report " + report.string());
+    EXPECT_EQ(code, 0) << output;
     std::ifstream in(report);
     return nlohmann::json::parse(in)["device_counters"];
   };
