@@ -234,9 +234,10 @@ std::vector<size_t> DiffusionPipeline::activations(int64_t h, int64_t w, int64_t
     ~CapacityLifted() { rt.set_memory_capacity(capacity); }
   } lifted{rt, rt.memory().capacity_bytes};
   rt.set_memory_capacity(0);
-  // Traced where the weights are now (the device once placed there, else the host), so the
-  // trace's own inputs sit beside them.
-  const DefaultDeviceGuard beside_weights(s_->placement == Placement::device ? s_->device : Device::cpu());
+  // Traced where the weights are now, so the trace's own inputs sit beside them: the device once
+  // placed there, else host memory, where the traces' placeholders (exec/capture.h) live too.
+  const Device host = placeholder_tensor({}, DType::f32).device();
+  const DefaultDeviceGuard beside_weights(s_->placement == Placement::device ? s_->device : host);
   return s_->traced_activations[key] = trace_activations(h, w, max_sequence_length, vae_tile_size);
 }
 

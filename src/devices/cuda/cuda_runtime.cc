@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "devices/copy_check.h"
 #include "devices/cuda/check.h"
 #include "devices/cuda/cuda_runtime.h"
 #include "devices/cuda/kernels/kernel_table.h"
@@ -106,13 +107,7 @@ class CudaRuntime final : public DeviceRuntime {
 
   uint64_t copy(const BufferPtr& src, size_t src_offset, const BufferPtr& dst, size_t dst_offset,
                 size_t bytes) override {
-    KILN_CHECK(src_offset + bytes <= src->bytes() && dst_offset + bytes <= dst->bytes(), "copy", "copying ", bytes,
-               " bytes from offset ", src_offset, " of a ", src->bytes(), "-byte buffer to offset ", dst_offset,
-               " of a ", dst->bytes(), "-byte buffer");
-    const bool from_here = src->device() == device(), to_here = dst->device() == device();
-    const bool from_host = src->device().type == DeviceType::cpu, to_host = dst->device().type == DeviceType::cpu;
-    KILN_CHECK((from_here || from_host) && (to_here || to_host), "copy", device().str(), " copies between itself and ",
-               "host memory, not from ", src->device().str(), " to ", dst->device().str());
+    const auto [from_host, to_host] = check_copy(device(), src, src_offset, dst, dst_offset, bytes);
     const cudaMemcpyKind kind = from_host ? (to_host ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
                                           : (to_host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
     std::lock_guard<std::recursive_mutex> lock(mu_);

@@ -100,10 +100,9 @@ Value lower_unary(FunctionBuilder& b, UnaryOp op, const Attrs& attrs, const Valu
 Value lower_binary(FunctionBuilder& b, BinaryOp op, const Value& a0, const Value& b0, const Shape& shape,
                    const std::string& out) {
   if (is_comparison(op)) {
-    // Compared in the promoted type (floats in f32).
+    // Compared in the promoted type: floats in f32, integers and bools as integers.
     const std::string t = is_float_elem(a0.elem) || is_float_elem(b0.elem) ? "f32"
                           : (a0.elem == "i64" || b0.elem == "i64")      ? "i64"
-                          : (a0.elem == "i1" && b0.elem == "i1")          ? "i32"
                                                                           : "i32";
     const Value x = b.broadcast_to(b.convert(a0, t), shape), y = b.broadcast_to(b.convert(b0, t), shape);
     return b.compare(comparison(op), x, y);
@@ -371,7 +370,7 @@ Value strided_view(FunctionBuilder& b, const Value& flat, int64_t offset, const 
                                   b.splat(double(strides[size_t(core[i])]), core_shape, "i64"));
       idx = b.binary("stablehlo.add", idx, term);
     }
-    dense = b.take(window, idx);
+    dense = b.take_rows(window, idx);
   }
   // Back to the view's rank (size-1 dims where broadcasts or unit dims were), then broadcast.
   Shape kept(shape.size(), 1);

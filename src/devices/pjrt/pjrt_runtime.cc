@@ -32,6 +32,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "devices/copy_check.h"
 #include "devices/pjrt/lower_ops.h"
 #include "devices/pjrt/plugin.h"
 #include "devices/pjrt/programs.h"
@@ -143,6 +144,16 @@ class PjrtRuntime final : public DeviceRuntime {
   }
   void release_cached_memory() override {}
   size_t allocation_size(size_t bytes) const override { return bytes; }
+  // The device's own memory where the plugin reports it (a GPU's or TPU's), so the fail-fast
+  // memory check of a call compares against it; unknown (0) on XLA's CPU plugin.
+  size_t physical_available_bytes() const override {
+    const auto m = client_->memory_stats(index_);
+    return m && m->limit > m->in_use ? size_t(m->limit - m->in_use) : 0;
+  }
+  size_t physical_total_bytes() const override {
+    const auto m = client_->memory_stats(index_);
+    return m ? size_t(m->limit) : 0;
+  }
 
   // ---- queue ----
   uint64_t enqueue(std::string what, std::function<void()> work, size_t) override {
@@ -198,13 +209,7 @@ class PjrtRuntime final : public DeviceRuntime {
   // ---- copies ----
   uint64_t copy(const BufferPtr& src, size_t src_offset, const BufferPtr& dst, size_t dst_offset,
                 size_t bytes) override {
-    KILN_CHECK(src_offset + bytes <= src->bytes() && dst_offset + bytes <= dst->bytes(), "copy", "copying ", bytes,
-               " bytes from offset ", src_offset, " of a ", src->bytes(), "-byte buffer to offset ", dst_offset,
-               " of a ", dst->bytes(), "-byte buffer");
-    const bool from_here = src->device() == device(), to_here = dst->device() == device();
-    const bool from_host = src->device().type == DeviceType::cpu, to_host = dst->device().type == DeviceType::cpu;
-    KILN_CHECK((from_here || from_host) && (to_here || to_host), "copy", device().str(), " copies between itself and ",
-               "host memory, not from ", src->device().str(), " to ", dst->device().str());
+    const auto [from_host, to_host] = check_copy(device(), src, src_offset, dst, dst_offset, bytes);
     std::lock_guard<std::recursive_mutex> lock(mu_);
     ++times_["transfer"].second;
     std::vector<Event> events;

@@ -121,6 +121,26 @@ Executable::~Executable() {
   client->api()->PJRT_LoadedExecutable_Destroy(&a);
 }
 
+std::shared_ptr<Executable> Client::adopt(PJRT_LoadedExecutable* loaded, const std::string& name, int dev) const {
+  auto exe = std::make_shared<Executable>();
+  exe->client = this;
+  exe->loaded = loaded;
+  exe->name = name;
+  exe->device = dev;
+  auto get = KILN_PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  get.loaded_executable = loaded;
+  check(api_->PJRT_LoadedExecutable_GetExecutable(&get), "reading a compiled program");
+  auto outs = KILN_PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
+  outs.executable = get.executable;
+  PJRT_Error* e = api_->PJRT_Executable_NumOutputs(&outs);
+  auto destroy = KILN_PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  destroy.executable = get.executable;
+  api_->PJRT_Executable_Destroy(&destroy);
+  check(e, "counting a program's outputs");
+  exe->outputs = outs.num_outputs;
+  return exe;
+}
+
 std::shared_ptr<Executable> Client::compile(const std::string& name, const std::string& mlir, int dev) const {
   KILN_CHECK(dev == 0, "device", "pjrt:", dev, ": programs run on the plugin's device 0 in this build");
   device(dev);
@@ -136,22 +156,7 @@ std::shared_ptr<Executable> Client::compile(const std::string& name, const std::
   a.compile_options = kCompileOptions;
   a.compile_options_size = sizeof(kCompileOptions);
   if (PJRT_Error* e = api_->PJRT_Client_Compile(&a)) fail("pjrt", "compiling ", name, ": ", error_message(e));
-  auto exe = std::make_shared<Executable>();
-  exe->client = this;
-  exe->loaded = a.executable;
-  exe->name = name;
-  exe->device = dev;
-  auto get = KILN_PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
-  get.loaded_executable = a.executable;
-  check(api_->PJRT_LoadedExecutable_GetExecutable(&get), "reading a compiled program");
-  auto outs = KILN_PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
-  outs.executable = get.executable;
-  check(api_->PJRT_Executable_NumOutputs(&outs), "counting a program's outputs");
-  exe->outputs = outs.num_outputs;
-  auto destroy = KILN_PJRT_ARGS(PJRT_Executable_Destroy_Args);
-  destroy.executable = get.executable;
-  api_->PJRT_Executable_Destroy(&destroy);
-  return exe;
+  return adopt(a.executable, name, dev);
 }
 
 std::string Client::serialize(const Executable& exe) const {
@@ -177,22 +182,7 @@ std::shared_ptr<Executable> Client::deserialize(const std::string& name, const s
   a.serialized_executable = bytes.data();
   a.serialized_executable_size = bytes.size();
   check(api_->PJRT_Executable_DeserializeAndLoad(&a), "loading the cached program " + name);
-  auto exe = std::make_shared<Executable>();
-  exe->client = this;
-  exe->loaded = a.loaded_executable;
-  exe->name = name;
-  exe->device = dev;
-  auto get = KILN_PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
-  get.loaded_executable = a.loaded_executable;
-  check(api_->PJRT_LoadedExecutable_GetExecutable(&get), "reading a compiled program");
-  auto outs = KILN_PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
-  outs.executable = get.executable;
-  check(api_->PJRT_Executable_NumOutputs(&outs), "counting a program's outputs");
-  exe->outputs = outs.num_outputs;
-  auto destroy = KILN_PJRT_ARGS(PJRT_Executable_Destroy_Args);
-  destroy.executable = get.executable;
-  api_->PJRT_Executable_Destroy(&destroy);
-  return exe;
+  return adopt(a.loaded_executable, name, dev);
 }
 
 DeviceBuffer Client::own(PJRT_Buffer* buffer) const {
@@ -296,16 +286,14 @@ bool Client::is_ready(const Event& event) const {
   return a.is_ready;
 }
 
-bool Client::memory_stats(int dev, int64_t* in_use, int64_t* peak) const {
+std::optional<Client::DeviceMemory> Client::memory_stats(int dev) const {
   auto a = KILN_PJRT_ARGS(PJRT_Device_MemoryStats_Args);
   a.device = device(dev);
   if (PJRT_Error* e = api_->PJRT_Device_MemoryStats(&a)) {
     error_message(e);  // unimplemented on XLA's CPU plugin
-    return false;
+    return std::nullopt;
   }
-  *in_use = a.bytes_in_use;
-  *peak = a.peak_bytes_in_use_is_set ? a.peak_bytes_in_use : a.bytes_in_use;
-  return true;
+  return DeviceMemory{a.bytes_in_use, a.bytes_limit_is_set ? a.bytes_limit : 0};
 }
 
 }  // namespace kiln::pjrt

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,15 +65,20 @@ class Client {
   void await(const Event& event, const char* what) const;
   bool is_ready(const Event& event) const;
 
-  // The device's memory statistics where the plugin keeps them (bytes in use, peak): false when
-  // it does not (XLA's CPU plugin).
-  bool memory_stats(int device, int64_t* in_use, int64_t* peak) const;
+  // The device's memory as the plugin counts it, where it does (GPU and TPU plugins; XLA's CPU
+  // plugin keeps none): bytes in use, and the most it may hold (0: no limit given).
+  struct DeviceMemory {
+    int64_t in_use = 0, limit = 0;
+  };
+  std::optional<DeviceMemory> memory_stats(int device) const;
   const PJRT_Api* api() const { return api_; }
 
  private:
   friend struct Executable;
   void check(PJRT_Error* error, const std::string& what) const;
   DeviceBuffer own(PJRT_Buffer* buffer) const;
+  // An Executable owning `loaded` (its outputs counted).
+  std::shared_ptr<Executable> adopt(PJRT_LoadedExecutable* loaded, const std::string& name, int device) const;
   Event own(PJRT_Event* event) const;
   std::string error_message(PJRT_Error* error) const;
   PJRT_Device* device(int index) const;

@@ -278,8 +278,6 @@ Value FunctionBuilder::take_rows(const Value& table, const Value& indices) {
               out, table.elem);
 }
 
-Value FunctionBuilder::take(const Value& v, const Value& indices) { return take_rows(v, indices); }
-
 Value FunctionBuilder::dynamic_update_slice(const Value& v, const Value& update, int64_t offset) {
   const Value at = constant(double(offset), "i64");
   return emit("stablehlo.dynamic_update_slice " + v.id + ", " + update.id + ", " + at.id + " : (" + type_of(v) + ", " +

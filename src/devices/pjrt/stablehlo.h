@@ -66,10 +66,9 @@ class FunctionBuilder {
   // 2-D convolution, NCHW (or NHWC with channels_last) input, OIHW kernel.
   Value conv2d(const Value& x, const Value& w, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
                bool channels_last, const Shape& out);
-  // Rows of `table` (dim 0) picked by integer `indices`: indices.shape ++ table.shape[1:].
+  // Rows of `table` (dim 0) picked by integer `indices`: indices.shape ++ table.shape[1:] (for a
+  // 1-D table, its elements at `indices`).
   Value take_rows(const Value& table, const Value& indices);
-  // Elements of 1-D `v` at integer `indices` (any shape).
-  Value take(const Value& v, const Value& indices);
   Value dynamic_update_slice(const Value& v, const Value& update, int64_t offset);  // 1-D
 
  private:
