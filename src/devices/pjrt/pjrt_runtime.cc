@@ -460,7 +460,7 @@ class PjrtRuntime final : public DeviceRuntime {
       if (in) {
         std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
         try {
-          exe = client_->deserialize(name, bytes, 0);
+          exe = client_->deserialize(name, bytes);
           ++counters_.loaded_from_disk;
         } catch (const Error&) {
           exe = nullptr;  // a damaged or foreign entry: compiled again and rewritten below

@@ -121,12 +121,11 @@ Executable::~Executable() {
   client->api()->PJRT_LoadedExecutable_Destroy(&a);
 }
 
-std::shared_ptr<Executable> Client::adopt(PJRT_LoadedExecutable* loaded, const std::string& name, int dev) const {
+std::shared_ptr<Executable> Client::adopt(PJRT_LoadedExecutable* loaded, const std::string& name) const {
   auto exe = std::make_shared<Executable>();
   exe->client = this;
   exe->loaded = loaded;
   exe->name = name;
-  exe->device = dev;
   auto get = KILN_PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
   get.loaded_executable = loaded;
   check(api_->PJRT_LoadedExecutable_GetExecutable(&get), "reading a compiled program");
@@ -156,7 +155,7 @@ std::shared_ptr<Executable> Client::compile(const std::string& name, const std::
   a.compile_options = kCompileOptions;
   a.compile_options_size = sizeof(kCompileOptions);
   if (PJRT_Error* e = api_->PJRT_Client_Compile(&a)) fail("pjrt", "compiling ", name, ": ", error_message(e));
-  return adopt(a.executable, name, dev);
+  return adopt(a.executable, name);
 }
 
 std::string Client::serialize(const Executable& exe) const {
@@ -176,13 +175,13 @@ std::string Client::serialize(const Executable& exe) const {
   return bytes;
 }
 
-std::shared_ptr<Executable> Client::deserialize(const std::string& name, const std::string& bytes, int dev) const {
+std::shared_ptr<Executable> Client::deserialize(const std::string& name, const std::string& bytes) const {
   auto a = KILN_PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args);
   a.client = client_;
   a.serialized_executable = bytes.data();
   a.serialized_executable_size = bytes.size();
   check(api_->PJRT_Executable_DeserializeAndLoad(&a), "loading the cached program " + name);
-  return adopt(a.loaded_executable, name, dev);
+  return adopt(a.loaded_executable, name);
 }
 
 DeviceBuffer Client::own(PJRT_Buffer* buffer) const {

@@ -46,7 +46,7 @@ class Client {
   std::shared_ptr<Executable> compile(const std::string& name, const std::string& mlir, int device) const;
   // The executable's serialized form (what the on-disk cache stores) and its reverse.
   std::string serialize(const Executable& exe) const;
-  std::shared_ptr<Executable> deserialize(const std::string& name, const std::string& bytes, int device) const;
+  std::shared_ptr<Executable> deserialize(const std::string& name, const std::string& bytes) const;
 
   // Runs `exe` on its device with `args` (one per program argument; an argument listed in
   // `donated` may be reused for an output). Returns its outputs; their ready events order
@@ -78,7 +78,7 @@ class Client {
   void check(PJRT_Error* error, const std::string& what) const;
   DeviceBuffer own(PJRT_Buffer* buffer) const;
   // An Executable owning `loaded` (its outputs counted).
-  std::shared_ptr<Executable> adopt(PJRT_LoadedExecutable* loaded, const std::string& name, int device) const;
+  std::shared_ptr<Executable> adopt(PJRT_LoadedExecutable* loaded, const std::string& name) const;
   Event own(PJRT_Event* event) const;
   std::string error_message(PJRT_Error* error) const;
   PJRT_Device* device(int index) const;
@@ -95,7 +95,6 @@ struct Executable {
   const Client* client = nullptr;
   PJRT_LoadedExecutable* loaded = nullptr;
   std::string name;
-  int device = 0;
   size_t outputs = 0;
   ~Executable();
 };
