@@ -57,3 +57,30 @@ if [ ! -f "$pjrt_dir/.complete" ]; then
   mv "$tmp/unpacked/xla_plugins/xla_cpu_pjrt/include" "$pjrt_dir/"
   touch "$pjrt_dir/.complete"
 fi
+
+# libtpu, Google's TPU PJRT plugin (also a PyPI-only wheel): --device tpu on a TPU VM, and
+# kiln plan --device tpu's ahead-of-time compiles for a TPU topology on any machine (no TPU
+# needed). The wheel is ~205 MB, libtpu.so ~575 MB unpacked; the same pinning as above. The
+# wheel is tagged per Python version but its libtpu.so is not, so the pinned cp311 wheel is
+# fetched whatever python3 this machine has.
+libtpu_version=0.0.51
+libtpu_sha256=ba67ddbfdbac61c8da1fafc26cd51b93e9fe4d298016e2882eb986b1718cba34
+libtpu_dir="$deps_dir/libtpu-$libtpu_version"
+if [ ! -f "$libtpu_dir/.complete" ]; then
+  echo "install-deps: fetching libtpu $libtpu_version into $libtpu_dir" >&2
+  tmp_tpu="$(mktemp -d)"
+  trap 'rm -rf "${tmp:-}" "$tmp_tpu"' EXIT
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
+    --abi cp311 --platform manylinux_2_31_x86_64 --dest "$tmp_tpu" "libtpu==$libtpu_version"
+  wheel="$(ls "$tmp_tpu"/libtpu-"$libtpu_version"-*.whl)"
+  echo "$libtpu_sha256  $wheel" | sha256sum --check --quiet - || {
+    echo "install-deps: $wheel does not have the pinned sha256 $libtpu_sha256" >&2
+    exit 1
+  }
+  rm -rf "$libtpu_dir" && mkdir -p "$libtpu_dir"
+  python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("libtpu/libtpu.so", sys.argv[2])' \
+    "$wheel" "$tmp_tpu/unpacked"
+  mv "$tmp_tpu/unpacked/libtpu/libtpu.so" "$libtpu_dir/"
+  rm -rf "$tmp_tpu"
+  touch "$libtpu_dir/.complete"
+fi

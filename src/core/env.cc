@@ -55,7 +55,8 @@ const std::vector<Variable>& variables() {
        "0 skips the fail-fast check against the host's available memory (without --device-memory)"},
       {"KILN_PJRT_PLUGIN", Kind::text, {}, "PATH",
        "--device pjrt: the PJRT plugin to load (default: XLA's CPU plugin from scripts/install-deps.sh)"},
-      {"KILN_TPU_PLUGIN", Kind::text, {}, "PATH", "--device tpu: the TPU PJRT plugin (default: libtpu.so)"},
+      {"KILN_TPU_PLUGIN", Kind::text, {}, "PATH",
+       "--device tpu and kiln plan --device tpu: the TPU PJRT plugin (default: libtpu from scripts/install-deps.sh)"},
   };
   return *v;
 }

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "devices/aot_target.h"
 #include "devices/cpu/cpu_runtime.h"
 #include "devices/runtime.h"
 #if KILN_WITH_CUDA
@@ -13,6 +14,7 @@
 #if KILN_WITH_PJRT
 #include "devices/pjrt/pjrt_runtime.h"
 #endif
+
 
 namespace kiln {
 
@@ -49,6 +51,16 @@ DeviceRuntime& runtime(const Device& device) {
   fail("device", device.str(), " is not available: this build has no backend for it (it has: ", built_kinds(),
        "; the CUDA backend is built when CMake finds the CUDA toolkit, the PJRT backend (pjrt, tpu) when ",
        "it finds pjrt_c_api.h, which scripts/install-deps.sh installs)");
+}
+
+std::unique_ptr<AotTarget> AotTarget::open(DeviceType type, const std::string& topology) {
+#if KILN_WITH_PJRT
+  return pjrt::open_aot_target(type, topology);
+#else
+  (void)topology;
+  fail("device", Device{type, 0}.str(), ": this build has no PJRT backend, which compiling for a topology needs (CMake ",
+       "builds it when it finds pjrt_c_api.h, which scripts/install-deps.sh installs)");
+#endif
 }
 
 std::vector<Tensor> DeviceRuntime::run_whole_graph(const Graph&, const std::vector<Tensor>&) {

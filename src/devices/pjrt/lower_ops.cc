@@ -288,8 +288,15 @@ bool lowerable(const std::string& op, const std::vector<OperandMeta>& inputs, st
 }
 
 Value lower_op(FunctionBuilder& b, const std::string& op, const Attrs& attrs, const std::vector<Value>& in,
-               const Shape& out_shape, DType out_dtype) {
+               const Shape& out_shape, DType out_dtype, int replicas) {
   const std::string out = element_type(out_dtype);
+  if (op == "all_reduce")  // summed in f32, rounded once (the CPU kernel's rule)
+    return b.convert(replicas == 1 ? b.convert(in[0], "f32") : b.all_reduce_sum(b.convert(in[0], "f32"), replicas), out);
+  if (op == "all_gather") {
+    KILN_CHECK(attrs.get_int("world_size") == replicas, "pjrt", "an all_gather over ", attrs.get_int("world_size"),
+               " ranks in a program for ", replicas, " replicas");
+    return replicas == 1 ? in[0] : b.all_gather(in[0], attrs.get_int("axis"), replicas);
+  }
   if (auto u = unary_from_name(op)) return lower_unary(b, *u, attrs, in[0], out);
   if (auto bin = binary_from_name(op)) return lower_binary(b, *bin, in[0], in[1], out_shape, out);
   if (op == "where") {

@@ -16,9 +16,11 @@ namespace kiln::pjrt {
 bool lowerable(const std::string& op, const std::vector<OperandMeta>& inputs, std::string* why);
 
 // `op` applied to `in` (values of the inputs' shapes and element types), giving a value of
-// `out_shape` in `out_dtype`'s element type.
+// `out_shape` in `out_dtype`'s element type. The collectives (all_reduce, all_gather) lower to
+// StableHLO's over every one of the program's `replicas` replicas: one replica per tensor-parallel
+// rank, each holding its own slices.
 Value lower_op(FunctionBuilder& b, const std::string& op, const Attrs& attrs, const std::vector<Value>& in,
-               const Shape& out_shape, DType out_dtype);
+               const Shape& out_shape, DType out_dtype, int replicas = 1);
 
 // The strided view (shape, strides and offset in elements, strides may be 0 or negative) of the
 // elements of the 1-D value `flat`, as a dense value: slices, reshapes and transposes where the

@@ -524,7 +524,7 @@ PjrtRuntime& runtime_for_type(DeviceType type, int index) {
   std::lock_guard<std::mutex> lock(mu);
   auto& rt = runtimes[{int(type), index}];
   if (!rt) {
-    std::string path = type == DeviceType::tpu ? env::text("KILN_TPU_PLUGIN").value_or("libtpu.so") : plugin_path();
+    std::string path = type == DeviceType::tpu ? tpu_plugin_path() : plugin_path();
     auto& client = clients[path];
     if (!client) client = std::make_shared<Client>(path);
     rt = new PjrtRuntime(type, index, client);
@@ -544,6 +544,8 @@ DeviceRuntime& runtime_of(int index) { return runtime_for_type(DeviceType::pjrt,
 DeviceRuntime& tpu_runtime_of(int index) { return runtime_for_type(DeviceType::tpu, index); }
 
 std::string plugin_path() { return env::text("KILN_PJRT_PLUGIN").value_or(KILN_PJRT_CPU_PLUGIN); }
+
+std::string tpu_plugin_path() { return env::text("KILN_TPU_PLUGIN").value_or(KILN_LIBTPU_PLUGIN); }
 
 std::string platform_of(const Device& device) { return pjrt_runtime(device).platform(); }
 

@@ -12,52 +12,60 @@
 #include <pjrt_c_api.h>
 
 #include "core/error.h"
+#include "devices/pjrt/c_api_args.h"
 
 namespace kiln::pjrt {
 
-namespace {
-
-// CompileOptionsProto{executable_build_options{num_replicas: 1, num_partitions: 1}}, serialized:
-// one program on one device. (Empty options abort inside XLA.)
-constexpr char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
-
-template <typename Args>
-Args args_of(size_t struct_size) {
-  Args a;
-  std::memset(&a, 0, sizeof(a));
-  a.struct_size = struct_size;
-  return a;
-}
-#define KILN_PJRT_ARGS(T) args_of<T>(T##_STRUCT_SIZE)
-
-}  // namespace
-
-Client::Client(const std::string& path) : path_(path) {
+const PJRT_Api* open_plugin(const std::string& path, void** library) {
   // A bare file name is looked up on the loader's path (libtpu.so); a path must be a file.
   struct stat st {};
   KILN_CHECK(!path.empty() && (path.find('/') == std::string::npos ||
                                (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode))),
              "device", "the PJRT plugin ", path.empty() ? std::string("path") : path,
              " does not exist (set --pjrt-plugin or KILN_PJRT_PLUGIN to a plugin .so; scripts/install-deps.sh ",
-             "installs XLA's CPU plugin)");
-  library_ = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!library_) fail("device", "the PJRT plugin ", path, " could not be loaded: ", ::dlerror());
+             "installs XLA's CPU plugin and libtpu)");
+  *library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!*library) fail("device", "the PJRT plugin ", path, " could not be loaded: ", ::dlerror());
   using GetApi = const PJRT_Api* (*)();
-  auto get = reinterpret_cast<GetApi>(::dlsym(library_, "GetPjrtApi"));
+  auto get = reinterpret_cast<GetApi>(::dlsym(*library, "GetPjrtApi"));
   KILN_CHECK(get != nullptr, "device", "the PJRT plugin ", path, " has no GetPjrtApi: it is not a PJRT plugin");
-  api_ = get();
-  KILN_CHECK(api_ != nullptr, "device", "the PJRT plugin ", path, " returned no API table");
-  const int major = api_->pjrt_api_version.major_version, minor = api_->pjrt_api_version.minor_version;
+  const PJRT_Api* api = get();
+  KILN_CHECK(api != nullptr, "device", "the PJRT plugin ", path, " returned no API table");
+  const int major = api->pjrt_api_version.major_version, minor = api->pjrt_api_version.minor_version;
   KILN_CHECK(major == PJRT_API_MAJOR, "device", "the PJRT plugin ", path, " serves PJRT C API ", major, ".", minor,
              ", kiln speaks ", PJRT_API_MAJOR, ".x");
   // A plugin older than the header has a shorter table: it must reach every function used here.
   const size_t needed = offsetof(PJRT_Api, PJRT_Buffer_CopyRawToHost) + sizeof(void*);
-  KILN_CHECK(api_->struct_size >= needed, "device", "the PJRT plugin ", path, " serves PJRT C API ", major, ".",
+  KILN_CHECK(api->struct_size >= needed, "device", "the PJRT plugin ", path, " serves PJRT C API ", major, ".",
              minor, ", too old: kiln needs the functions up to PJRT_Buffer_CopyRawToHost");
-  if (api_->PJRT_Plugin_Initialize) {
+  if (api->PJRT_Plugin_Initialize) {
     auto init = KILN_PJRT_ARGS(PJRT_Plugin_Initialize_Args);
-    check(api_->PJRT_Plugin_Initialize(&init), "starting the plugin");
+    if (PJRT_Error* e = api->PJRT_Plugin_Initialize(&init))
+      fail("pjrt", "starting the plugin failed in the plugin ", path, ": ", error_text(api, e));
   }
+  return api;
+}
+
+std::string compile_options(int replicas) {
+  KILN_CHECK(replicas >= 1 && replicas < 128, "pjrt", "a program for ", replicas, " replicas");
+  return std::string{0x1a, 0x04, 0x20, char(replicas), 0x28, 0x01};
+}
+
+std::string error_text(const PJRT_Api* api, PJRT_Error* error) {
+  auto msg = KILN_PJRT_ARGS(PJRT_Error_Message_Args);
+  msg.error = error;
+  api->PJRT_Error_Message(&msg);
+  std::string text(msg.message, msg.message_size);
+  auto destroy = KILN_PJRT_ARGS(PJRT_Error_Destroy_Args);
+  destroy.error = error;
+  api->PJRT_Error_Destroy(&destroy);
+  for (char& c : text)
+    if (c == '\n') c = ' ';
+  return text;
+}
+
+Client::Client(const std::string& path) : path_(path) {
+  api_ = open_plugin(path, &library_);
   auto create = KILN_PJRT_ARGS(PJRT_Client_Create_Args);
   check(api_->PJRT_Client_Create(&create), "creating a client");
   client_ = create.client;
@@ -72,18 +80,7 @@ Client::~Client() {
   // (device runtimes live for the process), so it is left to the process's end.
 }
 
-std::string Client::error_message(PJRT_Error* error) const {
-  auto msg = KILN_PJRT_ARGS(PJRT_Error_Message_Args);
-  msg.error = error;
-  api_->PJRT_Error_Message(&msg);
-  std::string text(msg.message, msg.message_size);
-  auto destroy = KILN_PJRT_ARGS(PJRT_Error_Destroy_Args);
-  destroy.error = error;
-  api_->PJRT_Error_Destroy(&destroy);
-  for (char& c : text)
-    if (c == '\n') c = ' ';
-  return text;
-}
+std::string Client::error_message(PJRT_Error* error) const { return error_text(api_, error); }
 
 void Client::check(PJRT_Error* error, const std::string& what) const {
   if (error) fail("pjrt", what, " failed in the plugin ", path_, ": ", error_message(error));
@@ -152,8 +149,9 @@ std::shared_ptr<Executable> Client::compile(const std::string& name, const std::
   auto a = KILN_PJRT_ARGS(PJRT_Client_Compile_Args);
   a.client = client_;
   a.program = &program;
-  a.compile_options = kCompileOptions;
-  a.compile_options_size = sizeof(kCompileOptions);
+  const std::string options = compile_options(1);
+  a.compile_options = options.data();
+  a.compile_options_size = options.size();
   if (PJRT_Error* e = api_->PJRT_Client_Compile(&a)) fail("pjrt", "compiling ", name, ": ", error_message(e));
   return adopt(a.executable, name);
 }

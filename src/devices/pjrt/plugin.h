@@ -26,6 +26,16 @@ using Event = std::shared_ptr<PJRT_Event>;
 
 struct Executable;
 
+// Loads the plugin at `path` (dlopen, GetPjrtApi, the API version checks, PJRT_Plugin_Initialize)
+// and returns its API table; `library` receives the handle, kept for the process. Throws
+// "[device] the PJRT plugin <path> ..." as Client does.
+const PJRT_Api* open_plugin(const std::string& path, void** library);
+// CompileOptionsProto{executable_build_options{num_replicas: replicas, num_partitions: 1}},
+// serialized: the same program on `replicas` devices. (Empty options abort inside XLA.)
+std::string compile_options(int replicas);
+// The text of `error` on one line; destroys it.
+std::string error_text(const PJRT_Api* api, PJRT_Error* error);
+
 class Client {
  public:
   // Loads the plugin at `path` and starts a client: throws "[device] the PJRT plugin <path> ..."

@@ -45,6 +45,23 @@ Value load(FunctionBuilder& b, const Value& bytes, const ByteView& view) {
   return strided_view(b, typed(b, window, count, view.dtype), -lo, view.shape, view.strides);
 }
 
+// Every node of `g` in order, into val (its inputs' values already there).
+void lower_nodes(FunctionBuilder& b, const Graph& g, std::vector<Value>& val, int replicas) {
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const GraphNode& node = g.nodes[n];
+    Value& out = val[size_t(g.value_of_node(int(n)))];
+    if (node.op == "view") {  // shape/strides/offset in elements of the viewed value's dense layout
+      const Value& base = val[size_t(node.args[0])];
+      out = strided_view(b, b.reshape(base, {base.numel()}), node.attrs.get_int("offset"), node.shape,
+                         node.attrs.get_ints("strides"));
+      continue;
+    }
+    std::vector<Value> in;
+    for (int a : node.args) in.push_back(val[size_t(a)]);
+    out = lower_op(b, node.op, node.attrs, in, node.shape, node.dtype, replicas);
+  }
+}
+
 }  // namespace
 
 std::string op_program(const OpProgramSpec& spec) {
@@ -70,22 +87,20 @@ std::string graph_program(const Graph& g, const std::vector<size_t>& arg_bytes, 
   for (size_t bytes : arg_bytes) args.push_back(bytes_arg(b, bytes));
   std::vector<Value> val(size_t(g.num_values()));
   for (int i = 0; i < g.num_inputs(); ++i) val[size_t(i)] = load(b, args[size_t(inputs[size_t(i)].arg)], inputs[size_t(i)]);
-  for (size_t n = 0; n < g.nodes.size(); ++n) {
-    const GraphNode& node = g.nodes[n];
-    Value& out = val[size_t(g.value_of_node(int(n)))];
-    if (node.op == "view") {  // shape/strides/offset in elements of the viewed value's dense layout
-      const Value& base = val[size_t(node.args[0])];
-      out = strided_view(b, b.reshape(base, {base.numel()}), node.attrs.get_int("offset"), node.shape,
-                         node.attrs.get_ints("strides"));
-      continue;
-    }
-    std::vector<Value> in;
-    for (int a : node.args) in.push_back(val[size_t(a)]);
-    out = lower_op(b, node.op, node.attrs, in, node.shape, node.dtype);
-  }
+  lower_nodes(b, g, val, 1);
   std::vector<Value> results;
   for (int v : g.outputs) results.push_back(to_bytes(b, val[size_t(v)], g.dtype_of(v)));
   return b.finish(results);
+}
+
+std::string typed_graph_program(const Graph& g, int replicas) {
+  FunctionBuilder b;
+  std::vector<Value> val(size_t(g.num_values()));
+  for (int i = 0; i < g.num_inputs(); ++i) val[size_t(i)] = b.arg(g.shape_of(i), element_type(g.dtype_of(i)));
+  lower_nodes(b, g, val, replicas);
+  std::vector<Value> results;
+  for (int v : g.outputs) results.push_back(val[size_t(v)]);
+  return b.finish_module(results, replicas);
 }
 
 std::string copy_program(size_t src_bytes, size_t src_offset, size_t dst_bytes, size_t dst_offset, size_t bytes) {

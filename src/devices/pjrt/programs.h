@@ -42,6 +42,12 @@ std::string op_program(const OpProgramSpec& spec);
 // graph output, its dense bytes.
 std::string graph_program(const Graph& g, const std::vector<size_t>& arg_bytes, const std::vector<ByteView>& inputs);
 
+// A whole graph for `replicas` devices at once, one per tensor-parallel rank (each runs it on its
+// own slices; the collectives join them), with one typed argument per graph input and one typed
+// result per output: what compiling ahead of time for another device's memory takes
+// (aot_target.h). Byte buffers would make XLA lay out every weight twice on a TPU.
+std::string typed_graph_program(const Graph& g, int replicas);
+
 // `bytes` bytes of argument 0 (`src_bytes` long) at `src_offset` written over argument 1
 // (`dst_bytes` long) at `dst_offset`: a copy within the device (argument 1 aliased to the result).
 std::string copy_program(size_t src_bytes, size_t src_offset, size_t dst_bytes, size_t dst_offset, size_t bytes);

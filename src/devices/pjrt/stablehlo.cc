@@ -105,6 +105,11 @@ std::string FunctionBuilder::finish(const std::vector<Value>& results, const std
   return os.str();
 }
 
+std::string FunctionBuilder::finish_module(const std::vector<Value>& results, int replicas) const {
+  return "module @kiln attributes {mhlo.num_replicas = " + std::to_string(replicas) +
+         " : i32, mhlo.num_partitions = 1 : i32} {\n" + finish(results) + "}\n";
+}
+
 Value FunctionBuilder::constant(double value, const std::string& elem) { return splat(value, {}, elem); }
 
 Value FunctionBuilder::splat(double value, const Shape& shape, const std::string& elem) {
@@ -283,6 +288,37 @@ Value FunctionBuilder::dynamic_update_slice(const Value& v, const Value& update,
   return emit("stablehlo.dynamic_update_slice " + v.id + ", " + update.id + ", " + at.id + " : (" + type_of(v) + ", " +
                   type_of(update) + ", " + type_of(at) + ") -> " + type_of(v),
               v.shape, v.elem);
+}
+
+}  // namespace kiln::pjrt
+
+namespace kiln::pjrt {
+
+namespace {
+std::string every_replica(int replicas) {
+  std::string ids;
+  for (int r = 0; r < replicas; ++r) ids += (r ? ", " : "") + std::to_string(r);
+  return "replica_groups = dense<[[" + ids + "]]> : tensor<1x" + std::to_string(replicas) + "xi64>";
+}
+}  // namespace
+
+Value FunctionBuilder::all_reduce_sum(const Value& v, int replicas) {
+  // The reduction region's arguments get names of their own: a region may not redefine a name
+  // its function already has.
+  const std::string a = "%r" + std::to_string(next_) + "a", c = "%r" + std::to_string(next_) + "b",
+                    s = "%r" + std::to_string(next_) + "s", scalar = tensor_type({}, v.elem);
+  return emit("\"stablehlo.all_reduce\"(" + v.id + ") ({\n  ^bb0(" + a + ": " + scalar + ", " + c + ": " + scalar +
+                  "):\n    " + s + " = stablehlo.add " + a + ", " + c + " : " + scalar + "\n    stablehlo.return " + s +
+                  " : " + scalar + "\n  }) {" + every_replica(replicas) + "} : (" + type_of(v) + ") -> " + type_of(v),
+              v.shape, v.elem);
+}
+
+Value FunctionBuilder::all_gather(const Value& v, int64_t dim, int replicas) {
+  Shape shape = v.shape;
+  shape[size_t(dim)] *= replicas;
+  return emit("\"stablehlo.all_gather\"(" + v.id + ") {all_gather_dim = " + std::to_string(dim) + " : i64, " +
+                  every_replica(replicas) + "} : (" + type_of(v) + ") -> " + tensor_type(shape, v.elem),
+              shape, v.elem);
 }
 
 }  // namespace kiln::pjrt

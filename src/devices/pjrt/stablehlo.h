@@ -35,6 +35,8 @@ class FunctionBuilder {
   // `tf.aliasing_output` per result that reuses a donated argument: `aliases[i]` = argument
   // index or -1).
   std::string finish(const std::vector<Value>& results, const std::vector<int>& aliases = {}) const;
+  // The same, in a module declaring `replicas` replicas (what a program with collectives runs on).
+  std::string finish_module(const std::vector<Value>& results, int replicas) const;
 
   Value constant(double value, const std::string& elem);  // a 0-d constant
   Value splat(double value, const Shape& shape, const std::string& elem);
@@ -70,6 +72,10 @@ class FunctionBuilder {
   // 1-D table, its elements at `indices`).
   Value take_rows(const Value& table, const Value& indices);
   Value dynamic_update_slice(const Value& v, const Value& update, int64_t offset);  // 1-D
+  // Collectives over one group of every replica 0..replicas-1 (the program's replica count):
+  // the elementwise sum of `v`, and every replica's `v` joined along `dim` in replica order.
+  Value all_reduce_sum(const Value& v, int replicas);
+  Value all_gather(const Value& v, int64_t dim, int replicas);
 
  private:
   Value emit(const std::string& rhs, const Shape& shape, const std::string& elem);

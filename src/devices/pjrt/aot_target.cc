@@ -1,0 +1,52 @@
+// AotTarget on a PJRT plugin's topology description (aot_compiler.h): graphs lowered with typed
+// arguments (programs.h) and compiled with PJRT_Compile.
+#include "devices/aot_target.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "core/error.h"
+#include "devices/pjrt/aot_compiler.h"
+#include "devices/pjrt/pjrt_runtime.h"
+#include "devices/pjrt/programs.h"
+
+namespace kiln::pjrt {
+
+namespace {
+
+class PjrtAotTarget final : public AotTarget {
+ public:
+  PjrtAotTarget(const std::string& plugin, const std::string& topology) : compiler_(plugin, topology) {}
+
+  std::string describe() const override {
+    char memory[32];
+    std::snprintf(memory, sizeof memory, "%.1f GiB", double(compiler_.device_memory_limit()) / double(1ull << 30));
+    return compiler_.platform_name() + " " + compiler_.topology() + ": " + std::to_string(compiler_.device_count()) +
+           " x " + compiler_.device_kind() + ", " + memory + " each";
+  }
+  int devices() const override { return compiler_.device_count(); }
+  int64_t memory_per_device() const override { return compiler_.device_memory_limit(); }
+
+  AotMemory compile(const std::string& name, const Graph& g, int replicas) const override {
+    const std::string text = program_text(g, replicas);
+    const auto t0 = std::chrono::steady_clock::now();
+    const CompiledMemory m = compiler_.compile(name, text, replicas);
+    AotMemory out{m.code, m.arguments, m.outputs, m.aliased, m.temporaries, 0};
+    out.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  }
+  std::string program_text(const Graph& g, int replicas) const override { return typed_graph_program(g, replicas); }
+
+ private:
+  AotCompiler compiler_;
+};
+
+}  // namespace
+
+std::unique_ptr<AotTarget> open_aot_target(DeviceType type, const std::string& topology) {
+  KILN_CHECK(type == DeviceType::tpu, "device", "compiling ahead of time is for --device tpu (a topology of TPU chips), not ",
+             Device{type, 0}.str());
+  return std::make_unique<PjrtAotTarget>(tpu_plugin_path(), topology);
+}
+
+}  // namespace kiln::pjrt
