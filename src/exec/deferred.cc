@@ -1,6 +1,7 @@
 #include "exec/deferred.h"
 
 #include "exec/capture.h"
+#include "exec/capture_observer.h"
 
 #include <chrono>
 #include <cstdio>
@@ -626,14 +627,30 @@ Captured capture(const std::string& what, const std::function<std::vector<Tensor
       throw;
     }
   }
+  Captured done;
   try {
-    return cap.finish_capture(outputs);
+    done = cap.finish_capture(outputs);
   } catch (...) {
     cap.abandon();
     throw;
   }
+  CaptureObserver::notify(what, done);
+  return done;
 }
 
 }  // namespace detail
+
+namespace {
+thread_local CaptureObserver* t_observer = nullptr;
+}  // namespace
+
+CaptureObserver::CaptureObserver(Callback callback) : callback_(std::move(callback)), previous_(t_observer) {
+  t_observer = this;
+}
+CaptureObserver::~CaptureObserver() { t_observer = previous_; }
+
+void CaptureObserver::notify(const std::string& what, const detail::Captured& captured) {
+  for (CaptureObserver* o = t_observer; o; o = o->previous_) o->callback_(what, captured);
+}
 
 }  // namespace kiln

@@ -265,10 +265,10 @@ Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
   return reshape(x, s);
 }
 Tensor all_reduce(const Tensor& x) { return dispatch("all_reduce", {x}); }
-Tensor all_gather(const Tensor& x, int64_t axis) {
+Tensor all_gather(const Tensor& x, int64_t axis) { return all_gather(x, axis, ProcessGroup::world()->size()); }
+Tensor all_gather(const Tensor& x, int64_t axis, int64_t world_size) {
   if (axis < 0) axis += x.rank();
-  return dispatch("all_gather", {x},
-                  Attrs{{"axis", axis}, {"world_size", int64_t(ProcessGroup::world()->size())}});
+  return dispatch("all_gather", {x}, Attrs{{"axis", axis}, {"world_size", world_size}});
 }
 
 Tensor contiguous(const Tensor& x) { return x.is_contiguous() ? x : dispatch("copy", {x}); }

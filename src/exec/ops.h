@@ -20,6 +20,8 @@ Tensor arange(double start, double end, double step = 1, DType dtype = DType::i6
 // ---- collectives over this process's world (distributed/process_group.h) ----
 Tensor all_reduce(const Tensor& x);                  // sum over all ranks (in f32, rounded to x's dtype)
 Tensor all_gather(const Tensor& x, int64_t axis);    // every rank's x joined along axis, rank order
+// The same over a group of `world_size` ranks (a sharded layer's plan; ProcessGroup::world()'s above).
+Tensor all_gather(const Tensor& x, int64_t axis, int64_t world_size);
 
 // ---- elementwise ----
 Tensor neg(const Tensor& x);

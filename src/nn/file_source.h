@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
+#include "nn/shapes_only_load.h"
 #include "nn/weight_source.h"
 
 namespace kiln::nn {
@@ -27,13 +30,23 @@ class FileSource : public WeightSource {
   std::optional<DType> stored_dtype(const std::string& key) const override { return reader_.info(key).dtype; }
   Tensor load(const std::string& key, DType dtype) const override {
     check_dtype(key, dtype);
-    Tensor t = reader_.load(key, dtype);
+    Tensor t = ShapesOnlyLoad::active() ? ShapesOnlyLoad::weight(shape(key), dtype) : reader_.load(key, dtype);
     mark_read(key);
     return t;
   }
   Tensor load_slice(const std::string& key, int dim, int64_t start, int64_t length, DType dtype) const override {
     check_dtype(key, dtype);
-    Tensor t = reader_.load_slice(key, dim, start, length, dtype);
+    Tensor t;
+    if (ShapesOnlyLoad::active()) {
+      Shape s = shape(key);
+      KILN_CHECK(dim >= 0 && size_t(dim) < s.size() && start >= 0 && length >= 0 && start + length <= s[size_t(dim)],
+                 "weights", describe(), ": '", key, "' ", to_string(s), " has no slice [", start, ", ",
+                 start + length, ") of dim ", dim);
+      s[size_t(dim)] = length;
+      t = ShapesOnlyLoad::weight(s, dtype);
+    } else {
+      t = reader_.load_slice(key, dim, start, length, dtype);
+    }
     mark_read(key);
     return t;
   }

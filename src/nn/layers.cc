@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "exec/host.h"
+#include "nn/shapes_only_load.h"
 
 namespace kiln::nn {
 
@@ -12,6 +13,11 @@ namespace {
 // 2-D (or 1-D) host tensors joined along `dim` into one host tensor (packed shards).
 Tensor join_host(const std::vector<Tensor>& parts, int dim) {
   if (parts.size() == 1) return parts[0];
+  if (ShapesOnlyLoad::active()) {
+    Shape joined = parts[0].shape();
+    for (size_t i = 1; i < parts.size(); ++i) joined[size_t(dim)] += parts[i].dim(dim);
+    return ShapesOnlyLoad::weight(joined, parts[0].dtype());
+  }
   const bool vec = parts[0].rank() == 1;
   const int64_t rows_each = vec ? 1 : parts[0].dim(0);
   int64_t rows = 0, cols = 0;
@@ -69,6 +75,7 @@ Linear::Linear(const Weights& w, int64_t in_features, int64_t out_features, bool
              ": a per-feature weight scale (scaled fp8) is not sharded; use a checkpoint with one scale per tensor");
   const bool by_rows = e->style == "colwise" || e->style == "packed_colwise" || e->style == "colwise_gather";
   parallel = e->style == "colwise_gather" ? Parallel::colwise_gather : by_rows ? Parallel::colwise : Parallel::rowwise;
+  world_size = ws;
   const int64_t size = by_rows ? out_features : in_features;
   const std::vector<int64_t> blocks = e->blocks.empty() ? std::vector<int64_t>{1} : e->blocks;
   int64_t total = 0;
@@ -113,7 +120,7 @@ Tensor Linear::operator()(const Tensor& x) const {
       const Tensor y = all_reduce(product(Tensor()));
       return bias.defined() ? y + bias : y;
     }
-    case Parallel::colwise_gather: return all_gather(product(bias), x.rank() - 1);
+    case Parallel::colwise_gather: return all_gather(product(bias), x.rank() - 1, world_size);
   }
   return Tensor();
 }

@@ -25,6 +25,7 @@ struct Linear {
   // weight_scale (scaled fp8 checkpoints) multiplies the product when defined.
   Tensor weight, bias, weight_scale;
   Parallel parallel = Parallel::none;
+  int64_t world_size = 1;    // the ranks its plan shards it over
   DType dtype = DType::f32;  // the dtype the layer computes in (its Weights' dtype)
 };
 

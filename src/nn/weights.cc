@@ -8,6 +8,7 @@
 #include "exec/host.h"
 #include "exec/residency.h"
 #include "nn/component_load.h"
+#include "nn/shapes_only_load.h"
 #include "nn/weight_quantization.h"
 
 namespace kiln::nn {
@@ -58,7 +59,10 @@ Tensor Weights::get_linear_weight(const std::string& name, const Shape& shape, T
   const std::string k = checked_key(name, shape);
   const DType load_as = linear_load_dtype(k);
   Tensor t;
-  if (quantize_ && is_floating(load_as) && shape[1] % dtype_block_elems(*quantize_) == 0) {
+  if (quantize_ && is_floating(load_as) && shape[1] % dtype_block_elems(*quantize_) == 0 && ShapesOnlyLoad::active()) {
+    t = ShapesOnlyLoad::weight(shape, *quantize_);
+    if (!is_block_quantized(*quantize_) && scale) *scale = from_vector({1.0f}, {}, dtype_);
+  } else if (quantize_ && is_floating(load_as) && shape[1] % dtype_block_elems(*quantize_) == 0) {
     // A panel of rows at a time, read (not mapped) from the checkpoint: the float weight is never
     // whole in memory, so quantizing a model takes its quantized size, not its float size too.
     const std::optional<DType> stored = source_->stored_dtype(k);
