@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "random_like.h"
 #include "core/error.h"
 #include "core/terminal.h"
 #include "models/random/flux1_random_folder.h"
@@ -103,11 +104,70 @@ void print_component(const rw::WrittenComponent& c, double seconds) {
 
 }  // namespace
 
+bool known_like(const std::string& like) {
+  return rw::parse_flux1_variant(like) || rw::parse_sd3_variant(like) || rw::parse_flux2_variant(like);
+}
+
+rw::RandomFolder write_random_like(const RandomLike& s, const rw::RandomFolderProgress& progress, std::string* what,
+                                   std::string* note) {
+  const std::optional<rw::Flux2Variant> flux2 = rw::parse_flux2_variant(s.like);
+  const std::filesystem::path bundled(KILN_BUNDLED_MODEL);
+  if (flux2) {
+    rw::Flux2RandomOptions o;
+    o.variant = *flux2;
+    if (s.blocks) std::tie(o.num_layers, o.num_single_layers) = parse_blocks(*s.blocks);
+    o.text_encoder_layers = s.text_encoder_layers;
+    o.dtype = s.dtype;
+    o.layout_only = s.layout_only;
+    o.seed = s.seed;
+    const rw::Flux2TransformerRandomConfig tc = rw::flux2_transformer_random_config(o);
+    const int64_t layers = rw::flux2_text_encoder_random_config(o).num_hidden_layers,
+                  needed = rw::flux2_text_encoder_layers_needed(o.variant);
+    *what = std::to_string(tc.num_layers) + "+" + std::to_string(tc.num_single_layers) + " transformer blocks, " +
+           std::to_string(layers) + " text encoder layers";
+    // Allowed (a shallow folder is what a quick benchmark wants), but the default call needs more.
+    if (layers < needed) {
+      const std::vector<int64_t> example{std::max<int64_t>(0, layers - 2), std::max<int64_t>(0, layers - 1), layers};
+      *note = "kiln: note: the pipeline's default text_encoder_out_layers (" +
+             join(rw::flux2_default_out_layers(o.variant)) + ") need " + std::to_string(needed) +
+             " text encoder layers; generate with three hidden-state indices of at most " + std::to_string(layers) +
+             ", e.g. --text-encoder-out-layers " + join(example) + "\n";
+    }
+    return rw::write_flux2_random_folder(s.dir, o, flux2_tokenizers(bundled, o.variant), progress);
+  } else if (const auto flux = rw::parse_flux1_variant(s.like)) {
+    rw::Flux1RandomOptions o;
+    o.variant = *flux;
+    if (s.blocks) std::tie(o.num_layers, o.num_single_layers) = parse_blocks(*s.blocks);
+    o.t5_layers = s.t5_layers.value_or(o.t5_layers);
+    o.dtype = s.dtype;
+    o.layout_only = s.layout_only;
+    o.seed = s.seed;
+    *what = std::to_string(o.num_layers) + "+" + std::to_string(o.num_single_layers) + " transformer blocks, " +
+           std::to_string(o.t5_layers) + " T5 layers";
+    return rw::write_flux1_random_folder(s.dir, o, bundled, progress);
+  } else {
+    rw::Sd3RandomOptions o;
+    o.variant = *rw::parse_sd3_variant(s.like);
+    if (s.blocks) o.num_layers = parse_sd3_blocks(*s.blocks, s.like);
+    o.t5_layers = s.t5_layers.value_or(o.t5_layers);
+    o.dtype = s.dtype;
+    o.layout_only = s.layout_only;
+    o.seed = s.seed;
+    *what = std::to_string(o.num_layers) + " transformer blocks";
+    if (o.variant == rw::Sd3Variant::sd35_medium)
+      *what += " (" + std::to_string(rw::sd3_dual_attention_layers(o.variant, o.num_layers).size()) +
+              " with dual attention)";
+    *what += ", " + std::to_string(o.t5_layers) + " T5 layers";
+    return rw::write_sd3_random_folder(s.dir, o, bundled, progress);
+  }
+}
+
 int make_random(const std::vector<std::string>& args) {
   std::optional<std::string> dir, like, blocks;
   std::optional<int64_t> t5_layers, text_encoder_layers;
   DType dtype = DType::bf16;
   uint64_t seed = 0;
+  bool layout_only = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (!flag.starts_with("--")) {
@@ -121,7 +181,7 @@ int make_random(const std::vector<std::string>& args) {
     };
     if (flag == "--like") {
       const std::string& v = value();
-      KILN_CHECK(rw::parse_flux1_variant(v) || rw::parse_sd3_variant(v) || rw::parse_flux2_variant(v), "cli",
+      KILN_CHECK(known_like(v), "cli",
                  "--like ", v,
                  ": expected flux1-schnell or flux1-dev (FLUX.1), sd3-medium or sd3.5-medium (Stable Diffusion 3), "
                  "flux2-dev, flux2-klein-4b or flux2-klein-9b (FLUX.2)");
@@ -142,6 +202,8 @@ int make_random(const std::vector<std::string>& args) {
                  rw::kMaxRandomLayers, " (FLUX.2-dev's has 40), got ", *text_encoder_layers);
     } else if (flag == "--dtype") {
       dtype = parse_weights_dtype(value());
+    } else if (flag == "--layout-only") {
+      layout_only = true;
     } else if (flag == "--seed") {
       const int64_t s = parse_int(flag, value());
       KILN_CHECK(s >= 0, "cli", "--seed must be >= 0, got ", s);
@@ -173,53 +235,8 @@ int make_random(const std::vector<std::string>& args) {
     std::fflush(stdout);
   };
   progress.written = print_component;
-  rw::RandomFolder folder;
-  const std::filesystem::path bundled(KILN_BUNDLED_MODEL);
-  if (flux2) {
-    rw::Flux2RandomOptions o;
-    o.variant = *flux2;
-    if (blocks) std::tie(o.num_layers, o.num_single_layers) = parse_blocks(*blocks);
-    o.text_encoder_layers = text_encoder_layers;
-    o.dtype = dtype;
-    o.seed = seed;
-    const rw::Flux2TransformerRandomConfig tc = rw::flux2_transformer_random_config(o);
-    const int64_t layers = rw::flux2_text_encoder_random_config(o).num_hidden_layers,
-                  needed = rw::flux2_text_encoder_layers_needed(o.variant);
-    what = std::to_string(tc.num_layers) + "+" + std::to_string(tc.num_single_layers) + " transformer blocks, " +
-           std::to_string(layers) + " text encoder layers";
-    // Allowed (a shallow folder is what a quick benchmark wants), but the default call needs more.
-    if (layers < needed) {
-      const std::vector<int64_t> example{std::max<int64_t>(0, layers - 2), std::max<int64_t>(0, layers - 1), layers};
-      note = "kiln: note: the pipeline's default text_encoder_out_layers (" +
-             join(rw::flux2_default_out_layers(o.variant)) + ") need " + std::to_string(needed) +
-             " text encoder layers; generate with three hidden-state indices of at most " + std::to_string(layers) +
-             ", e.g. --text-encoder-out-layers " + join(example) + "\n";
-    }
-    folder = rw::write_flux2_random_folder(*dir, o, flux2_tokenizers(bundled, o.variant), progress);
-  } else if (const auto flux = rw::parse_flux1_variant(*like)) {
-    rw::Flux1RandomOptions o;
-    o.variant = *flux;
-    if (blocks) std::tie(o.num_layers, o.num_single_layers) = parse_blocks(*blocks);
-    o.t5_layers = t5_layers.value_or(o.t5_layers);
-    o.dtype = dtype;
-    o.seed = seed;
-    what = std::to_string(o.num_layers) + "+" + std::to_string(o.num_single_layers) + " transformer blocks, " +
-           std::to_string(o.t5_layers) + " T5 layers";
-    folder = rw::write_flux1_random_folder(*dir, o, bundled, progress);
-  } else {
-    rw::Sd3RandomOptions o;
-    o.variant = *rw::parse_sd3_variant(*like);
-    if (blocks) o.num_layers = parse_sd3_blocks(*blocks, *like);
-    o.t5_layers = t5_layers.value_or(o.t5_layers);
-    o.dtype = dtype;
-    o.seed = seed;
-    what = std::to_string(o.num_layers) + " transformer blocks";
-    if (o.variant == rw::Sd3Variant::sd35_medium)
-      what += " (" + std::to_string(rw::sd3_dual_attention_layers(o.variant, o.num_layers).size()) +
-              " with dual attention)";
-    what += ", " + std::to_string(o.t5_layers) + " T5 layers";
-    folder = rw::write_sd3_random_folder(*dir, o, bundled, progress);
-  }
+  RandomLike spec{*dir, *like, blocks, t5_layers, text_encoder_layers, dtype, seed, layout_only};
+  const rw::RandomFolder folder = write_random_like(spec, progress, &what, &note);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t tensors = 0;
   for (const rw::WrittenComponent& c : folder.components) tensors += c.tensors;

@@ -47,7 +47,6 @@ std::string build_header(const fs::path& path, const std::vector<StreamedTensor>
                 "; streamed tensors are f32, bf16, f16, i32 or i64");
     for (int64_t d : t.shape)
       if (d < 0) file_fail(path, "tensor '", t.name, "' has a negative dimension in ", to_string(t.shape));
-    if (!t.fill && t.nbytes() > 0) file_fail(path, "tensor '", t.name, "' has no fill function");
     header.add(t.name, t.dtype, t.shape, t.nbytes());
   }
   return header.text();
@@ -115,6 +114,13 @@ class TempFile {
     }
   }
 
+  // Leaves `bytes` unwritten (a hole) at the end of the file.
+  void skip(size_t bytes) const {
+    const off_t end = ::lseek(fd_, 0, SEEK_END);
+    if (end < 0 || ::ftruncate(fd_, end + off_t(bytes)) != 0 || ::lseek(fd_, 0, SEEK_END) < 0)
+      file_fail(target_, "cannot extend the file: ", errno_text(errno));
+  }
+
   void commit() {
     if (::fsync(fd_) != 0) file_fail(target_, "fsync failed: ", errno_text(errno));
     const int fd = std::exchange(fd_, -1);
@@ -175,6 +181,12 @@ uint64_t write_safetensors_streamed(const fs::path& path, const std::vector<Stre
     BackgroundWriter writer(file);
     int current = 0;
     for (const StreamedTensor& t : tensors) {
+      if (!t.fill) {
+        writer.wait();
+        file.skip(t.nbytes());
+        bytes += t.nbytes();
+        continue;
+      }
       const int64_t n = numel(t.shape), chunk = kChunkBytes / int64_t(dtype_size(t.dtype));
       for (int64_t begin = 0; begin < n; begin += chunk) {
         const int64_t count = std::min(chunk, n - begin);

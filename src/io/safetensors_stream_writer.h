@@ -29,6 +29,8 @@ struct StreamedTensor {
   // Writes elements [begin, begin + count) of the row-major tensor to `dst` as f32. Called from
   // several threads at once, on disjoint ranges, in no particular order: it must depend on
   // nothing but its arguments for the file to be the same whatever the thread count.
+  // Null: the tensor's bytes are a hole in the file (reading as zeros, taking no disk space): a
+  // layout-only checkpoint, whose shapes are all that is wanted (kiln plan).
   std::function<void(int64_t begin, int64_t count, float* dst)> fill;
 
   uint64_t nbytes() const { return uint64_t(numel(shape)) * dtype_size(dtype); }

@@ -71,6 +71,7 @@ Flux1RandomFolder write_flux1_random_folder(const fs::path& dir, const Flux1Rand
   contents.components = flux1_random_components(options);
   contents.dtype = options.dtype;
   contents.seed = options.seed;
+  contents.layout_only = options.layout_only;
   contents.copied_folders = {{tokenizers_from / "tokenizer", "tokenizer"},
                              {tokenizers_from / "tokenizer_2", "tokenizer_2"}};
   contents.text_files = {{"model_index.json", flux1_model_index().dump(2) + "\n"},

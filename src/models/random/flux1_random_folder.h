@@ -30,6 +30,7 @@ struct Flux1RandomOptions {
   int64_t t5_layers = 24;
   DType dtype = DType::bf16;
   uint64_t seed = 0;
+  bool layout_only = false;  // RandomFolderContents::layout_only
 };
 
 // The weight components in the order they are written: text_encoder, text_encoder_2,

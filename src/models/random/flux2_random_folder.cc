@@ -97,6 +97,7 @@ RandomFolderContents flux2_random_contents(const Flux2RandomOptions& options, co
   contents.components = flux2_random_components(options);
   contents.dtype = options.dtype;
   contents.seed = options.seed;
+  contents.layout_only = options.layout_only;
   contents.copied_folders = {{tokenizers_from / "tokenizer", "tokenizer"}};
   contents.text_files = {{"model_index.json", flux2_model_index(options.variant).dump(2) + "\n"},
                          {"scheduler/scheduler_config.json", flux2_scheduler_config(options.variant).dump(2) + "\n"}};

@@ -44,6 +44,7 @@ struct Flux2RandomOptions {
   std::optional<int64_t> text_encoder_layers;
   DType dtype = DType::bf16;
   uint64_t seed = 0;
+  bool layout_only = false;  // RandomFolderContents::layout_only
 };
 
 // The variant's architectures with the options' depths.

@@ -57,14 +57,16 @@ const char* torch_dtype_name(DType dtype) {
   }
 }
 
-std::vector<io::StreamedTensor> streamed_tensors(const RandomComponent& c, DType dtype, uint64_t seed) {
+std::vector<io::StreamedTensor> streamed_tensors(const RandomComponent& c, DType dtype, uint64_t seed,
+                                                 bool layout_only) {
   std::vector<io::StreamedTensor> out;
   out.reserve(c.tensors.size());
   for (const RandomTensor& t : c.tensors) {
     const uint64_t key = tensor_key(seed, c.folder + "/" + t.name);
     const Init init = t.init;
-    out.push_back({t.name, t.dtype.value_or(dtype), t.shape,
-                   [key, init](int64_t begin, int64_t count, float* dst) { fill(init, key, begin, count, dst); }});
+    out.push_back({t.name, t.dtype.value_or(dtype), t.shape, nullptr});
+    if (!layout_only)
+      out.back().fill = [key, init](int64_t begin, int64_t count, float* dst) { fill(init, key, begin, count, dst); };
   }
   return out;
 }
@@ -78,7 +80,8 @@ WrittenComponent plan_random_component(const RandomComponent& c, DType dtype) {
   return out;
 }
 
-WrittenComponent write_random_component(const fs::path& dir, const RandomComponent& c, DType dtype, uint64_t seed) {
+WrittenComponent write_random_component(const fs::path& dir, const RandomComponent& c, DType dtype, uint64_t seed,
+                                        bool layout_only) {
   const fs::path folder = dir / c.folder;
   std::error_code ec;
   fs::create_directories(folder, ec);
@@ -86,7 +89,7 @@ WrittenComponent write_random_component(const fs::path& dir, const RandomCompone
   const std::string text = config_text(c.config);
   io::write_output_atomically("make-random", folder / "config.json",
                               [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
-  const io::WrittenCheckpoint w = io::write_sharded_checkpoint(folder, c.weights_base, streamed_tensors(c, dtype, seed),
+  const io::WrittenCheckpoint w = io::write_sharded_checkpoint(folder, c.weights_base, streamed_tensors(c, dtype, seed, layout_only),
                                                                c.max_shard_bytes, kMetadata);
   WrittenComponent out{c.folder, int64_t(c.tensors.size()), c.parameters(), text.size() + w.file_bytes,
                        {"config.json"}};

@@ -72,8 +72,10 @@ class TensorList {
 // torch_dtype as transformers writes it into config.json ("bfloat16", "float16", "float32").
 const char* torch_dtype_name(DType dtype);
 
-// The tensors of `c` in `dtype` (or their own), each drawing its values from tensor_key(seed, folder/name).
-std::vector<io::StreamedTensor> streamed_tensors(const RandomComponent& c, DType dtype, uint64_t seed);
+// The tensors of `c` in `dtype` (or their own), each drawing its values from tensor_key(seed, folder/name);
+// with `layout_only`, none has values (holes in the file: io::StreamedTensor::fill).
+std::vector<io::StreamedTensor> streamed_tensors(const RandomComponent& c, DType dtype, uint64_t seed,
+                                                 bool layout_only = false);
 
 struct WrittenComponent {
   std::string folder;
@@ -88,6 +90,6 @@ WrittenComponent plan_random_component(const RandomComponent& c, DType dtype);
 // Writes DIR/FOLDER/config.json and the weights (sharded at c.max_shard_bytes) in `dtype`.
 // DIR/FOLDER is created; it should be new (see safetensors_shards.h on errors).
 WrittenComponent write_random_component(const std::filesystem::path& dir, const RandomComponent& c, DType dtype,
-                                        uint64_t seed);
+                                        uint64_t seed, bool layout_only = false);
 
 }  // namespace kiln::random_weights

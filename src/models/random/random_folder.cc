@@ -268,7 +268,8 @@ RandomFolder write_random_folder(const fs::path& dir, const RandomFolderContents
   // so that even an absurd block count is refused at once.
   uint64_t needed = 1 << 20;  // configs, model_index.json, the scheduler config, shard indexes
   for (const RandomComponent& c : contents.components)
-    needed += uint64_t(c.parameters()) * dtype_size(contents.dtype) + 1024 * c.tensors.size();
+    needed += (contents.layout_only ? 0 : uint64_t(c.parameters()) * dtype_size(contents.dtype)) +
+              1024 * c.tensors.size();
   for (const auto& [from, to] : contents.copied_folders) needed += tree_bytes(from);
   for (const auto& [path, text] : contents.text_files) needed += text.size();
 
@@ -303,7 +304,7 @@ RandomFolder write_random_folder(const fs::path& dir, const RandomFolderContents
     for (const RandomComponent& c : contents.components) {
       if (progress.starting) progress.starting(plan_random_component(c, contents.dtype));
       const auto t0 = std::chrono::steady_clock::now();
-      done.components.push_back(write_random_component(temp, c, contents.dtype, contents.seed));
+      done.components.push_back(write_random_component(temp, c, contents.dtype, contents.seed, contents.layout_only));
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (progress.written) progress.written(done.components.back(), seconds);
     }

@@ -26,6 +26,9 @@ struct RandomFolderContents {
   std::vector<RandomComponent> components;
   DType dtype = DType::bf16;
   uint64_t seed = 0;
+  // Every tensor's bytes left as a hole (reading as zeros, no disk space): a folder that only
+  // has the model's layout, for loading without reading weights (kiln plan --like).
+  bool layout_only = false;
   // Folders copied file by file: {source folder, destination relative to DIR}. A missing source
   // is an error that says make-random copies the bundled checkpoint's tokenizers.
   std::vector<std::pair<std::filesystem::path, std::string>> copied_folders;

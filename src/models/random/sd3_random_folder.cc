@@ -104,6 +104,7 @@ RandomFolder write_sd3_random_folder(const fs::path& dir, const Sd3RandomOptions
   contents.components = sd3_random_components(options);
   contents.dtype = options.dtype;
   contents.seed = options.seed;
+  contents.layout_only = options.layout_only;
   contents.copied_folders = {{tokenizers_from / "tokenizer", "tokenizer"},
                              {tokenizers_from / "tokenizer", "tokenizer_2"},
                              {tokenizers_from / "tokenizer_2", "tokenizer_3"}};
