@@ -1,13 +1,18 @@
-// Starting a kiln process with its stderr in a log file (the server tests and bench_serve).
+// Starting a kiln process with its stderr in a log file (the server tests and bench_serve), or
+// running a command to its end with its output.
 #pragma once
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -33,6 +38,16 @@ inline pid_t spawn_logged(std::vector<std::string> argv, const std::filesystem::
   if (posix_spawnp(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ) != 0) pid = -1;
   posix_spawn_file_actions_destroy(&actions);
   return pid;
+}
+
+// Runs `cmd` in a shell to its end: its exit code and its stdout and stderr together.
+inline std::pair<int, std::string> run_command(const std::string& cmd) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buf{};
+  while (p && std::fgets(buf.data(), int(buf.size()), p)) output += buf.data();
+  const int status = p ? ::pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
 }  // namespace kiln::test

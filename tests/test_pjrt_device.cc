@@ -3,9 +3,6 @@
 // program each, FLUX.1's Diffusers golden in the three modes, and model offload across the
 // device's own address space. (The op harness and the goldens of every pipeline also run on
 // pjrt:0: tests/CMakeLists.txt, label pjrt.)
-#include <sys/wait.h>
-
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +21,7 @@
 #include "call_args.h"
 #include "golden.h"
 #include "pipelines/flux_pipeline.h"
+#include "spawn_util.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -236,14 +234,7 @@ TEST_F(PjrtFlux, ModelOffloadCrossesTheAddressSpaceWithinTheLargestComponent) {
   runtime(kPjrt).set_memory_capacity(0);
 }
 
-std::pair<int, std::string> run_command(const std::string& cmd) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buf{};
-  while (p && std::fgets(buf.data(), int(buf.size()), p)) output += buf.data();
-  const int status = p ? ::pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+using test::run_command;
 
 // What a user runs: the bundled checkpoint on pjrt from the seed gives Diffusers' image.
 TEST(PjrtCli, GenerateOnPjrtGivesDiffusersImage) {

@@ -29,6 +29,7 @@ int generate(const std::vector<std::string>& args);
 int warmup(const std::vector<std::string>& args);
 int compare(const std::vector<std::string>& args);
 int make_random(const std::vector<std::string>& args);  // make_random.cc
+int plan(const std::vector<std::string>& args);         // plan.cc
 int convert(const std::vector<std::string>& args);      // convert.cc
 
 // Shared by generate and warmup (generate.cc).

@@ -171,6 +171,33 @@ const std::vector<CommandDoc>& commands() {
             "(dev) / 27 (klein): with fewer, pass three indices of at most N (e.g. 1,2,3 for N = 3)"},
            {"--dtype", "bf16|f16|f32", "bf16", "the stored dtype of every weight"},
            {"--seed", "S", "0", "the weights' seed: the same seed writes the same bytes"},
+           {"--layout-only", "", "off", "write no values: every tensor is a hole in its file (no disk space, reads "
+                                         "as zeros), a folder only for kiln plan --model"},
+           {"--help", "", "", "this text"},
+       }},
+      {"plan",
+       "The memory a pipeline call needs on a device, without running it or reading any weight: per component, "
+       "with every component on the device and with model offload, and whether that fits. --device tpu compiles "
+       "every component ahead of time with libtpu for a TPU topology (no TPU needed) and reports XLA's own "
+       "figures (arguments, outputs, temporaries, code per device). Exits 1, naming the flag that would fit, when "
+       "the chosen placement does not fit.",
+       {
+           {"--model", "DIR", "", "a Diffusers folder (its weights are never read)"},
+           {"--like", "flux1-schnell|flux1-dev|sd3-medium|sd3.5-medium|flux2-dev|flux2-klein-4b|flux2-klein-9b", "",
+            "a configuration make-random knows, planned from a layout-only folder (no weights needed)"},
+           {"--height", "H", "the pipeline's default (1024)", "image height"},
+           {"--width", "W", "the pipeline's default (1024)", "image width"},
+           {"--max-sequence-length", "N", "the pipeline's default", "text tokens"},
+           {"--dtype", "auto|bf16|f16|f32[,COMPONENT=DTYPE...]", "bf16", "as generate's --dtype"},
+           {"--quantize", "TYPE|COMPONENT=TYPE,...", "none", "as generate's --quantize (local devices only)"},
+           {"--offload", "none|model", "none", "the placement whose fit decides the exit code (both are printed)"},
+           {"--tp", "N", "1", "tensor parallelism over N devices: each holds its slices, collectives in the programs"},
+           {"--device", "cpu|pjrt|cuda:N|tpu", "cpu", "the device to plan for"},
+           {"--topology", "GENERATION:SHAPE", "", "with --device tpu: the chips (v6e:1x1, v6e:2x2, v6e:2x4, v5e:2x2, "
+                                                  "v5p:2x2x1, ...)"},
+           {"--report", "FILE", "", "the plan as JSON (fits, per component bytes, per program bytes, compile seconds)"},
+           {"--dump", "DIR", "", "with --device tpu: the StableHLO of every component's program, COMPONENT.mlir"},
+           {"--device-memory", "SIZE", "the device's", "a local device's capacity to plan against (6GiB, 512MiB)"},
            {"--help", "", "", "this text"},
        }},
       {"compare",

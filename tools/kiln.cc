@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
     if (command == "warmup") return kiln::cli::warmup(args);
     if (command == "compare") return kiln::cli::compare(args);
     if (command == "make-random") return kiln::cli::make_random(args);
+    if (command == "plan") return kiln::cli::plan(args);
     if (command == "convert") return kiln::cli::convert(args);
     if (command == "serve") return kiln::cli::serve(args);
     kiln::print_line(stderr, "kiln: unknown command '%s' (see kiln --help)", command.c_str());
