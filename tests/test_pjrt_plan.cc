@@ -39,9 +39,10 @@ TEST(TpuPlan, TensorParallelFluxOverTwoV6eChips) {
   const test::ScopedTempDir dir("tpu_plan");
   const fs::path report = dir.path() / "tp2.json", programs = dir.path() / "programs",
                  single = dir.path() / "tp1.json";
-  const auto [code, output] = run_command(std::string(KILN_CLI_PATH) + " plan --model " + kTiny +
-                                          " --device tpu --topology v6e:2x2 --tp 2 --report " + report.string() +
-                                          " --dump " + programs.string());
+  const std::string cache = "KILN_CACHE_DIR=" + (dir.path() / "cache").string() + " ";
+  const std::string tpu_plan = cache + KILN_CLI_PATH + " plan --model " + kTiny + " --device tpu --topology v6e:2x2 --tp 2";
+  const auto [code, output] =
+      run_command(tpu_plan + " --report " + report.string() + " --dump " + programs.string());
   ASSERT_EQ(code, 0) << output;
   const auto [local, local_output] =
       run_command(std::string(KILN_CLI_PATH) + " plan --model " + kTiny + " --report " + single.string());
@@ -69,6 +70,18 @@ TEST(TpuPlan, TensorParallelFluxOverTwoV6eChips) {
     EXPECT_EQ(c["weights_bytes"], component(one, name)["weights_bytes"]) << name;
     EXPECT_GT(c["program"]["total_bytes"].get<int64_t>(), 0) << name;
   }
+
+  EXPECT_EQ(p["programs_compiled"], 4);
+  EXPECT_EQ(p["programs_from_cache"], 0);
+
+  // Planned again, every program's figures come from the on-disk cache: nothing compiles.
+  const fs::path again = dir.path() / "again.json";
+  const auto [code2, output2] = run_command(tpu_plan + " --report " + again.string());
+  ASSERT_EQ(code2, 0) << output2;
+  const nlohmann::json q = read_json(again);
+  EXPECT_EQ(q["programs_compiled"], 0);
+  EXPECT_EQ(q["programs_from_cache"], 4);
+  EXPECT_EQ(component(q, "transformer")["program"]["total_bytes"], t["program"]["total_bytes"]);
 
   std::ifstream in(programs / "transformer.mlir");
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

@@ -216,6 +216,7 @@ int plan(const std::vector<std::string>& args) {
 
   std::vector<ComponentPlan> components;
   double compile_seconds = 0;
+  int compiled = 0, from_cache = 0;
   for (size_t i = 0; i < e.components.size(); ++i) {
     ComponentPlan c;
     c.name = e.components[i].name;
@@ -235,6 +236,7 @@ int plan(const std::vector<std::string>& args) {
                  c.replicas, c.replicas == 1 ? "" : "s");
       c.program = target->compile(c.name, g, c.replicas);
       compile_seconds += c.program->compile_seconds;
+      ++(c.program->from_cache ? from_cache : compiled);
     }
     components.push_back(c);
   }
@@ -270,9 +272,11 @@ int plan(const std::vector<std::string>& args) {
       std::string coll;
       for (const auto& [op, n] : c.collectives) coll += (coll.empty() ? "" : ", ") + std::to_string(n) + " " + op;
       const AotMemory& m = *c.program;
-      std::printf("  %-16s %12s %12s %12s %12s %12s %10s %8.1fs  %s\n", c.name.c_str(), gib(c.weights).c_str(),
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, m.from_cache ? "cached" : "%.1fs", m.compile_seconds);
+      std::printf("  %-16s %12s %12s %12s %12s %12s %10s %9s  %s\n", c.name.c_str(), gib(c.weights).c_str(),
                   gib(m.arguments).c_str(), gib(m.outputs - m.aliased).c_str(), gib(m.temporaries).c_str(),
-                  gib(m.code).c_str(), gib(m.total()).c_str(), m.compile_seconds, coll.empty() ? "-" : coll.c_str());
+                  gib(m.code).c_str(), gib(m.total()).c_str(), seconds, coll.empty() ? "-" : coll.c_str());
     } else {
       std::printf("  %-16s %12s %12s %12s\n", c.name.c_str(), gib(c.weights).c_str(), gib(c.activations).c_str(),
                   gib(c.running()).c_str());
@@ -296,6 +300,7 @@ int plan(const std::vector<std::string>& args) {
         j["program"] = {{"replicas", c.replicas},         {"argument_bytes", m.arguments}, {"output_bytes", m.outputs},
                         {"alias_bytes", m.aliased},       {"temp_bytes", m.temporaries},  {"code_bytes", m.code},
                         {"total_bytes", m.total()},       {"compile_seconds", m.compile_seconds},
+                        {"from_cache", m.from_cache},
                         {"collectives", c.collectives}};
       }
       comps.push_back(j);
@@ -321,6 +326,8 @@ int plan(const std::vector<std::string>& args) {
         {"required_bytes", chosen.required},
         {"fits", chosen.fits},
         {"compile_seconds", compile_seconds},
+        {"programs_compiled", compiled},
+        {"programs_from_cache", from_cache},
         {"checkpoint_bytes_read", io::bytes_read()}};
     const std::string text = report.dump(2) + "\n";
     io::write_output_atomically("plan", f.report, [&](std::FILE* out) { std::fwrite(text.data(), 1, text.size(), out); });
@@ -328,14 +335,18 @@ int plan(const std::vector<std::string>& args) {
 
   if (!chosen.fits) {
     std::string fix;
-    if (f.offload == "none" && offloaded.fits)
+    if (f.tp == 1 && f.offload == "none" && offloaded.fits) {
       fix = "--offload model fits (" + gib(offloaded.required) + ")";
-    else {
-      // Sharding divides the weights (what dominates); activations and replicated parts do not.
-      int64_t n = f.tp;
-      while (n < 64 && all_weights * f.tp / n + (chosen.required - all_weights) > capacity) n *= 2;
-      fix = "try --tp " + std::to_string(n) + " on a topology of at least " + std::to_string(n) +
-            " devices (the weights alone need " + gib(all_weights * f.tp) + " unsharded), or --quantize";
+    } else {
+      // More ranks divide the weights, which dominate (the replicated parts and the activations
+      // are taken as they are: an estimate, which a plan at that degree then states exactly).
+      int64_t n = f.tp * 2;
+      const auto at = [&](int64_t ranks) { return all_weights * f.tp / ranks + (chosen.required - all_weights); };
+      while (n < 64 && at(n) > capacity) n *= 2;
+      fix = "about --tp " + std::to_string(n) + " (" + gib(at(n)) + " per device with the weights split " +
+            std::to_string(n) + " ways); plan it with --tp " + std::to_string(n) +
+            (tpu ? " and a topology of at least " + std::to_string(n) + " chips" : std::string()) +
+            (tpu ? "" : ", or --quantize");
     }
     fail("plan", pipe->class_name(), " at ", height, "x", width, " with offload ", f.offload, ", tp ", f.tp, " needs ",
          gib(chosen.required), " per device but ", where, " has ", cap, ": ", fix);

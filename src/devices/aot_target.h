@@ -17,7 +17,8 @@ struct Graph;
 // What a compiled program holds in device memory while it runs (XLA's compiled memory stats).
 struct AotMemory {
   int64_t code = 0, arguments = 0, outputs = 0, aliased = 0, temporaries = 0;
-  double compile_seconds = 0;
+  double compile_seconds = 0;  // of the compile that measured it
+  bool from_cache = false;      // read back from the on-disk cache (that compile was another process's)
   // Arguments and outputs, less the output bytes that reuse arguments, plus temporaries and code.
   int64_t total() const { return code + arguments + outputs - aliased + temporaries; }
 };

@@ -3,7 +3,6 @@
 #include <atomic>
 
 #include "core/error.h"
-#include "exec/capture.h"
 
 namespace kiln::nn {
 
@@ -16,8 +15,8 @@ ShapesOnlyLoad::~ShapesOnlyLoad() { g_active.fetch_sub(1); }
 bool ShapesOnlyLoad::active() { return g_active.load() > 0; }
 
 Tensor ShapesOnlyLoad::weight(const Shape& shape, DType dtype) {
-  if (!is_storage_only(dtype)) return placeholder_tensor(shape, dtype);
-  // Quantized storage: its blocks' bytes, reserved the same way.
+  // Reserved pages read as zeros: a loader that looks at a value (a VAE folding its batch norm's
+  // running statistics) sees a well-formed one, and nothing is committed however large.
   const size_t bytes = storage_bytes(dtype, numel(shape));
   BufferPtr reserved = host_reserve(bytes);
   KILN_CHECK(reserved != nullptr, "memory", "a weight of shape ", to_string(shape), " (", bytes,

@@ -1,7 +1,7 @@
 // Loading a model for its shapes alone. While a ShapesOnlyLoad is alive, every weight a
 // checkpoint gives (whole, sliced for tensor parallelism, converted, quantized at load, joined
-// from shards) is a placeholder of its shape and dtype (exec/capture.h: address space, never read
-// or committed): nothing of the checkpoint's data is read. A model built so traces like the real
+// from shards) is reserved address space of its shape and dtype, reading as zeros and never
+// committed: nothing of the checkpoint's data is read. A model built so traces like the real
 // one, which is all a memory plan needs (kiln plan): a 64 GB transformer plans on a machine with
 // 24 GB, from a real checkpoint or a layout-only folder (make-random --layout-only).
 #pragma once

@@ -4,9 +4,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "devices/pjrt/aot_compiler.h"
+#include "devices/pjrt/disk_cache.h"
 #include "devices/pjrt/pjrt_runtime.h"
 #include "devices/pjrt/programs.h"
 
@@ -27,12 +32,32 @@ class PjrtAotTarget final : public AotTarget {
   int devices() const override { return compiler_.device_count(); }
   int64_t memory_per_device() const override { return compiler_.device_memory_limit(); }
 
+  // A program compiled before for this topology and plugin build has its figures on disk: the
+  // same call planned again (another --tp, another placement) compiles only what changed.
   AotMemory compile(const std::string& name, const Graph& g, int replicas) const override {
     const std::string text = program_text(g, replicas);
+    const std::filesystem::path file =
+        cache_file("aot", text, compiler_.topology() + " " + compiler_.platform_version(), ".json");
+    if (const std::optional<std::string> cached = read_cache_file(file)) {
+      try {
+        const nlohmann::json j = nlohmann::json::parse(*cached);
+        return AotMemory{j.at("code"), j.at("arguments"), j.at("outputs"), j.at("aliased"), j.at("temporaries"),
+                         j.at("compile_seconds"), true};
+      } catch (const std::exception&) {
+        // damaged: compiled again and rewritten
+      }
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const CompiledMemory m = compiler_.compile(name, text, replicas);
-    AotMemory out{m.code, m.arguments, m.outputs, m.aliased, m.temporaries, 0};
+    AotMemory out{m.code, m.arguments, m.outputs, m.aliased, m.temporaries, 0, false};
     out.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    store_cache_file(file, nlohmann::json{{"code", out.code},
+                                          {"arguments", out.arguments},
+                                          {"outputs", out.outputs},
+                                          {"aliased", out.aliased},
+                                          {"temporaries", out.temporaries},
+                                          {"compile_seconds", out.compile_seconds}}
+                               .dump());
     return out;
   }
   std::string program_text(const Graph& g, int replicas) const override { return typed_graph_program(g, replicas); }

@@ -18,7 +18,6 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -26,13 +25,11 @@
 #include <unordered_map>
 #include <utility>
 
-#include <unistd.h>
-
-#include "core/cache_dir.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "devices/copy_check.h"
+#include "devices/pjrt/disk_cache.h"
 #include "devices/pjrt/lower_ops.h"
 #include "devices/pjrt/plugin.h"
 #include "devices/pjrt/programs.h"
@@ -52,17 +49,6 @@ namespace {
 constexpr uintptr_t kAddressBase = uintptr_t(1) << 46;
 constexpr size_t kAddressAlign = 256;
 constexpr size_t kMaxOps = 128;
-
-uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-std::string hex(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 const std::vector<std::string>& ops_by_index() {
   static const std::vector<std::string> names = [] {
@@ -452,40 +438,22 @@ class PjrtRuntime final : public DeviceRuntime {
     }
     const std::string text = mlir();
     std::shared_ptr<Executable> exe;
-    const std::filesystem::path dir = cache_dir();
-    std::filesystem::path file;
-    if (!dir.empty()) {
-      file = dir / "pjrt" / (hex(fnv1a(text, fnv1a(platform_))) + ".pjrt");
-      std::ifstream in(file, std::ios::binary);
-      if (in) {
-        std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        try {
-          exe = client_->deserialize(name, bytes);
-          ++counters_.loaded_from_disk;
-        } catch (const Error&) {
-          exe = nullptr;  // a damaged or foreign entry: compiled again and rewritten below
-        }
+    const std::filesystem::path file = cache_file("pjrt", text, platform_, ".pjrt");
+    if (const std::optional<std::string> bytes = read_cache_file(file)) {
+      try {
+        exe = client_->deserialize(name, *bytes);
+        ++counters_.loaded_from_disk;
+      } catch (const Error&) {
+        exe = nullptr;  // a damaged or foreign entry: compiled again and rewritten below
       }
     }
     if (!exe) {
       exe = client_->compile(name, text, 0);
       ++counters_.compiled;
-      if (!file.empty()) store(file, client_->serialize(*exe));
+      store_cache_file(file, client_->serialize(*exe));
     }
     programs_.emplace(key, exe);
     return exe;
-  }
-
-  static void store(const std::filesystem::path& file, const std::string& bytes) {
-    std::error_code ec;
-    std::filesystem::create_directories(file.parent_path(), ec);
-    const std::filesystem::path tmp = file.string() + ".tmp" + std::to_string(::getpid());
-    {
-      std::ofstream out(tmp, std::ios::binary);
-      out.write(bytes.data(), std::streamsize(bytes.size()));
-      if (!out) return;  // the cache is an optimisation: a full disk only costs a compile
-    }
-    std::filesystem::rename(tmp, file, ec);
   }
 
   uint64_t record_locked(std::vector<Event> events, std::vector<std::shared_ptr<void>> held) {
