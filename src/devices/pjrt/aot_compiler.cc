@@ -80,12 +80,7 @@ std::string AotCompiler::platform_version() const {
 CompiledMemory AotCompiler::compile(const std::string& name, const std::string& mlir, int replicas) const {
   KILN_CHECK(replicas >= 1 && replicas <= devices_, "device", name, ": a program for ", replicas,
              " devices does not fit topology ", topology_, ", which has ", devices_);
-  auto program = KILN_PJRT_ARGS(PJRT_Program);
-  program.code = const_cast<char*>(mlir.data());
-  program.code_size = mlir.size();
-  static const char kFormat[] = "mlir";
-  program.format = kFormat;
-  program.format_size = 4;
+  PJRT_Program program = mlir_program(mlir);
   const std::string options = compile_options(replicas);
   auto a = KILN_PJRT_ARGS(PJRT_Compile_Args);
   a.topology = description_;

@@ -137,19 +137,16 @@ std::shared_ptr<Executable> Client::adopt(PJRT_LoadedExecutable* loaded, const s
   return exe;
 }
 
-std::shared_ptr<Executable> Client::compile(const std::string& name, const std::string& mlir, int dev) const {
+std::shared_ptr<Executable> Client::compile(const std::string& name, const std::string& mlir, int dev,
+                                            int replicas) const {
   KILN_CHECK(dev == 0, "device", "pjrt:", dev, ": programs run on the plugin's device 0 in this build");
   device(dev);
-  auto program = KILN_PJRT_ARGS(PJRT_Program);
-  program.code = const_cast<char*>(mlir.data());
-  program.code_size = mlir.size();
-  static const char kFormat[] = "mlir";
-  program.format = kFormat;
-  program.format_size = 4;
+  device(replicas - 1);  // every replica's device exists
+  PJRT_Program program = mlir_program(mlir);
   auto a = KILN_PJRT_ARGS(PJRT_Client_Compile_Args);
   a.client = client_;
   a.program = &program;
-  const std::string options = compile_options(1);
+  const std::string options = compile_options(replicas);
   a.compile_options = options.data();
   a.compile_options_size = options.size();
   if (PJRT_Error* e = api_->PJRT_Client_Compile(&a)) fail("pjrt", "compiling ", name, ": ", error_message(e));
@@ -223,6 +220,37 @@ std::vector<DeviceBuffer> Client::execute(const Executable& exe, const std::vect
   std::vector<DeviceBuffer> owned;
   owned.reserve(outputs.size());
   for (PJRT_Buffer* b : outputs) owned.push_back(own(b));
+  return owned;
+}
+
+std::vector<std::vector<DeviceBuffer>> Client::execute_replicas(
+    const Executable& exe, const std::vector<std::vector<PJRT_Buffer*>>& args) const {
+  const size_t n = args.size();
+  auto options = KILN_PJRT_ARGS(PJRT_ExecuteOptions);
+  std::vector<int64_t> kept(args.empty() ? 0 : args[0].size());
+  for (size_t i = 0; i < kept.size(); ++i) kept[i] = int64_t(i);
+  options.non_donatable_input_indices = kept.data();
+  options.num_non_donatable_input_indices = kept.size();
+  std::vector<std::vector<PJRT_Buffer*>> outputs(n, std::vector<PJRT_Buffer*>(exe.outputs, nullptr));
+  std::vector<PJRT_Buffer* const*> arg_lists;
+  std::vector<PJRT_Buffer**> output_lists;
+  for (size_t r = 0; r < n; ++r) {
+    KILN_CHECK(args[r].size() == kept.size(), "pjrt", exe.name, ": replica ", r, " has ", args[r].size(),
+               " arguments, replica 0 ", kept.size());
+    arg_lists.push_back(args[r].data());
+    output_lists.push_back(outputs[r].data());
+  }
+  auto a = KILN_PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
+  a.executable = exe.loaded;
+  a.options = &options;
+  a.argument_lists = arg_lists.data();
+  a.num_devices = n;
+  a.num_args = kept.size();
+  a.output_lists = output_lists.data();
+  check(api_->PJRT_LoadedExecutable_Execute(&a), "running " + exe.name + " on " + std::to_string(n) + " replicas");
+  std::vector<std::vector<DeviceBuffer>> owned(n);
+  for (size_t r = 0; r < n; ++r)
+    for (PJRT_Buffer* b : outputs[r]) owned[r].push_back(own(b));
   return owned;
 }
 

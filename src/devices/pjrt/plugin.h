@@ -51,9 +51,11 @@ class Client {
   std::string api_version() const;       // "0.81": the C API the plugin serves
   int device_count() const { return int(devices_.size()); }
 
-  // Compiles StableHLO (MLIR text) for device `device`. Throws "[pjrt] compiling <name>: ..."
-  // with XLA's message.
-  std::shared_ptr<Executable> compile(const std::string& name, const std::string& mlir, int device) const;
+  // Compiles StableHLO (MLIR text) for device `device`, or with `replicas` > 1 for devices
+  // 0..replicas-1, one replica each (the same program on each device's own arguments, joined by
+  // its collectives). Throws "[pjrt] compiling <name>: ..." with XLA's message.
+  std::shared_ptr<Executable> compile(const std::string& name, const std::string& mlir, int device,
+                                      int replicas = 1) const;
   // The executable's serialized form (what the on-disk cache stores) and its reverse.
   std::string serialize(const Executable& exe) const;
   std::shared_ptr<Executable> deserialize(const std::string& name, const std::string& bytes) const;
@@ -63,6 +65,11 @@ class Client {
   // later work.
   std::vector<DeviceBuffer> execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args,
                                     const std::vector<bool>& donated) const;
+
+  // Runs `exe`, compiled for args.size() replicas: replica r on device r with args[r]. Returns
+  // each replica's outputs.
+  std::vector<std::vector<DeviceBuffer>> execute_replicas(const Executable& exe,
+                                                          const std::vector<std::vector<PJRT_Buffer*>>& args) const;
 
   // A u8[bytes] buffer on `device` from host memory, which must stay valid and unchanged until
   // the returned event (the plugin may still read it).

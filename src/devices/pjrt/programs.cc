@@ -81,16 +81,17 @@ std::string op_program(const OpProgramSpec& spec) {
   return b.finish({updated}, {spec.out.arg});
 }
 
-std::string graph_program(const Graph& g, const std::vector<size_t>& arg_bytes, const std::vector<ByteView>& inputs) {
+std::string graph_program(const Graph& g, const std::vector<size_t>& arg_bytes, const std::vector<ByteView>& inputs,
+                          int replicas) {
   FunctionBuilder b;
   std::vector<Value> args;
   for (size_t bytes : arg_bytes) args.push_back(bytes_arg(b, bytes));
   std::vector<Value> val(size_t(g.num_values()));
   for (int i = 0; i < g.num_inputs(); ++i) val[size_t(i)] = load(b, args[size_t(inputs[size_t(i)].arg)], inputs[size_t(i)]);
-  lower_nodes(b, g, val, 1);
+  lower_nodes(b, g, val, replicas);
   std::vector<Value> results;
   for (int v : g.outputs) results.push_back(to_bytes(b, val[size_t(v)], g.dtype_of(v)));
-  return b.finish(results);
+  return replicas == 1 ? b.finish(results) : b.finish_module(results, replicas);
 }
 
 std::string typed_graph_program(const Graph& g, int replicas) {

@@ -39,8 +39,10 @@ struct OpProgramSpec {
 std::string op_program(const OpProgramSpec& spec);
 
 // A whole graph (deferred and compiled mode): graph input i is `inputs[i]`; one result per
-// graph output, its dense bytes.
-std::string graph_program(const Graph& g, const std::vector<size_t>& arg_bytes, const std::vector<ByteView>& inputs);
+// graph output, its dense bytes. With `replicas` > 1, a program for that many devices, one per
+// tensor-parallel rank, its collectives joining them.
+std::string graph_program(const Graph& g, const std::vector<size_t>& arg_bytes, const std::vector<ByteView>& inputs,
+                          int replicas = 1);
 
 // A whole graph for `replicas` devices at once, one per tensor-parallel rank (each runs it on its
 // own slices; the collectives join them), with one typed argument per graph input and one typed
