@@ -8,6 +8,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "devices/aot_target.h"
+#include "exec/capture.h"
+#include "exec/ops.h"
+#include "graph/graph.h"
 #include "spawn_util.h"
 #include "test_util.h"
 
@@ -89,6 +93,21 @@ TEST(TpuPlan, TensorParallelFluxOverTwoV6eChips) {
   EXPECT_NE(text.find("\"stablehlo.all_reduce\""), std::string::npos);
   EXPECT_NE(text.find("\"stablehlo.all_gather\""), std::string::npos);
   EXPECT_NE(text.find("replica_groups = dense<[[0, 1]]>"), std::string::npos);
+}
+
+// A program larger than a chip is refused by XLA's compiler: the plan's answer for that
+// component ("does not fit one device", XLA's reason), not a failure of the plan.
+TEST(TpuPlan, AProgramLargerThanAChipIsAnAnswer) {
+  const Tensor a = placeholder_tensor({100000, 1000}, DType::f32), b = placeholder_tensor({1000, 100000}, DType::f32);
+  const detail::Captured big = detail::capture("big", [&] {
+    const Tensor s = sin(matmul(a, b));  // 40 GB of f32, twice over
+    return std::vector<Tensor>{sum(s + transpose(s, 0, 1))};
+  });
+  const std::unique_ptr<AotTarget> v6e = AotTarget::open(DeviceType::tpu, "v6e:1x1");
+  EXPECT_EQ(v6e->devices(), 1);
+  const AotMemory m = v6e->compile("big", big.graph, 1);
+  EXPECT_NE(m.does_not_fit.find("Ran out of memory on HBM"), std::string::npos) << m.does_not_fit;
+  EXPECT_NE(m.does_not_fit.find("exceeds available HBM (31.24G)"), std::string::npos) << m.does_not_fit;
 }
 
 // Bad input: one line each, before anything loads.

@@ -142,8 +142,10 @@ struct ComponentPlan {
   std::optional<AotMemory> program;      // the TPU compile
   int replicas = 1;
   std::map<std::string, int> collectives;
-  // Device bytes while this component runs, its own weights included.
-  int64_t running() const { return program ? program->total() : weights + activations; }
+  // Device bytes while this component runs, its own weights included. A program the compiler
+  // refused as too large for one device counts as the local estimate (and fits nowhere).
+  int64_t running() const { return program && !too_large() ? program->total() : weights + activations; }
+  bool too_large() const { return program && !program->does_not_fit.empty(); }
 };
 
 struct Placement {
@@ -252,8 +254,10 @@ int plan(const std::vector<std::string>& args) {
   int64_t capacity = tpu ? target->memory_per_device()
                          : int64_t(f.device_memory ? f.device_memory : runtime(f.device).memory().capacity_bytes);
   if (!tpu && capacity == 0) capacity = int64_t(runtime(f.device).physical_total_bytes());
-  on_device.fits = capacity == 0 || on_device.required <= capacity;
-  offloaded.fits = capacity == 0 || offloaded.required <= capacity;
+  bool any_too_large = false;
+  for (const ComponentPlan& c : components) any_too_large = any_too_large || c.too_large();
+  on_device.fits = !any_too_large && (capacity == 0 || on_device.required <= capacity);
+  offloaded.fits = !any_too_large && (capacity == 0 || offloaded.required <= capacity);
   const Placement& chosen = f.offload == "model" ? offloaded : on_device;
 
   // ---- the table ----
@@ -272,6 +276,11 @@ int plan(const std::vector<std::string>& args) {
       std::string coll;
       for (const auto& [op, n] : c.collectives) coll += (coll.empty() ? "" : ", ") + std::to_string(n) + " " + op;
       const AotMemory& m = *c.program;
+      if (c.too_large()) {
+        std::printf("  %-16s %12s  does not fit one device: XLA: %s\n", c.name.c_str(), gib(c.weights).c_str(),
+                    m.does_not_fit.c_str());
+        continue;
+      }
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, m.from_cache ? "cached" : "%.1fs", m.compile_seconds);
       std::printf("  %-16s %12s %12s %12s %12s %12s %10s %9s  %s\n", c.name.c_str(), gib(c.weights).c_str(),
@@ -301,6 +310,7 @@ int plan(const std::vector<std::string>& args) {
                         {"alias_bytes", m.aliased},       {"temp_bytes", m.temporaries},  {"code_bytes", m.code},
                         {"total_bytes", m.total()},       {"compile_seconds", m.compile_seconds},
                         {"from_cache", m.from_cache},
+                        {"does_not_fit", c.too_large() ? nlohmann::json(m.does_not_fit) : nlohmann::json(nullptr)},
                         {"collectives", c.collectives}};
       }
       comps.push_back(j);
@@ -335,7 +345,7 @@ int plan(const std::vector<std::string>& args) {
 
   if (!chosen.fits) {
     std::string fix;
-    if (f.tp == 1 && f.offload == "none" && offloaded.fits) {
+    if (f.tp == 1 && f.offload == "none" && offloaded.fits && !any_too_large) {
       fix = "--offload model fits (" + gib(offloaded.required) + ")";
     } else {
       // More ranks divide the weights, which dominate (the replicated parts and the activations

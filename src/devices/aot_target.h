@@ -19,6 +19,9 @@ struct AotMemory {
   int64_t code = 0, arguments = 0, outputs = 0, aliased = 0, temporaries = 0;
   double compile_seconds = 0;  // of the compile that measured it
   bool from_cache = false;      // read back from the on-disk cache (that compile was another process's)
+  // Not empty when the compiler refused the program because it cannot fit one device's memory
+  // (XLA's reason; the figures above are then unknown, 0).
+  std::string does_not_fit;
   // Arguments and outputs, less the output bytes that reuse arguments, plus temporaries and code.
   int64_t total() const { return code + arguments + outputs - aliased + temporaries; }
 };

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -41,22 +42,36 @@ class PjrtAotTarget final : public AotTarget {
     if (const std::optional<std::string> cached = read_cache_file(file)) {
       try {
         const nlohmann::json j = nlohmann::json::parse(*cached);
-        return AotMemory{j.at("code"), j.at("arguments"), j.at("outputs"), j.at("aliased"), j.at("temporaries"),
-                         j.at("compile_seconds"), true};
+        return AotMemory{j.at("code"),        j.at("arguments"),       j.at("outputs"),
+                         j.at("aliased"),     j.at("temporaries"),     j.at("compile_seconds"),
+                         true,                j.value("does_not_fit", "")};
       } catch (const std::exception&) {
         // damaged: compiled again and rewritten
       }
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const CompiledMemory m = compiler_.compile(name, text, replicas);
-    AotMemory out{m.code, m.arguments, m.outputs, m.aliased, m.temporaries, 0, false};
+    AotMemory out;
+    try {
+      const CompiledMemory m = compiler_.compile(name, text, replicas);
+      out = AotMemory{m.code, m.arguments, m.outputs, m.aliased, m.temporaries, 0, false, ""};
+    } catch (const Error& e) {
+      // XLA refuses a program larger than a device at compile time: an answer, not a failure.
+      const std::string what = e.what();
+      if (what.find("CompileTimeHbmOom") == std::string::npos && what.find("Ran out of memory") == std::string::npos)
+        throw;
+      const size_t at = what.find("Ran out of memory");
+      out.does_not_fit = at == std::string::npos ? what : what.substr(at);
+      if (const size_t end = out.does_not_fit.find(". HLO module"); end != std::string::npos)
+        out.does_not_fit.resize(end);
+    }
     out.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     store_cache_file(file, nlohmann::json{{"code", out.code},
                                           {"arguments", out.arguments},
                                           {"outputs", out.outputs},
                                           {"aliased", out.aliased},
                                           {"temporaries", out.temporaries},
-                                          {"compile_seconds", out.compile_seconds}}
+                                          {"compile_seconds", out.compile_seconds},
+                                          {"does_not_fit", out.does_not_fit}}
                                .dump());
     return out;
   }
