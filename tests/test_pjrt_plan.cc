@@ -117,6 +117,7 @@ TEST(TpuPlan, BadTopologiesAndDegreesAreOneLineEach) {
       {" --topology v9x:1x1", "topology v9x:1x1 (--topology): the PJRT plugin"},
       {" --topology v6e:2x2 --tp 8", "--tp 8 needs 8 devices but topology v6e:2x2 has 4"},
       {" --topology v6e:1x1 --device-memory 1GiB", "--device-memory is for local devices"},
+      {" --topology v6e:1x1 --quantize q8_0", "--quantize q8_0 with --device tpu: quantized weights do not lower"},
   };
   for (const auto& [args, expected] : cases) {
     const auto [code, output] = run_command(plan + args);

@@ -97,6 +97,9 @@ PlanFlags parse_flags(const std::vector<std::string>& args) {
   KILN_CHECK(!tpu || f.device_memory == 0, "cli",
              "--device-memory is for local devices; a TPU topology's memory is its chips' (--topology)");
   KILN_CHECK(tpu || !f.dump, "cli", "--dump writes the programs of --device tpu's compiles");
+  KILN_CHECK(!tpu || !f.quantize, "cli", "--quantize ", f.quantize.value_or(""),
+             " with --device tpu: quantized weights do not lower to StableHLO yet; plan the TPU in bf16 or f32 "
+             "(--dtype), or --quantize for a local device");
   KILN_CHECK(!f.height || *f.height >= 16, "cli", "--height ", f.height.value_or(0), ": expected at least 16");
   KILN_CHECK(!f.width || *f.width >= 16, "cli", "--width ", f.width.value_or(0), ": expected at least 16");
   if (f.report_given) f.report = io::resolve_output("--report", f.report);
