@@ -1,6 +1,6 @@
 // CLIPTextModel (transformers), the text tower FLUX.1 takes its pooled prompt embedding from
-// (spec flux1.md §4.1), and CLIPTextModelWithProjection, the same tower with `text_projection`
-// applied to the pooled output (SD3's CLIP-L and CLIP-G, sd3.md §3.1). Weights use the transformers state-dict names ("text_model.encoder.
+//, and CLIPTextModelWithProjection, the same tower with `text_projection`
+// applied to the pooled output (SD3's CLIP-L and CLIP-G). Weights use the transformers state-dict names ("text_model.encoder.
 // layers.0.self_attn.q_proj.weight", ...), so a Hub `text_encoder/` folder loads as is.
 #pragma once
 #include <filesystem>

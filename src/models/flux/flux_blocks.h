@@ -1,4 +1,4 @@
-// FLUX.1 transformer blocks (spec flux1.md §2.5.3-§2.5.4): the double-stream block with joint
+// FLUX.1 transformer blocks: the double-stream block with joint
 // text+image attention and the single-stream block. (The AdaLayerNormContinuous output norm is
 // nn/adaptive_norm.h.)
 // Every block takes x [B, L_img, D], c [B, L_txt, D], temb [B, D] and the rotary tables of

@@ -1,4 +1,4 @@
-// FLUX.1 transformer embeddings (spec flux1.md §2.5.2): the rotary tables of FluxPosEmbed and
+// FLUX.1 transformer embeddings: the rotary tables of FluxPosEmbed and
 // their application to Q/K. (The time/guidance/pooled-text embeddings are nn/embeddings.h.)
 #pragma once
 #include <functional>

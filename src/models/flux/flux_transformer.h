@@ -1,5 +1,5 @@
 // FluxTransformer2DModel: the FLUX.1 (schnell / dev) diffusion transformer, as in Diffusers
-// (spec flux1.md §2). Loaded from a Diffusers "transformer" folder (config.json + safetensors)
+// Loaded from a Diffusers "transformer" folder (config.json + safetensors)
 // with the Diffusers state-dict names; computes in f32.
 #pragma once
 #include <filesystem>
