@@ -196,8 +196,6 @@ int plan(const std::vector<std::string>& args) {
 
   PipelineCallArgs call;
   call.prompt = "";
-  call.height = f.height;
-  call.width = f.width;
   call.max_sequence_length = f.max_sequence_length;
   // The size the call would run at: given, else the pipeline's default, rounded down as it rounds.
   const int64_t side = pipe->default_sample_size() * pipe->vae_scale_factor(), multiple = pipe->size_multiple();
@@ -208,11 +206,11 @@ int plan(const std::vector<std::string>& args) {
 
   // The estimate traces each component once, in model_cpu_offload_seq order; the TPU plan keeps
   // those graphs to compile them. The VAE decodes untiled (what one program compiles).
-  std::vector<std::pair<std::string, Graph>> traced;
+  std::vector<Graph> traced;
   MemoryEstimate e;
   {
-    const CaptureObserver keep([&](const std::string& what, const detail::Captured& c) {
-      if (tpu) traced.emplace_back(what, c.graph);
+    const CaptureObserver keep([&](const std::string&, const detail::Captured& c) {
+      if (tpu) traced.push_back(c.graph);
     });
     e = pipe->estimate_memory(call, 0);
   }
@@ -228,7 +226,7 @@ int plan(const std::vector<std::string>& args) {
     c.weights = int64_t(e.components[i].weight_bytes);
     c.activations = int64_t(e.components[i].activation_bytes);
     if (tpu) {
-      const Graph& g = traced[i].second;
+      const Graph& g = traced[i];
       c.collectives = collectives(g);
       c.replicas = c.collectives.empty() ? 1 : int(f.tp);
       if (f.dump) {
