@@ -3,6 +3,7 @@
 // program each, FLUX.1's Diffusers golden in the three modes, and model offload across the
 // device's own address space. (The op harness and the goldens of every pipeline also run on
 // pjrt:0: tests/CMakeLists.txt, label pjrt.)
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -274,6 +275,59 @@ TEST(PjrtCli, ASecondProcessLoadsTheExecutablesFromDisk) {
   // (Two cache keys of one program text share one file: the first process read some back too.)
   EXPECT_EQ(second["programs_loaded_from_disk"].get<uint64_t>(),
             first["programs_compiled"].get<uint64_t>() + first["programs_loaded_from_disk"].get<uint64_t>());
+}
+
+// kiln generate --device pjrt --tp 2: two ranks in one process, one device each (here in strict
+// eager mode, each collective one program over both devices), give the one-device image; each
+// rank reads and holds only its slices of the transformer.
+TEST(PjrtCli, TensorParallelOverTwoDevicesGivesTheOneDeviceImage) {
+  const test::ScopedTempDir dir("pjrt_tp_cli");
+  const auto run = [&](const std::string& name, const std::string& flags) {
+    const fs::path report = dir.path() / (name + ".json");
+    const auto [code, output] = run_command("KILN_CACHE_DIR=" + (dir.path() / "cache").string() + " " +
+                                            KILN_CLI_PATH + " generate --device pjrt --seed 0 " + flags +
+                                            " --out " + (dir.path() / (name + ".png")).string() + " --report " +
+                                            report.string());
+    EXPECT_EQ(code, 0) << output;
+    std::ifstream in(report);
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json one = run("one", "--mode eager"), two = run("two", "--mode eager --tp 2");
+  const auto [same, compared] = run_command(std::string(KILN_CLI_PATH) + " compare " + (dir.path() / "one.png").string() +
+                                            " " + (dir.path() / "two.png").string());
+  EXPECT_EQ(same, 0) << compared;
+  EXPECT_NE(compared.find("; same (tolerance 1)"), std::string::npos) << compared;
+  const nlohmann::json& ranks = two["tensor_parallel"]["ranks"];
+  ASSERT_EQ(ranks.size(), 2u) << two["tensor_parallel"].dump();
+  const uint64_t whole_read = one["tensor_parallel"]["ranks"][0]["bytes_read"].get<uint64_t>();
+  const uint64_t whole_peak = one["tensor_parallel"]["ranks"][0]["device_peak_bytes"].get<uint64_t>();
+  for (const nlohmann::json& r : ranks) {
+    EXPECT_LT(r["bytes_read"].get<uint64_t>(), whole_read) << r.dump();
+    EXPECT_LT(r["device_peak_bytes"].get<uint64_t>(), whole_peak) << r.dump();
+  }
+  EXPECT_GT(two["device_counters"]["programs_run_with_other_ranks"].get<uint64_t>(), 0u);
+}
+
+// More ranks than the plugin has devices, and a degree the heads do not divide: one line each.
+TEST(PjrtCli, TensorParallelBadDegreesAreOneLineEach) {
+  const test::ScopedTempDir dir("pjrt_tp_bad");
+  const auto [code, output] =
+      run_command("KILN_PJRT_CPU_DEVICES=2 " + std::string(KILN_CLI_PATH) + " generate --device pjrt --tp 3 --out " +
+                  (dir.path() / "three.png").string());
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(output.find("--tp 3 runs one rank on each of pjrt:0 to pjrt:2, but [device] pjrt:2 is not available"),
+            std::string::npos) << output;
+  EXPECT_NE(output.find("KILN_PJRT_CPU_DEVICES"), std::string::npos) << output;
+  const fs::path klein = fs::path(KILN_FIXTURES_DIR) / "flux2_klein_tiny" / "pipeline";
+  const auto [heads_code, heads] =
+      run_command(std::string(KILN_CLI_PATH) + " generate --device pjrt --tp 4 --model " + klein.string() +
+                  " --prompt x --text-encoder-out-layers 1,2,3 --out " + (dir.path() / "heads.png").string());
+  EXPECT_EQ(heads_code, 1);
+  EXPECT_NE(heads.find("[tp] tp_degree (4) must divide num_attention_heads (4), num_key_value_heads (2)"),
+            std::string::npos) << heads;
+  EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+  EXPECT_FALSE(fs::exists(dir.path() / "three.png"));
+  EXPECT_FALSE(fs::exists(dir.path() / "heads.png"));
 }
 
 }  // namespace

@@ -6,19 +6,30 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "devices/pjrt/pjrt_runtime.h"
 #include "devices/pjrt/plugin.h"
 #include "devices/pjrt/programs.h"
+#include "distributed/local_ranks.h"
 #include "distributed/process_group.h"
 #include "distributed/tensor_parallel.h"
 #include "exec/capture.h"
 #include "exec/capture_observer.h"
 #include "exec/host.h"
+#include "exec/mode.h"
 #include "exec/ops.h"
 #include "graph/graph.h"
+#include "io/mapped_file.h"
+#include "io/safetensors.h"
 #include "models/flux/flux_transformer.h"
+#include "pipelines/diffusion_pipeline.h"
+#include "call_args.h"
+#include "golden.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -126,6 +137,135 @@ TEST(PjrtTensorParallel, TwoReplicasOfTheShardedTransformerGiveTheWholeOutput) {
                 worst, scale);
   }
 }
+
+// ---- whole pipelines, one rank per device, the ranks as threads (generate --device pjrt --tp N) ----
+
+// flux2_klein_tiny with heads every tensor-parallel degree up to 4 divides: the transformer's 2
+// heads of 16 become 4 of 8 (RoPE axes halved, the q/k norm scales cut to 8: another model of
+// the same widths, fine for comparing one device with several), and the text encoder's 2
+// key/value heads become 4 by repeating each (the same function: query heads 0 and 1 still read
+// the first one).
+fs::path klein_with_four_heads(const fs::path& dir) {
+  const fs::path from = test::pipeline_dir("flux2_klein_tiny");
+  fs::copy(from, dir, fs::copy_options::recursive);
+  const auto edit_json = [](const fs::path& file, const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(file));
+    edit(j);
+    std::ofstream(file) << j.dump(2);
+  };
+  edit_json(dir / "transformer" / "config.json", [](nlohmann::json& c) {
+    c["num_attention_heads"] = 4;
+    c["attention_head_dim"] = 8;
+    c["axes_dims_rope"] = {2, 2, 2, 2};
+  });
+  edit_json(dir / "text_encoder" / "config.json", [](nlohmann::json& c) { c["num_key_value_heads"] = 4; });
+  const auto rewrite = [](const fs::path& file, const std::function<Tensor(const std::string&, const Tensor&)>& edit) {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    {
+      const io::SafetensorsFile f(file);
+      for (const std::string& name : f.names()) tensors.emplace_back(name, contiguous(edit(name, f.load(name))));
+    }
+    io::save_safetensors(file, tensors);
+  };
+  rewrite(dir / "transformer" / "diffusion_pytorch_model.safetensors", [](const std::string& name, const Tensor& t) {
+    if (name.find("attn.norm_") == std::string::npos) return t;
+    const std::vector<float> scale = to_vector(t);
+    return from_vector(std::vector<float>(scale.begin(), scale.begin() + 8), {8});
+  });
+  rewrite(dir / "text_encoder" / "model.safetensors", [](const std::string& name, const Tensor& t) {
+    if (name.find("k_proj.weight") == std::string::npos && name.find("v_proj.weight") == std::string::npos) return t;
+    const std::vector<float> w = to_vector(t);  // [2 heads x 8, hidden]
+    const int64_t hidden = t.shape()[1], head = 8 * hidden;
+    std::vector<float> repeated;
+    for (int64_t h : {0, 0, 1, 1}) repeated.insert(repeated.end(), w.begin() + h * head, w.begin() + (h + 1) * head);
+    return from_vector(repeated, {32, hidden});
+  });
+  return dir;
+}
+
+struct RankRun {
+  std::vector<uint8_t> image;
+  size_t transformer_bytes = 0;  // the rank's transformer weights
+  uint64_t bytes_read = 0;       // by the rank's thread, from the checkpoint files
+  size_t device_weights = 0;     // its device's memory in use once the pipeline is placed there
+  uint64_t joint_programs = 0;   // programs its device ran with the other ranks'
+};
+
+size_t component_bytes(const DiffusionPipeline& p, const std::string& component) {
+  for (const auto& w : p.weight_bytes())
+    if (w.component == component) {
+      size_t n = 0;
+      for (const auto& [dtype, bytes] : w.by_dtype) n += bytes;
+      return n;
+    }
+  return 0;
+}
+
+// The pipeline at `dir` as `ranks` tensor-parallel ranks (1: unsharded) on pjrt:0..ranks-1,
+// deferred or with the transformer compiled.
+std::vector<RankRun> run_ranks(const fs::path& dir, const PipelineCallArgs& args, int ranks, bool compiled) {
+  std::vector<RankRun> out(static_cast<size_t>(ranks));
+  run_local_ranks(ranks, [&](int rank) {
+    const EagerModeGuard deferred(EagerMode::DeferAndFuse);
+    const Device device{DeviceType::pjrt, rank};
+    PipelineOptions options;
+    options.text_encoder_out_layers = args.text_encoder_out_layers;
+    if (ranks > 1) options.tensor_parallel = TensorParallelConfig{DeviceMesh(ProcessGroup::world())};
+    RankRun& r = out[size_t(rank)];
+    const uint64_t read_before = io::bytes_read_by_this_thread();
+    const size_t in_use_before = runtime(device).memory().in_use_bytes;
+    const std::unique_ptr<DiffusionPipeline> p = DiffusionPipeline::from_pretrained(dir, options);
+    p->to(device);
+    r.bytes_read = io::bytes_read_by_this_thread() - read_before;
+    r.device_weights = runtime(device).memory().in_use_bytes - in_use_before;
+    r.transformer_bytes = component_bytes(*p, "transformer");
+    if (compiled) p->compile_transformer(CompileScope::kFull);
+    const uint64_t joint_before = runtime(device).device_counters().at("programs_run_with_other_ranks");
+    r.image = (*p)(args).image;
+    r.joint_programs = runtime(device).device_counters().at("programs_run_with_other_ranks") - joint_before;
+  });
+  return out;
+}
+
+class PjrtTensorParallelPipeline : public testing::TestWithParam<std::string> {};
+
+TEST_P(PjrtTensorParallelPipeline, TwoAndFourDevicesGiveTheOneDeviceImage) {
+  const std::string set = GetParam();
+  const test::ScopedTempDir tmp("pjrt_tp_" + set);
+  const fs::path dir = set == "flux2_klein_tiny" ? klein_with_four_heads(tmp.path() / "klein") : test::pipeline_dir(set);
+  PipelineCallArgs args = test::fixture_call_args(set, set == "flux2_klein_tiny" ? "cfg" : "");
+  args.seed = 0;
+  const RankRun one = run_ranks(dir, args, 1, false).at(0);
+  EXPECT_EQ(one.joint_programs, 0u);
+  for (const int ranks : {2, 4})
+    for (const bool compiled : {false, true}) {
+      const std::string what = set + " on " + std::to_string(ranks) + " devices, " + (compiled ? "compiled" : "deferred");
+      const std::vector<RankRun> runs = run_ranks(dir, args, ranks, compiled);
+      const auto [differing, most] = test::byte_diff(runs[0].image, one.image);
+      // The ranks sum their partial products in another order than one device's dot: f32
+      // rounding moves a channel by at most one level.
+      EXPECT_LE(most, 1) << what;
+      std::printf("%s: %zu of %zu channels differ from one device's, by at most %d\n", what.c_str(), differing,
+                  one.image.size(), most);
+      for (int r = 0; r < ranks; ++r) {
+        const RankRun& run = runs[size_t(r)];
+        EXPECT_GT(run.joint_programs, 0u) << what << ", rank " << r << ": no program joined the other ranks";
+        // Each rank holds and reads its slices of the transformer, not the whole of it.
+        const double held = double(run.transformer_bytes) / double(one.transformer_bytes);
+        const size_t saved = one.transformer_bytes - run.transformer_bytes;
+        EXPECT_LE(held, 1.0 / ranks + 0.2) << what << ", rank " << r;
+        EXPECT_LE(run.bytes_read, one.bytes_read - saved) << what << ", rank " << r;
+        EXPECT_LE(run.device_weights, one.device_weights - saved) << what << ", rank " << r;
+        if (r == 0)
+          std::printf("  rank 0 of %d holds %.3f of the transformer; reads %llu of %llu bytes; pjrt:0 holds %zu of %zu\n",
+                      ranks, held, static_cast<unsigned long long>(run.bytes_read),
+                      static_cast<unsigned long long>(one.bytes_read), run.device_weights, one.device_weights);
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PjrtTensorParallelPipeline,
+                         testing::Values("flux1_tiny_arch", "sd35_tiny_arch", "flux2_klein_tiny"));
 
 }  // namespace
 }  // namespace kiln

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/device.h"
 #include "io/png.h"
 
 namespace kiln {
@@ -45,9 +46,12 @@ std::string parse_model(const std::string& value);  // --model: not "" (no --mod
 std::string component_file_flag(const std::string& flag);
 size_t parse_bytes(const std::string& flag, const std::string& value);  // "6GiB", "512MiB", "2GB", bytes
 void check_compile_flag(const std::string& value);                      // "full" or "blocks"
-// Before anything loads, the launch must match --tp N (0: not given): N processes under mpirun,
-// no model offload. `command` names the subcommand in the error.
-void check_tensor_parallel_launch(const std::string& command, int64_t tp, const std::string& offload);
+// Before anything loads, the launch must match --tp N (0: not given): no model offload, and N
+// processes under mpirun, or, with `in_process` (the first device of a device whose ranks are
+// threads, DeviceRuntime::runs_ranks_in_process), one process and N devices from that one.
+// `command` names the subcommand in the error.
+void check_tensor_parallel_launch(const std::string& command, int64_t tp, const std::string& offload,
+                                  const Device* in_process = nullptr);
 // --dtype auto|bf16|f16|f32[,COMPONENT=DTYPE...] into options.dtype / options.component_dtype.
 void parse_dtype(const std::string& value, PipelineOptions& options);
 // --quantize TYPE|COMPONENT=TYPE[,...] into options.quantize (a bare TYPE is the transformer's).

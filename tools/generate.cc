@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/terminal.h"
 #include "devices/runtime.h"
+#include "distributed/local_ranks.h"
 #include "distributed/process_group.h"
 #include "distributed/same_arguments.h"
 #include "distributed/tensor_parallel.h"
@@ -25,6 +26,7 @@
 #include "exec/host.h"
 #include "exec/mode.h"
 #include "io/input_file.h"
+#include "io/mapped_file.h"
 #include "io/output_file.h"
 #include "io/png.h"
 #include "io/safetensors.h"
@@ -58,7 +60,7 @@ struct Options {
   std::string prepack = "on";  // --mode compile: linears read the module's weights pre-packed
   bool prepack_given = false;
   std::string offload;       // "", "none" (pipe.to(device)) or "model" (enable_model_cpu_offload)
-  int64_t tp = 0;            // --tp N: tensor parallel over N processes (mpirun -np N)
+  int64_t tp = 0;  // --tp N: tensor parallel over N processes (mpirun -np N), or N devices of one process
   size_t device_memory = 0;  // --device-memory: the device allocator's capacity (0 = unlimited)
   bool strict = false;       // --strict: unused checkpoint tensors are errors
   PipelineOptions dtypes;  // --dtype (parse_dtype): its dtype and component_dtype
@@ -154,7 +156,8 @@ Options parse(const std::vector<std::string>& args) {
     if (v) pipeline_checks::check_bounds("cli", flag, *v, 16, pipeline_checks::kMaxSide);
   const Device device = Device::parse(o.device);
   runtime(device);  // "[device] cuda:0 is not available: ..." where the build or the machine lacks it
-  KILN_CHECK(o.tp <= 1 || runtime(device).is_host(), "cli", "--tp with --device ", o.device,
+  const bool in_process = runtime(device).runs_ranks_in_process();
+  KILN_CHECK(o.tp <= 1 || runtime(device).is_host() || in_process, "cli", "--tp with --device ", o.device,
              " is not supported yet (the CUDA device has no NCCL collectives)");
   KILN_CHECK(o.mode == "eager" || o.mode == "defer" || o.mode == "compile", "cli", "--mode ", o.mode,
              ": expected eager (strict, one kernel per op), defer (deferred-and-fused) or compile (compiled "
@@ -162,7 +165,7 @@ Options parse(const std::vector<std::string>& args) {
   check_compile_flag(o.compile);
   KILN_CHECK(o.offload.empty() || o.offload == "none" || o.offload == "model", "cli", "--offload ", o.offload,
              ": expected none (every component's weights on the device) or model (one component at a time)");
-  check_tensor_parallel_launch("generate", o.tp, o.offload);
+  check_tensor_parallel_launch("generate", o.tp, o.offload, in_process ? &device : nullptr);
   KILN_CHECK(!o.compile_given || o.mode == "compile", "cli", "--compile ", o.compile, " needs --mode compile");
   KILN_CHECK(o.prepack == "on" || o.prepack == "off", "cli", "--prepack ", o.prepack,
              ": expected on (compiled linears read their weights pre-packed, one more copy of them in device "
@@ -231,14 +234,27 @@ int64_t parse_int(const std::string& flag, const std::string& v) {
   return x;
 }
 
-void check_tensor_parallel_launch(const std::string& command, int64_t tp, const std::string& offload) {
+void check_tensor_parallel_launch(const std::string& command, int64_t tp, const std::string& offload,
+                                  const Device* in_process) {
   const int world = ProcessGroup::world()->size();
   KILN_CHECK(tp >= 0, "cli", "--tp must be at least 1, got ", tp);
+  KILN_CHECK(tp <= 1 || offload != "model", "cli", "--offload model with --tp is not supported");
+  if (in_process && tp > 1) {
+    KILN_CHECK(world == 1, "cli", "--tp ", tp, " with --device ", in_process->str(), " runs its ", tp,
+               " ranks in this process, one device each: launch it without mpirun");
+    const Device last{in_process->type, in_process->index + int(tp) - 1};
+    try {
+      runtime(last);
+    } catch (const Error& e) {
+      fail("cli", "--tp ", tp, " runs one rank on each of ", in_process->str(), " to ", last.str(), ", but ",
+           e.what());
+    }
+    return;
+  }
   KILN_CHECK(tp == 0 || tp == world, "cli", "--tp ", tp, " needs ", tp, " processes (mpirun -np ", tp, " kiln ",
              command, " --tp ", tp, " ...), but this job has ", world);
   KILN_CHECK(tp != 0 || world == 1, "cli", "launched as ", world, " processes: pass --tp ", world,
              " to shard the transformer over them");
-  KILN_CHECK(tp <= 1 || offload != "model", "cli", "--offload model with --tp is not supported");
 }
 
 void check_compile_flag(const std::string& v) {
@@ -335,30 +351,11 @@ void progress(int64_t i, int64_t n, double step_seconds, double& total) {
   }
 }
 
-}  // namespace
-
-int generate(const std::vector<std::string>& args) {
-  // Under mpirun every rank must hold rank 0's command line, before anything else
-  // (distributed/same_arguments.h); a no-op for one process.
-  check_same_arguments(*ProcessGroup::world(), "generate", args, {"--device-memory"});
-  Options o = parse(args);
+// One rank's run (the only one without --tp): load, place, call, and on rank 0 write the image
+// and the report.
+int generate_rank(Options o) {
   const std::shared_ptr<ProcessGroup> world = ProcessGroup::world();
   const bool writer = world->rank() == 0;  // under --tp only rank 0 writes the image and report
-  // The output rule (io/output_file.h, docs/outputs.md), before any work.
-  if (writer) io::resolve_output("--out", o.out);
-  if (writer && o.report_given) {
-    io::resolve_output("--report", o.report);
-    KILN_CHECK(!io::same_output_file(o.out, o.report), "output", "--out ", o.out.string(), " and --report ",
-               o.report.string(), " name the same file; expected two different files");
-  }
-  if (!o.latents_file.empty()) o.call.latents = load_latents(o.latents_file);
-  // --mode overrides KILN_DEFER_AND_FUSE; without it the environment's default stands.
-  if (o.mode_given) set_default_eager_mode(o.mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
-  reset_counters();
-  reset_deferred_stats();
-  reset_compile_stats();
-  io::reset_bytes_read();
-
   const Device device = Device::parse(o.device);
   if (o.device_memory) runtime(device).set_memory_capacity(o.device_memory);
   PipelineOptions pipe_options;
@@ -406,8 +403,10 @@ int generate(const std::vector<std::string>& args) {
   };
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  const RankFigures mine{io::bytes_read(), runtime(device).memory().peak_bytes,
-                         uint64_t(usage.ru_maxrss) * 1024};
+  // In-process ranks share the process: each counts what its own thread read.
+  const bool threads = world->in_process() && world->size() > 1;
+  const RankFigures mine{threads ? io::bytes_read_by_this_thread() : io::bytes_read(),
+                         runtime(device).memory().peak_bytes, uint64_t(usage.ru_maxrss) * 1024};
   std::vector<RankFigures> ranks(size_t(world->size()));
   synchronize(device);  // no graph collective may still be queued when the host issues one
   world->all_gather(&mine, ranks.data(), sizeof(RankFigures));
@@ -487,6 +486,42 @@ int generate(const std::vector<std::string>& args) {
                  device);
   }
   return 0;
+}
+
+}  // namespace
+
+int generate(const std::vector<std::string>& args) {
+  // Under mpirun every rank must hold rank 0's command line, before anything else
+  // (distributed/same_arguments.h); a no-op for one process.
+  check_same_arguments(*ProcessGroup::world(), "generate", args, {"--device-memory"});
+  Options o = parse(args);
+  // The output rule (io/output_file.h, docs/outputs.md), before any work: rank 0 writes.
+  if (ProcessGroup::world()->rank() == 0) {
+    io::resolve_output("--out", o.out);
+    if (o.report_given) {
+      io::resolve_output("--report", o.report);
+      KILN_CHECK(!io::same_output_file(o.out, o.report), "output", "--out ", o.out.string(), " and --report ",
+                 o.report.string(), " name the same file; expected two different files");
+    }
+  }
+  if (!o.latents_file.empty()) o.call.latents = load_latents(o.latents_file);
+  // --mode overrides KILN_DEFER_AND_FUSE; without it the environment's default stands.
+  if (o.mode_given) set_default_eager_mode(o.mode == "defer" ? EagerMode::DeferAndFuse : EagerMode::DeferNever);
+  reset_counters();
+  reset_deferred_stats();
+  reset_compile_stats();
+  io::reset_bytes_read();
+  const Device device = Device::parse(o.device);
+  if (o.tp > 1 && runtime(device).runs_ranks_in_process()) {
+    // A device whose ranks are threads (PJRT): rank r on the r-th device from --device.
+    run_local_ranks(int(o.tp), [&](int rank) {
+      Options mine = o;
+      mine.device = Device{device.type, device.index + rank}.str();
+      generate_rank(std::move(mine));
+    });
+    return 0;
+  }
+  return generate_rank(std::move(o));
 }
 
 }  // namespace kiln::cli

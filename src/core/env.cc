@@ -55,6 +55,8 @@ const std::vector<Variable>& variables() {
        "0 skips the fail-fast check against the host's available memory (without --device-memory)"},
       {"KILN_PJRT_PLUGIN", Kind::text, {}, "PATH",
        "--device pjrt: the PJRT plugin to load (default: XLA's CPU plugin from scripts/install-deps.sh)"},
+      {"KILN_PJRT_CPU_DEVICES", Kind::positive_int, {}, "N",
+       "--device pjrt with XLA's CPU plugin: how many devices it makes (4), one per --tp rank"},
       {"KILN_TPU_PLUGIN", Kind::text, {}, "PATH",
        "--device tpu and kiln plan --device tpu: the TPU PJRT plugin (default: libtpu from scripts/install-deps.sh)"},
   };

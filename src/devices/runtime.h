@@ -142,6 +142,11 @@ class DeviceRuntime {
   // what run reports print beside kiln's counters. None by default.
   virtual std::map<std::string, uint64_t> device_counters() const { return {}; }
 
+  // Whether tensor-parallel ranks on this device run as threads of one process, rank r on the
+  // r-th device after the first rank's, their collectives inside the device's programs (PJRT:
+  // one plugin drives all its devices). Otherwise each rank is a process of its own (mpirun).
+  virtual bool runs_ranks_in_process() const { return false; }
+
   // ---- devices that compile whole programs (PJRT: XLA fuses and plans memory itself) ----
   // Whether deferred and compiled mode hand this device each graph whole (run_whole_graph)
   // instead of kiln's launches (fused groups, epilogues, a memory arena).

@@ -15,14 +15,14 @@
 
 namespace kiln {
 
-namespace {
-
 double collective_timeout_seconds() {
   static const double t = [] {
     return env::positive_number("KILN_COLLECTIVE_TIMEOUT").value_or(300.0);
   }();
   return t;
 }
+
+namespace {
 
 // One rank: collectives are identities.
 class SingleRank final : public ProcessGroup {
@@ -143,6 +143,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::detached(int rank, int size) {
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::world() {
+  if (std::shared_ptr<ProcessGroup> rank = detail::thread_world()) return rank;
   // Leaked on purpose: queued collective kernels may still use it while the process exits.
   static auto* w = new std::shared_ptr<ProcessGroup>([]() -> std::shared_ptr<ProcessGroup> {
     if (!launched_by_mpi()) {

@@ -18,7 +18,8 @@ class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
   // This process's world: MPI's COMM_WORLD when launched by mpirun (OMPI_COMM_WORLD_SIZE set),
-  // else a single rank (no MPI initialised). Created on first use; MPI is finalised at exit.
+  // else a single rank (no MPI initialised). Created on first use; MPI is finalised at exit. On a
+  // thread that runs one of several in-process ranks (distributed/local_ranks.h), that rank's group.
   static std::shared_ptr<ProcessGroup> world();
   // A group that only knows its rank and size and cannot communicate: for loading and
   // checking a plan for another world size without launching it (tests, tools).
@@ -35,6 +36,9 @@ class ProcessGroup {
   // for as long as that takes (kiln serve's idle ranks; mpirun ends them if the root dies).
   virtual void broadcast_when_ready(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  // Whether every rank is a thread of this process, so a pointer means the same on each (the
+  // in-process ranks of distributed/local_ranks.h; a single rank).
+  virtual bool in_process() const { return size_ == 1; }
   // The same ranks on a communicator of their own (MPI_Comm_dup), whose collectives never match
   // this group's: host-side agreement (kiln serve's calls and cancellation) while the model's
   // collectives run on the device thread. Collective: every rank calls it at the same point.
@@ -50,5 +54,12 @@ class ProcessGroup {
  private:
   int rank_, size_;
 };
+
+// KILN_COLLECTIVE_TIMEOUT (seconds, default 300), read once: how long a collective may wait.
+double collective_timeout_seconds();
+
+namespace detail {
+std::shared_ptr<ProcessGroup> thread_world();  // the calling thread's in-process rank, or null
+}  // namespace detail
 
 }  // namespace kiln

@@ -23,6 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::atomic<uint64_t> g_bytes_read{0};
+thread_local uint64_t t_bytes_read = 0;
 
 std::string errno_text() { return std::error_code(errno, std::generic_category()).message(); }
 
@@ -97,7 +98,11 @@ size_t natural_alignment(DType t) { return is_block_quantized(t) ? 2 : dtype_siz
 
 uint64_t bytes_read() { return g_bytes_read.load(std::memory_order_relaxed); }
 void reset_bytes_read() { g_bytes_read.store(0, std::memory_order_relaxed); }
-void count_bytes_read(uint64_t bytes) { g_bytes_read.fetch_add(bytes, std::memory_order_relaxed); }
+void count_bytes_read(uint64_t bytes) {
+  g_bytes_read.fetch_add(bytes, std::memory_order_relaxed);
+  t_bytes_read += bytes;
+}
+uint64_t bytes_read_by_this_thread() { return t_bytes_read; }
 
 struct MappedFile::Mapping {
   void* base = nullptr;

@@ -24,6 +24,9 @@ namespace kiln::io {
 uint64_t bytes_read();
 void reset_bytes_read();
 void count_bytes_read(uint64_t bytes);
+// The part of bytes_read() the calling thread read since it started: one in-process
+// tensor-parallel rank's reads (distributed/local_ranks.h). Not reset by reset_bytes_read().
+uint64_t bytes_read_by_this_thread();
 
 class MappedFile {
  public:

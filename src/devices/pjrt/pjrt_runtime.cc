@@ -7,7 +7,14 @@
 // Programs (programs.h): strict eager compiles one executable per op, shapes, dtypes and layouts,
 // cached; deferred and compiled mode hand it whole graphs (runs_whole_graphs), one executable
 // each. Executables are kept for the process and, serialized, in the on-disk cache keyed by the
-// plugin's platform and version. The queue: enqueue runs its work at once; the work calls into
+// plugin's platform and version and the device they were compiled for.
+//
+// Tensor parallelism: the ranks are threads of this process, rank r on device pjrt:first+r
+// (distributed/local_ranks.h). A program with collectives (an all_reduce or all_gather op, or a
+// graph holding one) is compiled once for all ranks' devices, one replica each, and run once:
+// every rank hands its arguments to rank 0 through its in-process group, rank 0 runs the
+// replicas, and each rank takes its own results. Every other program runs on the rank's own
+// device alone. The queue: enqueue runs its work at once; the work calls into
 // the plugin, which runs asynchronously, and the item's sequence number stands for the events of
 // what it started, which wait_for awaits.
 #include "devices/pjrt/pjrt_runtime.h"
@@ -33,6 +40,7 @@
 #include "devices/pjrt/lower_ops.h"
 #include "devices/pjrt/plugin.h"
 #include "devices/pjrt/programs.h"
+#include "distributed/process_group.h"
 #include "graph/graph.h"
 #include "graph/op.h"
 
@@ -62,6 +70,15 @@ const std::vector<std::string>& ops_by_index() {
 class PjrtRuntime;
 thread_local PjrtRuntime* t_current = nullptr;
 
+bool is_collective(const std::string& op) { return op == "all_reduce" || op == "all_gather"; }
+
+// Executables compiled for several devices at once, shared by the runtimes of one client (each
+// rank asks for the one they all run).
+struct ReplicatedPrograms {
+  std::mutex mu;
+  std::unordered_map<std::string, std::shared_ptr<Executable>> loaded;
+};
+
 void run_on_current(size_t op, const KernelArgs& args);
 
 template <size_t I>
@@ -77,13 +94,13 @@ constexpr auto kTrampolines = make_trampolines(std::make_index_sequence<kMaxOps>
 
 class PjrtRuntime final : public DeviceRuntime {
  public:
-  PjrtRuntime(DeviceType type, int index, std::shared_ptr<Client> client)
-      : type_(type), index_(index), client_(std::move(client)) {
+  PjrtRuntime(DeviceType type, int index, std::shared_ptr<Client> client,
+              std::shared_ptr<ReplicatedPrograms> replicated)
+      : type_(type), index_(index), client_(std::move(client)), replicated_(std::move(replicated)) {
     KILN_CHECK(index >= 0 && index < client_->device_count(), "device", Device{type, index}.str(),
                " is not available: the plugin ", client_->path(), " has ", client_->device_count(), " device",
-               client_->device_count() == 1 ? "" : "s");
-    KILN_CHECK(index == 0, "device", Device{type, index}.str(), ": kiln runs PJRT programs on the plugin's device 0 ",
-               "(tensor parallelism across PJRT devices is not built yet)");
+               client_->device_count() == 1 ? "" : "s",
+               type == DeviceType::pjrt ? " (XLA's CPU plugin makes KILN_PJRT_CPU_DEVICES of them, 4 by default)" : "");
     platform_ = client_->platform_name() + " " + client_->api_version() + " " + client_->platform_version();
   }
 
@@ -206,7 +223,7 @@ class PjrtRuntime final : public DeviceRuntime {
       std::memcpy(static_cast<char*>(dst->data()) + dst_offset, static_cast<const char*>(src->data()) + src_offset, bytes);
     } else if (from_host) {
       Slot& to = slot_at(dst->data());
-      auto [uploaded, done] = client_->upload(static_cast<const char*>(src->data()) + src_offset, bytes, 0);
+      auto [uploaded, done] = client_->upload(static_cast<const char*>(src->data()) + src_offset, bytes, index_);
       events.push_back(done);
       if (dst_offset == 0 && bytes == to.bytes) {
         to.handle = uploaded;
@@ -301,6 +318,21 @@ class PjrtRuntime final : public DeviceRuntime {
     describe_view(spec.out);
     for (const ByteView& v : spec.inputs) describe_view(v);
     key << '|' << spec.out_bytes;
+    const int ranks = is_collective(spec.op) ? ProcessGroup::world()->size() : 1;
+    if (ranks > 1) {
+      spec.replicas = ranks;
+      std::vector<PJRT_Buffer*> inputs;
+      for (uintptr_t base : bases) {
+        Slot& s = slots_.at(base);
+        ensure_written(s);
+        inputs.push_back(s.handle.get());
+      }
+      std::vector<DeviceBuffer> outs = run_with_other_ranks(op_program(spec), spec.op, inputs);
+      ++counters_.executed;
+      out_slot->handle = outs.at(0);
+      item_events_.push_back(client_->ready(outs[0].get()));
+      return;
+    }
     const std::shared_ptr<Executable> exe = program(key.str(), spec.op, [&] { return op_program(spec); });
     std::vector<PJRT_Buffer*> inputs;
     std::vector<bool> donated(bases.size(), false);
@@ -324,6 +356,7 @@ class PjrtRuntime final : public DeviceRuntime {
 
   // ---- whole graphs (deferred and compiled mode) ----
   bool runs_whole_graphs() const override { return true; }
+  bool runs_ranks_in_process() const override { return true; }
   std::vector<Tensor> run_whole_graph(const Graph& g, const std::vector<Tensor>& inputs) override {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     std::vector<uintptr_t> bases;
@@ -340,8 +373,11 @@ class PjrtRuntime final : public DeviceRuntime {
       views.push_back(ByteView{int(arg), int64_t(reinterpret_cast<uintptr_t>(data) - base), t.shape(), t.strides(),
                                t.dtype()});
     }
-    const std::string mlir = graph_program(g, arg_bytes, views);
-    const std::shared_ptr<Executable> exe = program(mlir, "graph", [&] { return mlir; });
+    const bool collective =
+        std::any_of(g.nodes.begin(), g.nodes.end(), [](const auto& n) { return is_collective(n.op); });
+    const int ranks = collective ? ProcessGroup::world()->size() : 1;
+    const std::string mlir = graph_program(g, arg_bytes, views, ranks);
+    const std::shared_ptr<Executable> exe = ranks > 1 ? nullptr : program(mlir, "graph", [&] { return mlir; });
     std::vector<Tensor> results;
     std::vector<BufferPtr> buffers;
     for (int v : g.outputs) {
@@ -356,7 +392,8 @@ class PjrtRuntime final : public DeviceRuntime {
         ensure_written(s);
         handles.push_back(s.handle.get());
       }
-      std::vector<DeviceBuffer> outs = client_->execute(*exe, handles, {});
+      std::vector<DeviceBuffer> outs =
+          exe ? client_->execute(*exe, handles, {}) : run_with_other_ranks(mlir, "graph", handles);
       ++counters_.executed;
       ++counters_.whole_graphs;
       for (size_t i = 0; i < outs.size(); ++i) {
@@ -374,7 +411,8 @@ class PjrtRuntime final : public DeviceRuntime {
             {"programs_loaded_from_disk", counters_.loaded_from_disk},
             {"programs_reused", counters_.reused},
             {"programs_executed", counters_.executed},
-            {"whole_graphs_run", counters_.whole_graphs}};
+            {"whole_graphs_run", counters_.whole_graphs},
+            {"programs_run_with_other_ranks", counters_.replicated}};
   }
   const std::string& platform() const { return platform_; }
 
@@ -382,7 +420,7 @@ class PjrtRuntime final : public DeviceRuntime {
   // What the programs cost so far: XLA compiles, executables read from the on-disk cache, found
   // loaded in this process, and executions (whole_graphs: of deferred or compiled graphs).
   struct ProgramCounters {
-    uint64_t compiled = 0, loaded_from_disk = 0, reused = 0, executed = 0, whole_graphs = 0;
+    uint64_t compiled = 0, loaded_from_disk = 0, reused = 0, executed = 0, whole_graphs = 0, replicated = 0;
   };
   struct Slot {
     size_t bytes = 0;
@@ -438,7 +476,9 @@ class PjrtRuntime final : public DeviceRuntime {
     }
     const std::string text = mlir();
     std::shared_ptr<Executable> exe;
-    const std::filesystem::path file = cache_file("pjrt", text, platform_, ".pjrt");
+    // Device 0's entries keep the key they always had; other devices' programs are their own.
+    const std::filesystem::path file =
+        cache_file("pjrt", text, index_ == 0 ? platform_ : platform_ + " device " + std::to_string(index_), ".pjrt");
     if (const std::optional<std::string> bytes = read_cache_file(file)) {
       try {
         exe = client_->deserialize(name, *bytes);
@@ -448,12 +488,88 @@ class PjrtRuntime final : public DeviceRuntime {
       }
     }
     if (!exe) {
-      exe = client_->compile(name, text, 0);
+      exe = client_->compile(name, text, index_);
       ++counters_.compiled;
       store_cache_file(file, client_->serialize(*exe));
     }
     programs_.emplace(key, exe);
     return exe;
+  }
+
+  // The executable of `text` for `ranks` replicas on devices first..first+ranks-1, shared by every
+  // rank's runtime: loaded, else from the on-disk cache, else compiled (by the first rank to ask).
+  std::shared_ptr<Executable> replicated_program(const std::string& text, const std::string& name, int first,
+                                                 int ranks) {
+    const std::string devices = " devices " + std::to_string(first) + "+" + std::to_string(ranks);
+    std::lock_guard<std::mutex> lock(replicated_->mu);
+    auto it = replicated_->loaded.find(devices + "|" + text);
+    if (it != replicated_->loaded.end()) {
+      ++counters_.reused;
+      return it->second;
+    }
+    std::shared_ptr<Executable> exe;
+    const std::filesystem::path file = cache_file("pjrt", text, platform_ + devices, ".pjrt");
+    if (const std::optional<std::string> bytes = read_cache_file(file)) {
+      try {
+        exe = client_->deserialize(name, *bytes);
+        ++counters_.loaded_from_disk;
+      } catch (const Error&) {
+        exe = nullptr;  // a damaged or foreign entry: compiled again and rewritten below
+      }
+    }
+    if (!exe) {
+      exe = client_->compile(name, text, first, ranks);
+      ++counters_.compiled;
+      store_cache_file(file, client_->serialize(*exe));
+    }
+    replicated_->loaded.emplace(devices + "|" + text, exe);
+    return exe;
+  }
+
+  // Runs `text`, a program with collectives, as one replica per rank of this thread's in-process
+  // world (this rank's with `args`) and returns this rank's results. A collective over the ranks:
+  // each calls it at the same point of the same work.
+  std::vector<DeviceBuffer> run_with_other_ranks(const std::string& text, const std::string& name,
+                                                 const std::vector<PJRT_Buffer*>& args) {
+    ProcessGroup& world = *ProcessGroup::world();
+    KILN_CHECK(world.in_process(), "pjrt", device().str(), " (", world.describe(), "): a PJRT program's collectives ",
+               "join the devices of one process; run the ranks in one process (kiln generate --device ",
+               Device{type_, 0}.str(), " --tp ", world.size(), ", without mpirun)");
+    const int first = index_ - world.rank();
+    const std::shared_ptr<Executable> exe = replicated_program(text, name, first, world.size());
+    struct Part {
+      const Executable* exe;
+      int device;
+      const std::vector<PJRT_Buffer*>* args;
+      std::vector<DeviceBuffer> outs;
+      std::string error;
+    };
+    Part mine{exe.get(), index_, &args, {}, {}};
+    Part* me = &mine;
+    std::vector<Part*> parts(size_t(world.size()));
+    world.all_gather(&me, parts.data(), sizeof(Part*));
+    if (world.rank() == 0) {
+      try {
+        std::vector<std::vector<PJRT_Buffer*>> all;
+        for (int r = 0; r < world.size(); ++r) {
+          const Part& p = *parts[size_t(r)];
+          KILN_CHECK(p.device == first + r, "pjrt", "rank ", r, " runs on ", Device{type_, p.device}.str(),
+                     ", expected ", Device{type_, first + r}.str(), ": rank r of a tensor-parallel world runs on the ",
+                     "r-th device after rank 0's");
+          KILN_CHECK(p.exe == exe.get(), "pjrt", "rank ", r, " ran another program than rank 0 at the same point (",
+                     name, "): the ranks' work diverged");
+          all.push_back(*p.args);
+        }
+        std::vector<std::vector<DeviceBuffer>> outs = client_->execute_replicas(*exe, all);
+        for (int r = 0; r < world.size(); ++r) parts[size_t(r)]->outs = std::move(outs[size_t(r)]);
+      } catch (const std::exception& e) {
+        for (Part* p : parts) p->error = e.what();
+      }
+    }
+    world.barrier();  // rank 0 has written every rank's results (or its error)
+    if (!mine.error.empty()) throw Error(mine.error);
+    ++counters_.replicated;
+    return std::move(mine.outs);
   }
 
   uint64_t record_locked(std::vector<Event> events, std::vector<std::shared_ptr<void>> held) {
@@ -464,6 +580,7 @@ class PjrtRuntime final : public DeviceRuntime {
   DeviceType type_;
   int index_;
   std::shared_ptr<Client> client_;
+  std::shared_ptr<ReplicatedPrograms> replicated_;
   std::string platform_;
   // Recursive: queued work calls back into the runtime (allocate, copy) on the same thread.
   mutable std::recursive_mutex mu_;
@@ -485,17 +602,27 @@ void run_on_current(size_t op, const KernelArgs& args) {
   t_current->run_kernel(op, args);
 }
 
+// KILN_PJRT_CPU_DEVICES: how many devices XLA's CPU plugin makes (its default, 4, when unset).
+int cpu_plugin_devices() {
+  const std::optional<uint64_t> n = env::positive_int("KILN_PJRT_CPU_DEVICES");
+  KILN_CHECK(!n || *n <= 64, "device", "KILN_PJRT_CPU_DEVICES=", *n, ": expected 1 to 64 devices");
+  return n ? int(*n) : 0;
+}
+
 PjrtRuntime& runtime_for_type(DeviceType type, int index) {
   static std::mutex mu;
   static std::map<std::pair<int, int>, PjrtRuntime*> runtimes;  // never destroyed (plugins tear down at exit)
-  static std::map<std::string, std::shared_ptr<Client>> clients;
+  static std::map<std::string, std::pair<std::shared_ptr<Client>, std::shared_ptr<ReplicatedPrograms>>> clients;
   std::lock_guard<std::mutex> lock(mu);
   auto& rt = runtimes[{int(type), index}];
   if (!rt) {
     std::string path = type == DeviceType::tpu ? tpu_plugin_path() : plugin_path();
-    auto& client = clients[path];
-    if (!client) client = std::make_shared<Client>(path);
-    rt = new PjrtRuntime(type, index, client);
+    auto& [client, replicated] = clients[path];
+    if (!client) {
+      client = std::make_shared<Client>(path, type == DeviceType::pjrt ? cpu_plugin_devices() : 0);
+      replicated = std::make_shared<ReplicatedPrograms>();
+    }
+    rt = new PjrtRuntime(type, index, client, replicated);
   }
   return *rt;
 }

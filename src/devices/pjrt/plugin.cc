@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 
 #include <pjrt_c_api.h>
@@ -24,6 +25,9 @@ const PJRT_Api* open_plugin(const std::string& path, void** library) {
              "device", "the PJRT plugin ", path.empty() ? std::string("path") : path,
              " does not exist (set --pjrt-plugin or KILN_PJRT_PLUGIN to a plugin .so; scripts/install-deps.sh ",
              "installs XLA's CPU plugin and libtpu)");
+  // XLA's plugins log through TSL: its INFO lines (the CPU plugin announces its device count) would
+  // be stray stderr lines; warnings and errors still show. A value the user set is kept.
+  ::setenv("TF_CPP_MIN_LOG_LEVEL", "1", /*overwrite=*/0);
   *library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!*library) fail("device", "the PJRT plugin ", path, " could not be loaded: ", ::dlerror());
   using GetApi = const PJRT_Api* (*)();
@@ -46,9 +50,23 @@ const PJRT_Api* open_plugin(const std::string& path, void** library) {
   return api;
 }
 
-std::string compile_options(int replicas) {
-  KILN_CHECK(replicas >= 1 && replicas < 128, "pjrt", "a program for ", replicas, " replicas");
-  return std::string{0x1a, 0x04, 0x20, char(replicas), 0x28, 0x01};
+std::string compile_options(int replicas, int first_device) {
+  KILN_CHECK(replicas >= 1 && replicas < 128 && first_device < 128 && first_device + replicas <= 128, "pjrt",
+             "a program for ", replicas, " replicas from device ", first_device);
+  // Protobuf wire format by hand (every number here fits one varint byte): a field is its number
+  // << 3 | wire type (0 varint, 2 length-delimited), then its value or length and bytes.
+  const auto message = [](int field, const std::string& body) {
+    return std::string{char(field << 3 | 2), char(body.size())} + body;
+  };
+  std::string build{0x20, char(replicas), 0x28, 0x01};  // num_replicas (4), num_partitions (5)
+  if (first_device >= 0) {
+    std::string ids;  // ComputationDevice.replica_device_ids (1), packed
+    for (int r = 0; r < replicas; ++r) ids += char(first_device + r);
+    // DeviceAssignmentProto: replica_count (1), computation_count (2), computation_devices (3).
+    const std::string assignment = std::string{0x08, char(replicas), 0x10, 0x01} + message(3, message(1, ids));
+    build += message(9, assignment);  // ExecutableBuildOptionsProto.device_assignment (9)
+  }
+  return message(3, build);  // CompileOptionsProto.executable_build_options (3)
 }
 
 std::string error_text(const PJRT_Api* api, PJRT_Error* error) {
@@ -64,9 +82,20 @@ std::string error_text(const PJRT_Api* api, PJRT_Error* error) {
   return text;
 }
 
-Client::Client(const std::string& path) : path_(path) {
+Client::Client(const std::string& path, int cpu_devices) : path_(path) {
   api_ = open_plugin(path, &library_);
   auto create = KILN_PJRT_ARGS(PJRT_Client_Create_Args);
+  static const char kCpuDeviceCount[] = "cpu_device_count";
+  auto count = KILN_PJRT_ARGS(PJRT_NamedValue);
+  count.name = kCpuDeviceCount;
+  count.name_size = sizeof(kCpuDeviceCount) - 1;
+  count.type = PJRT_NamedValue_kInt64;
+  count.int64_value = cpu_devices;
+  count.value_size = 1;
+  if (cpu_devices > 0) {
+    create.create_options = &count;
+    create.num_options = 1;
+  }
   check(api_->PJRT_Client_Create(&create), "creating a client");
   client_ = create.client;
   auto devs = KILN_PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
@@ -139,14 +168,13 @@ std::shared_ptr<Executable> Client::adopt(PJRT_LoadedExecutable* loaded, const s
 
 std::shared_ptr<Executable> Client::compile(const std::string& name, const std::string& mlir, int dev,
                                             int replicas) const {
-  KILN_CHECK(dev == 0, "device", "pjrt:", dev, ": programs run on the plugin's device 0 in this build");
   device(dev);
-  device(replicas - 1);  // every replica's device exists
+  device(dev + replicas - 1);  // every replica's device exists
   PJRT_Program program = mlir_program(mlir);
   auto a = KILN_PJRT_ARGS(PJRT_Client_Compile_Args);
   a.client = client_;
   a.program = &program;
-  const std::string options = compile_options(replicas);
+  const std::string options = compile_options(replicas, dev);
   a.compile_options = options.data();
   a.compile_options_size = options.size();
   if (PJRT_Error* e = api_->PJRT_Client_Compile(&a)) fail("pjrt", "compiling ", name, ": ", error_message(e));

@@ -31,8 +31,10 @@ struct Executable;
 // "[device] the PJRT plugin <path> ..." as Client does.
 const PJRT_Api* open_plugin(const std::string& path, void** library);
 // CompileOptionsProto{executable_build_options{num_replicas: replicas, num_partitions: 1}},
-// serialized: the same program on `replicas` devices. (Empty options abort inside XLA.)
-std::string compile_options(int replicas);
+// serialized: the same program on `replicas` devices. (Empty options abort inside XLA.) With
+// `first_device` >= 0 they also assign replica r to device first_device + r (a device_assignment);
+// without one XLA picks devices 0..replicas-1.
+std::string compile_options(int replicas, int first_device = -1);
 // The text of `error` on one line; destroys it.
 std::string error_text(const PJRT_Api* api, PJRT_Error* error);
 
@@ -40,7 +42,9 @@ class Client {
  public:
   // Loads the plugin at `path` and starts a client: throws "[device] the PJRT plugin <path> ..."
   // when the file is missing, is no PJRT plugin, has an incompatible API or fails to start.
-  explicit Client(const std::string& path);
+  // `cpu_devices` > 0 asks XLA's CPU plugin for that many devices (its create option
+  // cpu_device_count; the plugin's own default is 4); other plugins are given no options.
+  explicit Client(const std::string& path, int cpu_devices = 0);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -52,8 +56,8 @@ class Client {
   int device_count() const { return int(devices_.size()); }
 
   // Compiles StableHLO (MLIR text) for device `device`, or with `replicas` > 1 for devices
-  // 0..replicas-1, one replica each (the same program on each device's own arguments, joined by
-  // its collectives). Throws "[pjrt] compiling <name>: ..." with XLA's message.
+  // device..device+replicas-1, one replica each (the same program on each device's own arguments,
+  // joined by its collectives). Throws "[pjrt] compiling <name>: ..." with XLA's message.
   std::shared_ptr<Executable> compile(const std::string& name, const std::string& mlir, int device,
                                       int replicas = 1) const;
   // The executable's serialized form (what the on-disk cache stores) and its reverse.
@@ -66,7 +70,7 @@ class Client {
   std::vector<DeviceBuffer> execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args,
                                     const std::vector<bool>& donated) const;
 
-  // Runs `exe`, compiled for args.size() replicas: replica r on device r with args[r]. Returns
+  // Runs `exe`, compiled for args.size() replicas: replica r on its device with args[r]. Returns
   // each replica's outputs.
   std::vector<std::vector<DeviceBuffer>> execute_replicas(const Executable& exe,
                                                           const std::vector<std::vector<PJRT_Buffer*>>& args) const;

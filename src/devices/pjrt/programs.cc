@@ -70,15 +70,18 @@ std::string op_program(const OpProgramSpec& spec) {
   for (size_t bytes : spec.arg_bytes) args.push_back(bytes_arg(b, bytes));
   std::vector<Value> in;
   for (const ByteView& v : spec.inputs) in.push_back(load(b, args[size_t(v.arg)], v));
-  const Value result = lower_op(b, spec.op, spec.attrs, in, spec.out.shape, spec.out.dtype);
+  const Value result = lower_op(b, spec.op, spec.attrs, in, spec.out.shape, spec.out.dtype, spec.replicas);
   Value bytes = to_bytes(b, result, spec.out.dtype);
+  const auto finish = [&](const Value& v, const std::vector<int>& aliases) {
+    return spec.replicas == 1 ? b.finish({v}, aliases) : b.finish_module({v}, spec.replicas, aliases);
+  };
   if (spec.out.arg < 0) {
     const int64_t pad = int64_t(spec.out_bytes) - bytes.shape[0];
     if (pad > 0) bytes = b.pad(bytes, 0, {0}, {pad});
-    return b.finish({bytes});
+    return finish(bytes, {});
   }
   const Value updated = b.dynamic_update_slice(args[size_t(spec.out.arg)], bytes, spec.out.byte_offset);
-  return b.finish({updated}, {spec.out.arg});
+  return finish(updated, {spec.out.arg});
 }
 
 std::string graph_program(const Graph& g, const std::vector<size_t>& arg_bytes, const std::vector<ByteView>& inputs,

@@ -32,6 +32,7 @@ struct OpProgramSpec {
   std::vector<ByteView> inputs;
   ByteView out;                   // dense; out.arg < 0: a fresh buffer of out_bytes bytes
   size_t out_bytes = 0;
+  int replicas = 1;               // > 1: a collective, one replica per tensor-parallel rank
 };
 
 // One op of strict eager mode: its result is the output buffer's new bytes (the updated argument

@@ -105,9 +105,10 @@ std::string FunctionBuilder::finish(const std::vector<Value>& results, const std
   return os.str();
 }
 
-std::string FunctionBuilder::finish_module(const std::vector<Value>& results, int replicas) const {
+std::string FunctionBuilder::finish_module(const std::vector<Value>& results, int replicas,
+                                           const std::vector<int>& aliases) const {
   return "module @kiln attributes {mhlo.num_replicas = " + std::to_string(replicas) +
-         " : i32, mhlo.num_partitions = 1 : i32} {\n" + finish(results) + "}\n";
+         " : i32, mhlo.num_partitions = 1 : i32} {\n" + finish(results, aliases) + "}\n";
 }
 
 Value FunctionBuilder::constant(double value, const std::string& elem) { return splat(value, {}, elem); }

@@ -36,7 +36,7 @@ class FunctionBuilder {
   // index or -1).
   std::string finish(const std::vector<Value>& results, const std::vector<int>& aliases = {}) const;
   // The same, in a module declaring `replicas` replicas (what a program with collectives runs on).
-  std::string finish_module(const std::vector<Value>& results, int replicas) const;
+  std::string finish_module(const std::vector<Value>& results, int replicas, const std::vector<int>& aliases = {}) const;
 
   Value constant(double value, const std::string& elem);  // a 0-d constant
   Value splat(double value, const Shape& shape, const std::string& elem);
