@@ -57,7 +57,8 @@ const std::vector<CommandDoc>& commands() {
                                                                   "component at a time"},
            {"--device-memory", "SIZE", "unlimited", "the device's capacity (6GiB, 512MiB, 2GB); a call that "
                                                     "cannot fit fails before any work"},
-           {"--tp", "N", "1", "shard the transformer over the N processes of mpirun -np N"},
+           {"--tp", "N", "1", "shard the transformer over the N processes of mpirun -np N, or with --device pjrt "
+                              "over N devices of this process"},
            {"--strict", "", "off", "a checkpoint tensor the model does not use is an error, not a warning"},
            {"--dtype", "auto|bf16|f16|f32[,COMPONENT=DTYPE...]", "auto",
             "torch_dtype: weights held and computed in it; auto = the checkpoint's (bf16 weights stay bf16, read in "
