@@ -26,8 +26,7 @@
 //    their (materialised) argument.
 //
 // Then launches are merged where one kernel can write another's output directly
-// (graph/fusion_merge.cc; §2.3.5 "bias, activation, residual, gate fold into the matmul", "a
-// reduction with its elementwise epilogue"):
+// (graph/fusion_merge.cc):
 //  - chains: a producer (linear, matmul, norms, softmax, sdpa, concat, ...) whose value only
 //    feeds a row op (rms_norm, layer_norm, softmax over the last dim), directly or through a
 //    plain reshape, runs with it as one launch: the row op rewrites the producer's rows in

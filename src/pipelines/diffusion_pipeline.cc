@@ -155,7 +155,7 @@ DiffusionPipeline& DiffusionPipeline::enable_model_cpu_offload(const Device& dev
   KILN_CHECK(!s_->options.tensor_parallel, "pipeline",
              "model CPU offload with tensor parallelism is not supported: the sharded "
              "transformer already fits each rank");
-  if (s_->placement == Placement::device)  // §4.1.2 step 4: everything back to the host first
+  if (s_->placement == Placement::device)  // everything back to the host first
     for (size_t i = 0; i < s_->components.size(); ++i) offload(i);
   s_->placement = Placement::model_offload;
   s_->device = device;

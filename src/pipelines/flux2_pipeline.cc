@@ -381,8 +381,8 @@ void Flux2Pipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipeli
     latents = given.rank() == 4 ? flux2_latents::pack(given) : given;
     latents = cast(latents, dt);
   } else {
-    // fp32 noise, rounded to the dtype (Diffusers draws bf16 noise with another generator path,
-    // flux1.md pass latents to reproduce a bf16 run's noise exactly).
+    // fp32 noise, rounded to the dtype (Diffusers draws bf16 noise with another generator path;
+    // pass latents to reproduce a bf16 run's noise exactly).
     latents = flux2_latents::pack(from_vector(TorchGenerator(args.seed).randn(numel(patchified)), patchified));
     if (dt != DType::f32) latents = cast(latents, dt);
   }

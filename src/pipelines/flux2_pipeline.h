@@ -1,6 +1,6 @@
 // Flux2Pipeline (FLUX.2-dev: Mistral 3 text encoder, guidance-distilled) and Flux2KleinPipeline
 // (FLUX.2 [klein]: Qwen3 text encoder; real classifier-free guidance for the undistilled "base"
-// checkpoints), text-to-image step for step as Diffusers' __call__ (flux2.md §5, §6): the chat
+// checkpoints), text-to-image step for step as Diffusers' __call__: the chat
 // template rendered and tokenized, the text encoder's hidden layers (text_encoder_out_layers)
 // concatenated per token, noise drawn patchified and packed, the empirical-mu sigma schedule, the
 // transformer per step (twice with klein's CFG), then the tokens unpacked by their ids,
@@ -45,7 +45,7 @@ class Flux2Pipeline : public DiffusionPipeline {
   // The chat text Diffusers renders for a prompt (dev: system message + user turn; klein: the
   // user turn with the generation prompt and thinking off).
   std::string chat_text(const std::string& prompt) const;
-  // Diffusers' compute_empirical_mu (flux2.md §5.1).
+  // Diffusers' compute_empirical_mu.
   static double compute_empirical_mu(int64_t image_seq_len, int64_t num_steps);
   // The layers a call reads when it names none.
   const std::vector<int64_t>& default_text_encoder_out_layers() const;

@@ -260,8 +260,8 @@ void FluxPipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipelin
     latents = given.rank() == 4 ? pack_latents(given) : given;
     latents = cast(latents, dt);
   } else {
-    // fp32 noise, rounded to the dtype (Diffusers draws bf16 noise with another generator path,
-    // flux1.md pass --latents to reproduce a bf16 run's noise exactly).
+    // fp32 noise, rounded to the dtype (Diffusers draws bf16 noise with another generator path;
+    // pass --latents to reproduce a bf16 run's noise exactly).
     latents = pack_latents(from_vector(TorchGenerator(args.seed).randn(numel(unpacked)), unpacked));
     if (dt != DType::f32) latents = cast(latents, dt);
   }

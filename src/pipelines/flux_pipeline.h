@@ -1,5 +1,5 @@
 // FluxPipeline: text-to-image with a FLUX.1 checkpoint in Diffusers folder layout, step for
-// step as diffusers.FluxPipeline.__call__ (flux1.md §6): CLIP pooled + T5 embeddings, packed
+// step as diffusers.FluxPipeline.__call__: CLIP pooled + T5 embeddings, packed
 // latents, FlowMatchEuler schedule, the transformer per step, unpack, VAE decode. Placement,
 // offload, the memory checks and the size rules are DiffusionPipeline's.
 #pragma once
@@ -28,7 +28,7 @@ class FluxPipeline : public DiffusionPipeline {
   void compile_transformer(CompileScope scope, const CompileOptions& options = {}) override;
   int64_t default_sample_size() const override { return 128; }
 
-  // Packing of latents into 2x2 patch tokens and back (flux1.md §6.3).
+  // Packing of latents into 2x2 patch tokens and back.
   static Tensor pack_latents(const Tensor& latents);  // [B, C, h, w] -> [B, (h/2)(w/2), 4C]
   static Tensor unpack_latents(const Tensor& packed, int64_t h, int64_t w);
   static Tensor image_ids(int64_t h, int64_t w);  // [(h/2)(w/2), 3] rows (0, i, j)

@@ -1,4 +1,4 @@
-// Diffusers' VaeImageProcessor.postprocess with do_normalize=True (flux1.md §6.7): the VAE's
+// Diffusers' VaeImageProcessor.postprocess with do_normalize=True: the VAE's
 // [-1, 1] output becomes [0, 1] floats ("pt") or 8-bit pixels ("pil").
 #pragma once
 #include <cstdint>

@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// StableDiffusion3Pipeline.__call__'s defaults (sd3.md §7).
+// StableDiffusion3Pipeline.__call__'s defaults.
 constexpr double kDefaultGuidance = 7.0;
 constexpr int64_t kDefaultMaxSequenceLength = 256;
 constexpr int64_t kMaxSequenceLimit = 512;
@@ -360,7 +360,7 @@ void StableDiffusion3Pipeline::run(const PipelineCallArgs& args, const Sized& si
                                           : from_vector(TorchGenerator(args.seed).randn(numel(shape)), shape);
   if (latents.dtype() != dt) latents = cast(latents, dt);
 
-  // 3. Schedule: the static shift (sd3.md §6).
+  // 3. Schedule: the static shift.
   FlowMatchEulerDiscreteScheduler scheduler(m_->scheduler);
   scheduler.set_timesteps(args.num_inference_steps);
   const Tensor embeds_pos = cfg ? slice(embeds, 0, 1, 2) : embeds;

@@ -1,6 +1,6 @@
 // StableDiffusion3Pipeline: text-to-image with a Stable Diffusion 3 / 3.5 checkpoint in
-// Diffusers folder layout, step for step as diffusers.StableDiffusion3Pipeline.__call__
-// (sd3.md §4): three text encoders (CLIP-L, CLIP-G, T5; T5 optional), classifier-free
+// Diffusers folder layout, step for step as diffusers.StableDiffusion3Pipeline.__call__:
+// three text encoders (CLIP-L, CLIP-G, T5; T5 optional), classifier-free
 // guidance as a batch of two (unconditional first), skip-layer guidance, FlowMatchEuler with
 // its static shift, AutoencoderKL with SD3's scaling and shift. Placement, offload, the memory
 // checks and the size rules are DiffusionPipeline's.
@@ -32,7 +32,7 @@ class StableDiffusion3Pipeline : public DiffusionPipeline {
   void compile_transformer(CompileScope scope, const CompileOptions& options = {}) override;
   int64_t default_sample_size() const override;  // the transformer's sample_size (128: 1024² images)
 
-  // encode_prompt (sd3.md §4) for one prompt of each encoder: prompt_embeds [1, 77 + S, W]
+  // encode_prompt for one prompt of each encoder: prompt_embeds [1, 77 + S, W]
   // (CLIP-L ‖ CLIP-G penultimate hidden states, zero-padded or cut to T5's width W, then T5's
   // S tokens) and pooled_prompt_embeds [1, P_L + P_G].
   struct PromptEmbeds {

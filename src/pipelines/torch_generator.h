@@ -1,5 +1,5 @@
 // Reproduces torch.Generator("cpu").manual_seed(seed) followed by torch.randn(..., float32),
-// so a seed gives the same initial noise (and image) as Diffusers (flux1.md Appendix A).
+// so a seed gives the same initial noise (and image) as Diffusers.
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -1,4 +1,4 @@
-// FlowMatchEulerDiscreteScheduler as FLUX (flux1.md §6.5) and SD3 (sd3.md §6) use it: the sigma
+// FlowMatchEulerDiscreteScheduler as FLUX and SD3 use it: the sigma
 // schedule is computed on the host in the same precision as Diffusers (fp32 after a float64
 // linspace), with static or dynamic (resolution-dependent) shifting; step() is an Euler update whose
 // per-step dt is a host scalar handed to the device as a value.
@@ -35,7 +35,7 @@ class FlowMatchEulerDiscreteScheduler {
   void set_timesteps(int64_t num_inference_steps, double mu);
   // set_timesteps(N) without sigmas (StableDiffusion3Pipeline): N steps from the largest to the
   // smallest training sigma (both already shifted at construction, in fp32), shifted again in
-  // float64 (sd3.md §6's quirk), then fp32.
+  // float64 (a Diffusers quirk: the last nonzero sigma is shifted twice), then fp32.
   void set_timesteps(int64_t num_inference_steps);
 
   const std::vector<float>& sigmas() const { return sigmas_; }        // N + 1 values, last 0

@@ -5,7 +5,7 @@
 //   auto tok = ClipTokenizer::from_pretrained(root / "tokenizer");
 //   std::vector<int64_t> ids = tok.encode_padded("a photo of a cat");  // 77 ids: bos ... eos pad...
 //
-// Text cleanup (BasicTokenizer path, spec §5.1): drop control characters, U+0000 and U+FFFD,
+// Text cleanup (BasicTokenizer path): drop control characters, U+0000 and U+FFFD,
 // whitespace -> space, spaces around CJK ideographs, NFC, split on whitespace, lowercase; then the
 // pre-tokenisation regex, the GPT-2 byte-to-unicode map and BPE with "</w>" on the last symbol.
 #pragma once

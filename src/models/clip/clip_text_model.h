@@ -13,7 +13,7 @@
 
 namespace kiln {
 
-// Which position of each row `pooler_output` takes (§4.1 step 4). The rules only differ for
+// Which position of each row `pooler_output` takes. The rules only differ for
 // configs whose eos_token_id is not the largest id in use (the tiny test models); for the
 // real FLUX CLIP both give the first <|endoftext|>.
 enum class ClipPooledRule {

@@ -30,7 +30,7 @@ struct FluxTransformerConfig {
   std::vector<int64_t> axes_dims_rope{16, 56, 56};
 
   static FluxTransformerConfig from_json(const io::JsonConfig& json);  // reads and validates
-  // Errors (naming `source`) when the derived quantities of §2.1 do not hold.
+  // Errors (naming `source`) when a size is not positive or axes_dims_rope does not fit attention_head_dim.
   void validate(const std::string& source = "FluxTransformerConfig") const;
 
   int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }

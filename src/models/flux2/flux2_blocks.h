@@ -1,4 +1,4 @@
-// FLUX.2 transformer blocks (spec flux2.md §2.3 steps 5 and 7): the double-stream block with joint
+// FLUX.2 transformer blocks: the double-stream block with joint
 // text+image attention and SwiGLU feed-forwards, and the single-stream block with its one fused
 // Q/K/V/gate/up projection. Neither owns its modulation: the model computes the shared
 // modulations once per forward and hands every block the same ones.

@@ -1,5 +1,5 @@
-// Flux2Transformer2DModel: the FLUX.2 (dev, klein) diffusion transformer, as in Diffusers (spec
-// flux2.md §2). Loaded from a Diffusers "transformer" folder (config.json + safetensors) with the
+// Flux2Transformer2DModel: the FLUX.2 (dev, klein) diffusion transformer, as in Diffusers.
+// Loaded from a Diffusers "transformer" folder (config.json + safetensors) with the
 // Diffusers state-dict names. Differences from FLUX.1 that shape this file: three shared
 // modulation Linears computed once per forward, no biases, 4-axis RoPE (theta 2000), and no pooled
 // text vector.

@@ -1,4 +1,4 @@
-// The language model of FLUX.2's text encoders, used for its hidden states (spec flux2.md §7):
+// The language model of FLUX.2's text encoders, used for its hidden states:
 // FLUX.2-dev's Mistral3ForConditionalGeneration (its Mistral language model; the vision tower,
 // projector and lm_head are never read) and FLUX.2 [klein]'s Qwen3ForCausalLM, one decoder-only
 // class: token embedding, decoder layers (RMSNorm, grouped-query self-attention with half-split
@@ -62,7 +62,7 @@ class CausalLMTextEncoder {
 
   // transformers' output_hidden_states entries at `layers` (in that order): index 0 is the token
   // embeddings, k the output of decoder layer k-1, and num_hidden_layers the final-norm output
-  // (the last entry is replaced by the normed state: the QUIRK of spec §9). Runs only the layers
+  // (the last entry is replaced by the normed state: a transformers QUIRK). Runs only the layers
   // the largest index needs. input_ids [B, L] integer; attention_mask [B, L] integer (or bool),
   // nonzero = a real token, padding on either side. Positions are 0..L-1 whatever the mask;
   // every position, padding included, gets its state (a padding query that sees no real key,

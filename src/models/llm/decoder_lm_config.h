@@ -1,5 +1,5 @@
-// The config of the decoder-only language models FLUX.2 takes its prompt embeddings from (spec
-// flux2.md §7.2): Mistral (FLUX.2-dev's Mistral3ForConditionalGeneration, whose language
+// The config of the decoder-only language models FLUX.2 takes its prompt embeddings from:
+// Mistral (FLUX.2-dev's Mistral3ForConditionalGeneration, whose language
 // model is its `text_config`) and Qwen3 (FLUX.2 [klein]'s Qwen3ForCausalLM). The two share one
 // layer structure; Qwen3 adds a per-head RMSNorm on q and k (q_norm / k_norm).
 #pragma once

@@ -17,7 +17,7 @@ int64_t latent_channels(const AutoencoderKlRandomConfig& v) { return v.is_flux2(
 nlohmann::json config(const AutoencoderKlRandomConfig& v) {
   const std::vector<std::string> down(4, "DownEncoderBlock2D"), up(4, "UpDecoderBlock2D");
   if (v.is_flux2()) {
-    // flux2.md the latent BatchNorm's settings and a 2x2 patch instead of the scaling.
+    // AutoencoderKLFlux2: the latent BatchNorm's settings and a 2x2 patch instead of the scaling.
     return {
         {"_class_name", v.class_name},
         {"_diffusers_version", v.diffusers_version},

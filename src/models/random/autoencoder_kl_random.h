@@ -1,8 +1,8 @@
 // The VAE of FLUX.1 and SD3 (Diffusers AutoencoderKL, 16 latent channels; the same architecture
 // and tensors, different latent scaling) as a random benchmark component (kiln make-random): a
-// Hub-style vae/config.json and every state-dict tensor of spec flux1.md §3 / sd3.md §8, encoder
-// and decoder (244 tensors, 83,819,683 parameters). FLUX.2's AutoencoderKLFlux2 (flux2.md §1.3,
-// §4) is the same network with 32 latent channels plus quant_conv, post_quant_conv and the latent
+// Hub-style vae/config.json and every state-dict tensor, encoder and decoder (244 tensors,
+// 83,819,683 parameters). FLUX.2's AutoencoderKLFlux2 is the same network with 32 latent
+// channels plus quant_conv, post_quant_conv and the latent
 // BatchNorm's buffers bn.running_mean / running_var (mean 0, variance 1: the pipeline's latent
 // normalisation is then the identity) and bn.num_batches_tracked (int64 0).
 #pragma once
@@ -22,7 +22,7 @@ struct AutoencoderKlRandomConfig {
 
   // FLUX.1-schnell / -dev (the Hub's file).
   static AutoencoderKlRandomConfig flux1();
-  // SD3.0 / 3.5 Medium (sd3.md scaling_factor 1.5305, shift_factor 0.0609).
+  // SD3.0 / 3.5 Medium (scaling_factor 1.5305, shift_factor 0.0609).
   static AutoencoderKlRandomConfig sd3();
   // FLUX.2-dev / klein (AutoencoderKLFlux2: no scaling or shift factor).
   static AutoencoderKlRandomConfig flux2();

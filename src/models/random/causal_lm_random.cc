@@ -17,7 +17,7 @@ CausalLmRandomConfig CausalLmRandomConfig::qwen3_8b() {
   return {"qwen3", 151936, 4096, 12288, 36, 32, 8, 128, 1e-6, 1e6, 40960, false};
 }
 
-// [VERIFY] the fields spec flux2.md does not give (transformers_version, the token ids, Qwen3's
+// [VERIFY] some fields (transformers_version, the token ids, Qwen3's
 // max_position_embeddings / max_window_layers, the vision tower's intermediate_size and head_dim)
 // are those of the published Mistral-Small-3.x and Qwen3 configs as remembered, not read from the
 // FLUX.2 repositories. kiln reads none of them.

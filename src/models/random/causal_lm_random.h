@@ -1,5 +1,5 @@
 // The language-model text encoders of FLUX.2 as random benchmark components (kiln make-random),
-// the models kiln's CausalLMTextEncoder loads (spec flux2.md §7.2-7.3):
+// the models kiln's CausalLMTextEncoder loads:
 //   FLUX.2-dev:     Mistral3ForConditionalGeneration (Mistral Small 3.2 24B): a Mistral3
 //                   config.json with the language model in text_config (hidden 5120, 40 layers,
 //                   32 / 8 heads of 128, MLP 32768, vocabulary 131072) and its vision tower's

@@ -11,8 +11,8 @@ namespace {
 constexpr int64_t kVocab = 49408, kPositions = 77;
 
 // text_encoder/config.json as transformers 4.43.3 saves it (FLUX.1's is the Hub's file,
-// openai/clip-vit-large-patch14's text tower; eos_token_id 2 is the legacy value, spec flux1.md
-// §4.1). SD3's towers differ in the architecture, the sizes and hidden_act (sd3.md §2.4).
+// openai/clip-vit-large-patch14's text tower; eos_token_id 2 is the legacy value).
+// SD3's towers differ in the architecture, the sizes and hidden_act.
 nlohmann::json config(const ClipTextRandomConfig& c, DType dtype) {
   return {
       {"_name_or_path", c.name_or_path},

@@ -1,6 +1,6 @@
 // The CLIP text towers of FLUX.1 and SD3 (transformers CLIPTextModel / CLIPTextModelWithProjection)
 // as random benchmark components (kiln make-random): a Hub-style config.json and every
-// state-dict tensor of spec flux1.md §4.1 / sd3.md §3.1 at the real widths.
+// state-dict tensor at the real widths.
 //   FLUX.1's text_encoder: CLIP ViT-L/14, 768 wide, 12 layers, 12 heads, MLP 3072, quick_gelu.
 //   SD3's text_encoder:    the same tower with text_projection [768, 768] (no bias).
 //   SD3's text_encoder_2:  OpenCLIP ViT-bigG/14, 1280 wide, 32 layers, 20 heads, MLP 5120, gelu,

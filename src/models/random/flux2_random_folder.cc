@@ -52,8 +52,9 @@ std::vector<RandomComponent> flux2_random_components(const Flux2RandomOptions& o
 }
 
 nlohmann::json flux2_model_index(Flux2Variant variant) {
-  // §1.1, except the tokenizer of dev: the copied folder is a slow LlamaTokenizer's (sentencepiece,
-  // its chat template in tokenizer_config.json), not the Hub's PixtralProcessor.
+  // The Hub's model_index.json, except the tokenizer of dev: the copied folder is a slow
+  // LlamaTokenizer's (sentencepiece, its chat template in tokenizer_config.json), not the Hub's
+  // PixtralProcessor.
   const bool klein = is_klein(variant);
   nlohmann::json index = {
       {"_class_name", klein ? "Flux2KleinPipeline" : "Flux2Pipeline"},
@@ -69,7 +70,7 @@ nlohmann::json flux2_model_index(Flux2Variant variant) {
 }
 
 nlohmann::json flux2_scheduler_config(Flux2Variant variant) {
-  // §1.4 (FLUX.1-dev's file, made explicit by a newer Diffusers); `shift` is unused as the pipeline
+  // The Hub's file (FLUX.1-dev's, made explicit by a newer Diffusers); `shift` is unused as the pipeline
   // always passes mu.
   return {
       {"_class_name", "FlowMatchEulerDiscreteScheduler"},

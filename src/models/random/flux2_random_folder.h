@@ -1,7 +1,6 @@
 // A complete Diffusers FLUX.2 folder with deterministic random weights (kiln make-random --like
 // flux2-dev|flux2-klein-4b|flux2-klein-9b): real widths, chosen depths, weights in a chosen
-// dtype, to measure speed and memory at real size without the download. The layout is spec
-// flux2.md §1.1:
+// dtype, to measure speed and memory at real size without the download. The layout:
 //   model_index.json   Flux2Pipeline (dev) or Flux2KleinPipeline with is_distilled true (klein);
 //                      the tokenizer entry names the copied folder's class (see below)
 //   scheduler/         FlowMatchEulerDiscreteScheduler, dynamic exponential shifting

@@ -14,7 +14,7 @@ constexpr double kMlpRatio = 3.0;
 
 }  // namespace
 
-// §1.2. [VERIFY] _diffusers_version: the versions the checkpoints were converted with (FLUX.2-dev:
+// [VERIFY] _diffusers_version: the versions the checkpoints were converted with (FLUX.2-dev:
 // November 2025, klein: January 2026), not read from the files.
 Flux2TransformerRandomConfig Flux2TransformerRandomConfig::for_variant(Flux2Variant v) {
   switch (v) {

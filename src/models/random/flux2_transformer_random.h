@@ -1,5 +1,5 @@
 // FLUX.2's Flux2Transformer2DModel as a random benchmark component (kiln make-random): the Hub's
-// transformer/config.json (spec flux2.md §1.2) and every state-dict tensor of §2.1 (no biases;
+// transformer/config.json and every state-dict tensor (no biases;
 // LayerNorms without parameters; q/k RMSNorm scales of 128), with the widths and depths given.
 #pragma once
 #include <cstdint>

@@ -1,7 +1,7 @@
 // The FLUX.2 checkpoints kiln make-random imitates (--like): black-forest-labs/FLUX.2-dev
 // (Mistral Small 3.2 text encoder, guidance embedder, 8+48 blocks of 6144) and FLUX.2 [klein]
 // 4B / 9B (Qwen3-4B / Qwen3-8B text encoder, no guidance embedder, 5+20 blocks of 3072 / 8+24
-// of 4096), spec flux2.md §1.2, §7.2, §8.
+// of 4096).
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -1,5 +1,5 @@
 // FLUX.1's FluxTransformer2DModel as a random benchmark component (kiln make-random): the Hub's
-// transformer/config.json and every state-dict tensor of spec flux1.md §2.3 at the real widths
+// transformer/config.json and every state-dict tensor at the real widths
 // (3072 = 24 heads x 128), with the block counts given.
 #pragma once
 #include <cstdint>

@@ -20,8 +20,8 @@ struct Init {
 
   static Init uniform(double std) { return {Kind::uniform, std}; }
   static Init constant(double v) { return {Kind::constant, v}; }
-  // Diffusers' get_2d_sincos_pos_embed(dim, grid, base_size=base_size, interpolation_scale=1)
-  // (spec sd3.md §5.3 step 2), the positional table PatchEmbed builds from a config: no random
+  // Diffusers' get_2d_sincos_pos_embed(dim, grid, base_size=base_size, interpolation_scale=1),
+  // the positional table PatchEmbed builds from a config: no random
   // draw, the same values for every seed. Cell (row r, column c) of the grid is element
   // r·grid + c; its channels [0, dim/2) encode the column coordinate, [dim/2, dim) the row, each
   // half [sin(g·ω_k), cos(g·ω_k)] for k < dim/4 with g = f32(i) / f32(grid / base_size) and

@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kWhere = "make-random";
-constexpr const char* kPad2 = "!";  // tokenizer_2's pad token (sd3.md §2.5)
+constexpr const char* kPad2 = "!";  // tokenizer_2's pad token
 
 void check_options(const Sd3RandomOptions& o) {
   KILN_CHECK(o.num_layers >= 1, kWhere, "SD3 needs at least 1 transformer block, got ", o.num_layers);
@@ -49,7 +49,7 @@ std::vector<RandomComponent> sd3_random_components(const Sd3RandomOptions& o) {
 }
 
 nlohmann::json sd3_model_index(Sd3Variant variant) {
-  // The Hub's model_index.json (sd3.md §1) without the IP-Adapter entries, except tokenizer_3:
+  // The Hub's model_index.json without the IP-Adapter entries, except tokenizer_3:
   // the copied tokenizer folder is a slow T5Tokenizer's (spiece.model, no tokenizer.json).
   return {
       {"_class_name", "StableDiffusion3Pipeline"},
@@ -67,7 +67,7 @@ nlohmann::json sd3_model_index(Sd3Variant variant) {
 }
 
 nlohmann::json sd3_scheduler_config(Sd3Variant variant) {
-  // sd3.md the Hub's file sets only these; every other field takes the defaults.
+  // The Hub's file sets only these; every other field takes the defaults.
   return {
       {"_class_name", "FlowMatchEulerDiscreteScheduler"},
       {"_diffusers_version", variant == Sd3Variant::sd35_medium ? "0.31.0.dev0" : "0.29.0.dev0"},

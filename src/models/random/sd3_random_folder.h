@@ -1,7 +1,7 @@
 // A complete Diffusers Stable Diffusion 3 / 3.5 Medium folder with deterministic random weights
 // (kiln make-random --like sd3-medium|sd3.5-medium): real widths, a chosen transformer and T5
 // depth, weights in a chosen dtype, to measure speed and memory at real size without the
-// download. The layout is spec sd3.md §1:
+// download. The layout:
 //   model_index.json            StableDiffusion3Pipeline (tokenizer_3: T5Tokenizer, see below)
 //   scheduler/                  FlowMatchEulerDiscreteScheduler, shift 3.0
 //   text_encoder/               CLIP-L/14 with projection (clip_text_random.h)

@@ -24,7 +24,7 @@ std::vector<int64_t> sd3_dual_attention_layers(Sd3Variant variant, int64_t num_l
   return out;
 }
 
-// The Hub's transformer/config.json (sd3.md §2.1), keys sorted as save_pretrained writes them.
+// The Hub's transformer/config.json, keys sorted as save_pretrained writes them.
 // SD3.0 Medium's file predates dual_attention_layers and qk_norm and omits both.
 // [VERIFY] _diffusers_version: the versions the checkpoints were released with (SD3.0 Medium:
 // June 2024, 3.5 Medium: October 2024), not read from the files.

@@ -1,6 +1,6 @@
 // The SD3 / SD3.5 Medium transformer (Diffusers SD3Transformer2DModel) as a random benchmark
-// component (kiln make-random): a Hub-style transformer/config.json (spec sd3.md §2.1) and every
-// state-dict tensor of §5.1 at the real widths (D = 1536 = 24 heads x 64, joint 4096, pooled
+// component (kiln make-random): a Hub-style transformer/config.json and every
+// state-dict tensor at the real widths (D = 1536 = 24 heads x 64, joint 4096, pooled
 // 2048, patch 2, 16 channels), with the block count given.
 //
 // Blocks: the first N blocks of the real model, except that the last one is always Diffusers'
@@ -9,8 +9,8 @@
 // below N (so with N <= 13 every block, the last included, has attn2 and the 9-way norm1).
 //
 // pos_embed.pos_embed [1, M², D] (M = pos_embed_max_size: 384 for 3.5 Medium, 192 for 3.0) holds
-// Diffusers' sincos formula (Init::sincos_2d, §5.3 step 2), not random values: the table the
-// checkpoint is believed to store (sd3.md §11.3), identical for every seed.
+// Diffusers' sincos formula (Init::sincos_2d), not random values: the table the
+// checkpoint is believed to store, identical for every seed.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -1,6 +1,6 @@
 // The Stable Diffusion 3 checkpoints kiln make-random imitates (--like):
 // stabilityai/stable-diffusion-3-medium-diffusers and stabilityai/stable-diffusion-3.5-medium
-// differ only in the transformer (spec sd3.md §9): 3.5 Medium adds MMDiT-X dual attention in
+// differ only in the transformer: 3.5 Medium adds MMDiT-X dual attention in
 // blocks 0-12, QK RMSNorm, and a 384 x 384 positional table (3.0: 192 x 192).
 #pragma once
 #include <optional>

@@ -12,7 +12,7 @@ constexpr int64_t kVocab = 32128, kModel = 4096, kHeads = 64, kHeadDim = 64, kIn
                   kFeedForward = 10240, kBuckets = 32;
 
 // FLUX.1's text_encoder_2/config.json of the Hub (google/t5-v1_1-xxl saved by transformers 4.43.3),
-// also used for SD3's text_encoder_3 (the same model, sd3.md §2.4).
+// also used for SD3's text_encoder_3 (the same model).
 nlohmann::json config(int64_t num_layers, DType dtype) {
   return {
       {"_name_or_path", "google/t5-v1_1-xxl"},

@@ -1,6 +1,6 @@
 // The T5 v1.1 XXL encoder (transformers T5EncoderModel) of FLUX.1 (text_encoder_2) and SD3
 // (text_encoder_3) as a random benchmark component (kiln make-random): the Hub's config.json
-// (FLUX.1's) and every state-dict tensor of spec flux1.md §4.2 / sd3.md §3.2 at the real widths
+// (FLUX.1's) and every state-dict tensor at the real widths
 // (d_model 4096, 64 heads x 64, d_ff 10240, vocabulary 32128), with `num_layers` blocks (both: 24).
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Stable Diffusion 3 / 3.5 transformer blocks (spec sd3.md §5.4): JointTransformerBlock, the
+// Stable Diffusion 3 / 3.5 transformer blocks: JointTransformerBlock, the
 // MMDiT block. Image and text streams each modulate their own LayerNorm from temb, attend
 // jointly (image tokens first, then text: the reverse of FLUX) and update their residuals with
 // gated attention and GELU-tanh feed-forward outputs. Two variants change its structure:

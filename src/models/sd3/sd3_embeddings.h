@@ -1,4 +1,4 @@
-// Stable Diffusion 3 / 3.5 patch embedding (spec sd3.md §5.3 steps 1-2): Diffusers' PatchEmbed
+// Stable Diffusion 3 / 3.5 patch embedding: Diffusers' PatchEmbed
 // with pos_embed_max_size. The latents are cut into p×p patches by a Conv2d (kernel = stride = p),
 // flattened to tokens row by row, and the centre crop of the checkpoint's positional table
 // `pos_embed.pos_embed` [1, M², D] is added. (The timestep/pooled embedding is FLUX's

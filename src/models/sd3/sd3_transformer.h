@@ -1,6 +1,6 @@
 // SD3Transformer2DModel: the Stable Diffusion 3 / 3.5 diffusion transformer (MMDiT, and
-// SD3.5 Medium's MMDiT-X with dual-attention layers and QK RMSNorm), as in Diffusers (spec
-// sd3.md §5). Loaded from a Diffusers "transformer" folder (config.json + safetensors) with the
+// SD3.5 Medium's MMDiT-X with dual-attention layers and QK RMSNorm), as in Diffusers.
+// Loaded from a Diffusers "transformer" folder (config.json + safetensors) with the
 // Diffusers state-dict names; computes in the dtype it is loaded in (f32 by default).
 #pragma once
 #include <filesystem>
@@ -48,7 +48,7 @@ class SD3Transformer2DModel {
  public:
   // Class names of the repeated blocks (what compile_repeated_blocks compiles separately).
   static const std::vector<std::string>& repeated_blocks();
-  // A tensor-parallel plan in the style of FLUX's (Diffusers has none for SD3, spec §5.5): heads
+  // A tensor-parallel plan in the style of FLUX's (Diffusers has none for SD3): heads
   // colwise for every Q/K/V projection, rowwise for the attention output projections, the
   // feed-forwards colwise then rowwise; everything else replicated. With shard_modulation the
   // AdaLN modulation linears are added as colwise_gather.

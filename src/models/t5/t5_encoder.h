@@ -1,4 +1,4 @@
-// T5EncoderModel (transformers), FLUX.1's `text_encoder_2` (T5 v1.1 XXL), spec flux1.md §4.2.
+// T5EncoderModel (transformers), FLUX.1's `text_encoder_2` (T5 v1.1 XXL).
 // Weights use the transformers state-dict names ("encoder.block.0.layer.0.SelfAttention.q.
 // weight", ...). T5 has no biases, no score scaling, RMS-style LayerNorms, and one relative
 // position bias table (block 0's) added to the scores of every block.

@@ -13,7 +13,7 @@ namespace {
 
 constexpr const char* kWhere = "vae";
 
-// The VAE computes in its weights' dtype (flux1.md no upcast inside); an input in
+// The VAE computes in its weights' dtype (no upcast inside); an input in
 // another dtype is cast to it first (torch would refuse the mix).
 Tensor as_dtype(const Tensor& x, DType dtype) { return x.dtype() == dtype ? x : cast(x, dtype); }
 
@@ -25,7 +25,7 @@ VaeConfig VaeConfig::from_json(const io::JsonConfig& json) {
   KILN_CHECK(c.class_name == "AutoencoderKL" || c.class_name == "AutoencoderKLFlux2", kWhere, json.source(),
              ": field '_class_name' is '", c.class_name, "', expected AutoencoderKL or AutoencoderKLFlux2");
   const bool flux2 = c.has_latent_batch_norm();
-  if (flux2) {  // AutoencoderKLFlux2's constructor defaults (flux2.md §1.3)
+  if (flux2) {  // AutoencoderKLFlux2's constructor defaults
     c.latent_channels = 32;
     c.layers_per_block = 2;
     c.block_out_channels = {128, 256, 512, 512};

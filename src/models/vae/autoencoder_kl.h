@@ -1,6 +1,6 @@
-// Diffusers' AutoencoderKL as FLUX.1 uses it (flux1.md §3): the decoder turns latents into an
+// Diffusers' AutoencoderKL as FLUX.1 uses it: the decoder turns latents into an
 // image in [-1, 1]; the encoder (for img2img) gives the mean of the latent distribution.
-// The same class loads FLUX.2's AutoencoderKLFlux2 (flux2.md §4): the same encoder/decoder, plus
+// The same class loads FLUX.2's AutoencoderKLFlux2: the same encoder/decoder, plus
 // the batch-norm running statistics `bn.*` the FLUX.2 pipeline normalizes its patchified latents
 // with (latent_batch_norm(); the transforms are in flux2_latents.h), and no scaling/shift factor.
 // Weights use the Diffusers state-dict names (decoder.conv_in, decoder.mid_block.attentions.0.to_q,
@@ -20,7 +20,7 @@
 
 namespace kiln {
 
-// vae/config.json (flux1.md §1.4, flux2.md §1.3); absent or null fields take the Diffusers class
+// vae/config.json; absent or null fields take the Diffusers class
 // defaults (those of the class `_class_name` names: AutoencoderKL when absent, or
 // AutoencoderKLFlux2, whose defaults are FLUX.2's VAE).
 struct VaeConfig {
@@ -43,7 +43,7 @@ struct VaeConfig {
   bool use_post_quant_conv = true;
   bool mid_block_add_attention = true;
 
-  // AutoencoderKLFlux2 only (flux2.md §1.3).
+  // AutoencoderKLFlux2 only.
   double batch_norm_eps = 1e-4;
   double batch_norm_momentum = 0.1;  // training only; kept for completeness
   std::array<int64_t, 2> patch_size{1, 1};  // AutoencoderKLFlux2's default: (2, 2); AutoencoderKL: none
@@ -148,7 +148,7 @@ class AutoencoderKL {
   MemoryFormat memory_format() const { return memory_format_; }
 
   // AutoencoderKLFlux2: bn.running_mean / bn.running_var [config().batch_norm_channels()] in the
-  // VAE's dtype, with eps = batch_norm_eps (flux2.md §4). Neither decode() nor encode applies
+  // VAE's dtype, with eps = batch_norm_eps. Neither decode() nor encode applies
   // them; the pipeline does (flux2_latents::bn_normalize / bn_denormalize). Absent for AutoencoderKL.
   const std::optional<LatentBatchNorm>& latent_batch_norm() const { return latent_bn_; }
   // The patchify size of AutoencoderKLFlux2's latents (config patch_size).

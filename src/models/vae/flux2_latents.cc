@@ -18,7 +18,7 @@ void check_patch(PatchSize patch) {
 }
 
 // The statistics as [1, N, 1, 1] in x's dtype: the mean cast, the std = sqrt(var + eps) evaluated
-// in the statistics' own dtype and then cast (flux2.md §4 [QUIRK]).
+// in the statistics' own dtype and then cast (a [QUIRK] of Diffusers).
 std::pair<Tensor, Tensor> mean_and_std(const Tensor& x, const LatentBatchNorm& bn, const char* what) {
   KILN_CHECK(bn.running_mean.defined() && bn.running_var.defined(), kWhere, what, ": no batch-norm statistics");
   const int64_t n = bn.running_mean.numel();

@@ -1,4 +1,4 @@
-// The building blocks of Diffusers' AutoencoderKL (flux1.md §3.1), loaded under the Diffusers
+// The building blocks of Diffusers' AutoencoderKL, loaded under the Diffusers
 // state-dict names. In the VAE every GroupNorm has the config's norm_num_groups and eps 1e-6,
 // the activation is SiLU and there is no time embedding.
 #pragma once
