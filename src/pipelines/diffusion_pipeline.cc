@@ -215,8 +215,8 @@ size_t DiffusionPipeline::trace_peak_bytes(const char* what, const std::function
 }
 
 // Traced once per size (nothing runs), then remembered, since every call checks its memory first.
-std::vector<size_t> DiffusionPipeline::activations(int64_t h, int64_t w, int64_t max_sequence_length,
-                                                   int64_t vae_tile_size) const {
+ComponentActivations DiffusionPipeline::activations(int64_t h, int64_t w, int64_t max_sequence_length,
+                                                    int64_t vae_tile_size) const {
   std::lock_guard<std::mutex> lock(s_->activations_mu);
   const auto key = std::make_tuple(h, w, max_sequence_length, vae_tile_size);
   if (const auto it = s_->traced_activations.find(key); it != s_->traced_activations.end()) return it->second;
@@ -360,7 +360,9 @@ MemoryEstimate DiffusionPipeline::estimate_memory(const PipelineCallArgs& args, 
   MemoryEstimate e;
   e.vae_tile_size = vae_tile_size;
   e.capacity = runtime(s_->device).memory().capacity_bytes;
-  const std::vector<size_t> act = activations(h, w, msl, vae_tile_size);
+  std::vector<std::string> names;
+  for (const auto& c : s_->components) names.push_back(c.name);
+  const std::vector<size_t> act = activations_of(names, activations(h, w, msl, vae_tile_size), class_name());
   size_t all_weights = 0, max_act = 0, max_component = 0;
   for (size_t i = 0; i < s_->components.size(); ++i) {
     const size_t wb = s_->components[i].weights.device_bytes(s_->device);

@@ -20,6 +20,7 @@
 #include "distributed/tensor_parallel.h"
 #include "exec/compile.h"
 #include "nn/weights.h"
+#include "pipelines/component_activations.h"
 
 namespace kiln {
 
@@ -277,9 +278,9 @@ class DiffusionPipeline {
   // Argument checks and warnings (prompt cuts) before the memory check; `out.warnings` collects them.
   virtual void check_call(const PipelineCallArgs& args, int64_t height, int64_t width, PipelineOutput& out) const = 0;
   // The peak activation bytes of each model component's forward at these sizes (latent h × w),
-  // in model_cpu_offload_seq order, traced without running anything (trace_peak_bytes).
-  virtual std::vector<size_t> trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
-                                                int64_t vae_tile_size) const = 0;
+  // by component name, traced without running anything (trace_peak_bytes).
+  virtual ComponentActivations trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
+                                                 int64_t vae_tile_size) const = 0;
   // Bytes the pipeline keeps across components (embeddings, latents, ids, tables).
   virtual size_t carried_bytes(int64_t h, int64_t w, int64_t max_sequence_length) const = 0;
   // Host bytes a call needs whatever the placement (noise, latents, tables, the image).
@@ -332,7 +333,7 @@ class DiffusionPipeline {
  private:
   size_t memory_limit() const;
   size_t physical_available() const;
-  std::vector<size_t> activations(int64_t h, int64_t w, int64_t max_sequence_length, int64_t vae_tile_size) const;
+  ComponentActivations activations(int64_t h, int64_t w, int64_t max_sequence_length, int64_t vae_tile_size) const;
   // The tile the call asks for (vae_tile_size, else the VAE's sample_size), checked.
   int64_t requested_vae_tile(const PipelineCallArgs& args) const;
   // Tile sizes must be multiples of this (4 latent pixels); check_vae_tile_size fails naming

@@ -258,16 +258,17 @@ Flux2Pipeline::EncodedPrompt Flux2Pipeline::encode_prompt(const std::string& pro
   return e;
 }
 
-std::vector<size_t> Flux2Pipeline::trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
-                                                     int64_t vae_tile_size) const {
+ComponentActivations Flux2Pipeline::trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
+                                                      int64_t vae_tile_size) const {
   const int64_t L = max_sequence_length;
   const Tensor ids = from_ints(std::vector<int64_t>(size_t(L), 0), {1, L});
   const Tensor mask = from_ints(std::vector<int64_t>(size_t(L), 1), {1, L});
   const std::vector<int64_t> layers = m_->out_layers;
   return {
-      trace_peak_bytes("text_encoder", [&] { return concat(m_->text_encoder.hidden_states(ids, mask, layers), 2); }),
-      m_->transformer.activation_bytes(1, (h / 2) * (w / 2), L),
-      decode_activation_bytes(h, w, vae_tile_size),
+      {"text_encoder",
+       trace_peak_bytes("text_encoder", [&] { return concat(m_->text_encoder.hidden_states(ids, mask, layers), 2); })},
+      {"transformer", m_->transformer.activation_bytes(1, (h / 2) * (w / 2), L)},
+      {"vae", decode_activation_bytes(h, w, vae_tile_size)},
   };
 }
 

@@ -139,16 +139,17 @@ Tensor FluxPipeline::image_ids(int64_t h, int64_t w) {
   return from_vector(ids, {(h / 2) * (w / 2), 3});
 }
 
-std::vector<size_t> FluxPipeline::trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
-                                                    int64_t vae_tile_size) const {
+ComponentActivations FluxPipeline::trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
+                                                     int64_t vae_tile_size) const {
   const Tensor clip_ids = from_ints(std::vector<int64_t>(size_t(m_->tokenizer.model_max_length()), 0),
                                     {1, m_->tokenizer.model_max_length()});
   const Tensor t5_ids = from_ints(std::vector<int64_t>(size_t(max_sequence_length), 0), {1, max_sequence_length});
   return {
-      trace_peak_bytes("text_encoder", [&] { return m_->text_encoder.forward(clip_ids).pooler_output; }),
-      trace_peak_bytes("text_encoder_2", [&] { return m_->text_encoder_2.forward(t5_ids).last_hidden_state; }),
-      m_->transformer.activation_bytes(1, (h / 2) * (w / 2), max_sequence_length),
-      decode_activation_bytes(h, w, vae_tile_size),
+      {"text_encoder", trace_peak_bytes("text_encoder", [&] { return m_->text_encoder.forward(clip_ids).pooler_output; })},
+      {"text_encoder_2",
+       trace_peak_bytes("text_encoder_2", [&] { return m_->text_encoder_2.forward(t5_ids).last_hidden_state; })},
+      {"transformer", m_->transformer.activation_bytes(1, (h / 2) * (w / 2), max_sequence_length)},
+      {"vae", decode_activation_bytes(h, w, vae_tile_size)},
   };
 }
 

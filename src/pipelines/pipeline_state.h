@@ -35,7 +35,7 @@ struct PipelineState {
   // One call at a time: a call moves weights (offload) that another call's kernels may be using.
   std::mutex call_mu;
   std::mutex activations_mu;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::vector<size_t>> traced_activations;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, ComponentActivations> traced_activations;
 };
 
 }  // namespace kiln

@@ -220,20 +220,20 @@ std::vector<StableDiffusion3Pipeline::PromptEmbeds> StableDiffusion3Pipeline::en
   return out;
 }
 
-std::vector<size_t> StableDiffusion3Pipeline::trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
-                                                                int64_t vae_tile_size) const {
+ComponentActivations StableDiffusion3Pipeline::trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
+                                                                 int64_t vae_tile_size) const {
   const int64_t clip_len = m_->tokenizer.model_max_length();
   const Tensor clip_ids = from_ints(std::vector<int64_t>(size_t(clip_len), 0), {1, clip_len});
   const Tensor t5_ids = from_ints(std::vector<int64_t>(size_t(max_sequence_length), 0), {1, max_sequence_length});
-  std::vector<size_t> act;
-  for (const ClipTextModel* enc : {&m_->text_encoder, &m_->text_encoder_2})
-    act.push_back(trace_peak_bytes("text_encoder", [&] { return enc->forward(clip_ids, true).text_embeds; }));
+  ComponentActivations act;
+  for (const auto& [name, enc] : {std::pair{"text_encoder", &m_->text_encoder}, {"text_encoder_2", &m_->text_encoder_2}})
+    act[name] = trace_peak_bytes(name, [&] { return enc->forward(clip_ids, true).text_embeds; });
   if (m_->text_encoder_3)
-    act.push_back(
-        trace_peak_bytes("text_encoder_3", [&] { return m_->text_encoder_3->forward(t5_ids).last_hidden_state; }));
+    act["text_encoder_3"] =
+        trace_peak_bytes("text_encoder_3", [&] { return m_->text_encoder_3->forward(t5_ids).last_hidden_state; });
   // The guided batch of two (the default call; a call without guidance needs less).
-  act.push_back(m_->transformer.activation_bytes(2, h, w, clip_len + max_sequence_length));
-  act.push_back(decode_activation_bytes(h, w, vae_tile_size));
+  act["transformer"] = m_->transformer.activation_bytes(2, h, w, clip_len + max_sequence_length);
+  act["vae"] = decode_activation_bytes(h, w, vae_tile_size);
   return act;
 }
 
