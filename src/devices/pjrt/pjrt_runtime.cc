@@ -474,25 +474,30 @@ class PjrtRuntime final : public DeviceRuntime {
       ++counters_.reused;
       return it->second;
     }
-    const std::string text = mlir();
-    std::shared_ptr<Executable> exe;
     // Device 0's entries keep the key they always had; other devices' programs are their own.
-    const std::filesystem::path file =
-        cache_file("pjrt", text, index_ == 0 ? platform_ : platform_ + " device " + std::to_string(index_), ".pjrt");
+    const std::shared_ptr<Executable> exe = load_or_compile(
+        mlir(), name, index_ == 0 ? platform_ : platform_ + " device " + std::to_string(index_), index_, 1);
+    programs_.emplace(key, exe);
+    return exe;
+  }
+
+  // `text` compiled for `replicas` devices from `first`: from the on-disk cache (under `cache_key`
+  // beside the text), else compiled and stored there.
+  std::shared_ptr<Executable> load_or_compile(const std::string& text, const std::string& name,
+                                              const std::string& cache_key, int first, int replicas) {
+    const std::filesystem::path file = cache_file("pjrt", text, cache_key, ".pjrt");
     if (const std::optional<std::string> bytes = read_cache_file(file)) {
       try {
-        exe = client_->deserialize(name, *bytes);
+        std::shared_ptr<Executable> exe = client_->deserialize(name, *bytes);
         ++counters_.loaded_from_disk;
+        return exe;
       } catch (const Error&) {
-        exe = nullptr;  // a damaged or foreign entry: compiled again and rewritten below
+        // a damaged or foreign entry: compiled again and rewritten below
       }
     }
-    if (!exe) {
-      exe = client_->compile(name, text, index_);
-      ++counters_.compiled;
-      store_cache_file(file, client_->serialize(*exe));
-    }
-    programs_.emplace(key, exe);
+    std::shared_ptr<Executable> exe = client_->compile(name, text, first, replicas);
+    ++counters_.compiled;
+    store_cache_file(file, client_->serialize(*exe));
     return exe;
   }
 
@@ -507,21 +512,7 @@ class PjrtRuntime final : public DeviceRuntime {
       ++counters_.reused;
       return it->second;
     }
-    std::shared_ptr<Executable> exe;
-    const std::filesystem::path file = cache_file("pjrt", text, platform_ + devices, ".pjrt");
-    if (const std::optional<std::string> bytes = read_cache_file(file)) {
-      try {
-        exe = client_->deserialize(name, *bytes);
-        ++counters_.loaded_from_disk;
-      } catch (const Error&) {
-        exe = nullptr;  // a damaged or foreign entry: compiled again and rewritten below
-      }
-    }
-    if (!exe) {
-      exe = client_->compile(name, text, first, ranks);
-      ++counters_.compiled;
-      store_cache_file(file, client_->serialize(*exe));
-    }
+    const std::shared_ptr<Executable> exe = load_or_compile(text, name, platform_ + devices, first, ranks);
     replicated_->loaded.emplace(devices + "|" + text, exe);
     return exe;
   }
