@@ -9,11 +9,25 @@
 #include <mutex>
 #include <thread>
 
+#include <vector>
+
 #include "core/env.h"
 #include "core/error.h"
-#include "devices/runtime.h"
 
 namespace kiln {
+
+namespace {
+std::mutex g_drains_mu;
+std::vector<std::function<void()>>& drains() {
+  static auto* d = new std::vector<std::function<void()>>;  // leaked: read by the exit handler
+  return *d;
+}
+}  // namespace
+
+void before_world_finalize(std::function<void()> drain) {
+  std::lock_guard<std::mutex> lock(g_drains_mu);
+  drains().push_back(std::move(drain));
+}
 
 double collective_timeout_seconds() {
   static const double t = [] {
@@ -161,11 +175,17 @@ std::shared_ptr<ProcessGroup> ProcessGroup::world() {
     KILN_CHECK(provided >= MPI_THREAD_SERIALIZED, "distributed",
                "this MPI library cannot be called from kiln's device thread (thread level ", provided, ")");
     std::atexit([] {
-      try {
-        // Queued kernels may still run collectives: let them finish first.
-        DeviceRuntime& rt = runtime(Device::cpu());
-        rt.wait_for(rt.last_enqueued());
-      } catch (...) {
+      // Queued kernels may still run collectives: let them finish first.
+      std::vector<std::function<void()>> pending;
+      {
+        std::lock_guard<std::mutex> lock(g_drains_mu);
+        pending = drains();
+      }
+      for (const auto& drain : pending) {
+        try {
+          drain();
+        } catch (...) {
+        }
       }
       int finalized = 0;
       MPI_Finalized(&finalized);

@@ -9,6 +9,7 @@
 // that exits is also noticed by mpirun, which then ends the others.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -57,6 +58,11 @@ class ProcessGroup {
 
 // KILN_COLLECTIVE_TIMEOUT (seconds, default 300), read once: how long a collective may wait.
 double collective_timeout_seconds();
+
+// Work that must finish before MPI is finalised at exit: a device registers how to drain its
+// queue, where collective kernels may still be waiting (devices include this layer, never the
+// reverse). Run in registration order by the world's exit handler; their errors are ignored.
+void before_world_finalize(std::function<void()> drain);
 
 namespace detail {
 std::shared_ptr<ProcessGroup> thread_world();  // the calling thread's in-process rank, or null

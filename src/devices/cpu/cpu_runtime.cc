@@ -19,6 +19,7 @@
 #include "devices/cpu/kernels/kernel_table.h"
 #include "devices/cpu/queue.h"
 #include "devices/runtime.h"
+#include "distributed/process_group.h"
 
 namespace kiln {
 
@@ -77,6 +78,8 @@ class CpuRuntime final : public DeviceRuntime {
     add_movement_kernels(kernels_);
     add_contraction_kernels(kernels_);
     add_collective_kernels(kernels_);
+    // Its queue may hold collective kernels when the process exits: MPI must outlive them.
+    before_world_finalize([this] { queue_.wait_for(queue_.last_enqueued()); });
   }
   Device device() const override { return Device::cpu(); }
   bool is_host() const override { return true; }
