@@ -32,12 +32,9 @@ using DF = hn::ScalableTag<float>;
 constexpr const char* kWhere = "attention";
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Tile sizes, measured at L=4608, D=128 with oneDNN on a 2-core Zen 5 (GFLOP/s counting
-// the two GEMMs' flops). One thread: q-block 64..256 x k-block 256..1024 all gave
-// 160-172, a flat optimum. Two threads, 8 heads: 128x512 291, 128x1024 283, 256x512 282,
-// 256x256 280, 128x256 277, 64x512 272. 128x512 also keeps the per-thread score tile at
-// 256 KiB, well inside L2. With these the kernel takes ~1.03x (one thread) and ~1.2x
-// (two threads, bench_attention) the time of the two plain per-head GEMMs it replaces.
+// Tile sizes: 128 query rows x 512 keys was the best of a sweep on two threads (the optimum is
+// flat within ~7%; docs/benchmarks-history.md, "Attention tile sizes"), and keeps the
+// per-thread score tile at 256 KiB, well inside L2.
 //
 // Note: dnnl_sgemm mallocs its packing buffers on every call; this relies on glibc's
 // default of serving them from the heap after the first call. Forcing a low mmap

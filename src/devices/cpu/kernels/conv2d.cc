@@ -3,11 +3,9 @@
 // Layout: the primitive is created with format_tag::any so oneDNN picks its preferred
 // layouts (on AVX-512 it chose brgconv with nhwc src/dst and Acdb64a weights); src,
 // weights and dst are reordered per call. Channels-last callers (ConvLayout::kChannelsLast) hand
-// it nhwc src and dst, read and written in place: only the weights are reordered. Measured on N=1, C=O=128, H=W=128, 3x3,
-// pad 1, one thread of an AMD EPYC (AVX-512), best of 15:
-//   any (incl. ~3 ms of reorders): 26.2 ms  (conv alone ~24 ms, brgconv)
-//   plain nchw/oihw:               35.4 ms  (x64:gemm:jit, im2col + GEMM)
-// and C=O=512 at 64x64: 105 ms vs 125 ms. So the blocked ("any") path is the default.
+// it nhwc src and dst, read and written in place: only the weights are reordered. The blocked
+// ("any") path is the default: reorders included, it beat plain nchw/oihw (im2col + GEMM) on the
+// VAE's convolution shapes (docs/benchmarks-history.md, "Convolution layouts").
 // Reordered weights are not cached: one shape serves many layers with different weights.
 //
 // A residual (y = conv(x) + r, a ResNet block's skip path) is a binary-add post-op of a bf16

@@ -77,25 +77,11 @@ void sgemm_onednn(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 
 }  // namespace
 
-// Default backend: oneDNN. Measured with bench/bench_matmul (best of 2 repetitions) on the
-// 2-core AMD EPYC (Zen 5, AVX-512) dev machine, 2 OpenMP threads. OpenBLAS 0.3.21 there
-// reports core "Haswell" (AVX2) because the machine sets OPENBLAS_CORETYPE=Haswell;
-// oneDNN 2.6 runs its AVX-512 kernels. GFLOP/s, A = [M,K] activations, C = [M,N]:
-//
-//                            B stored [N,K] (trans_b)     B stored [K,N]
-//   M     K      N          OpenBLAS  dnnl_sgemm  matmul   OpenBLAS  dnnl_sgemm  matmul
-//   1024  3072   3072        199.1     369.0     354.0     197.5     364.7     196.2
-//   1024  3072   12288       189.4     359.7     354.5     194.0     363.7     182.7
-//   1024  12288  3072        196.6     365.2     356.7     191.4     363.2     156.8
-//   4096  3072   3072        201.9     395.6     362.4     191.2     368.6     187.5
-//   4096  3072   12288       181.3     364.4     335.7     186.9     373.9     174.8
-//   4096  12288  3072        189.6     370.6     348.1     192.1     373.7     154.2
-//
-// oneDNN is ~1.9x faster on every shape. With OPENBLAS_CORETYPE unset OpenBLAS picks
-// "Cooperlake" (AVX-512) and gets 292-344 GFLOP/s on the same shapes, still at or below
-// dnnl_sgemm on 10 of 12 (284-360 in that run). "matmul" is a oneDNN matmul primitive
-// created ahead of time: no faster than dnnl_sgemm with B stored [N,K] and 2x slower with
-// B stored [K,N], so the oneDNN path is dnnl_sgemm, which needs no primitive cache.
+// Default backend: oneDNN's dnnl_sgemm, about twice OpenBLAS's throughput on the DiT's linear
+// shapes (docs/benchmarks.md, "Matmul, attention, single-row linears"; the measured table is in
+// docs/benchmarks-history.md, "Matmul"). A oneDNN matmul primitive made ahead of time was no
+// faster with B stored [N,K] and half as fast with B stored [K,N], so the oneDNN path is
+// dnnl_sgemm, which needs no primitive cache.
 GemmBackend gemm_backend() {
   static const GemmBackend backend = backend_from_env();
   return backend;
