@@ -43,13 +43,6 @@ bool device_interface(const std::string& header) {
   return header == "devices/runtime.h" || header == "devices/aot_target.h";
 }
 
-// The one exception left: kiln generate's report prints the CPU device's own figures (its bf16
-// linear path, f32 conversions, pre-packed weights) from the CPU backend's headers, until the
-// device interface carries them.
-bool known_exception(const std::string& file, const std::string& header) {
-  return file == "tools/report.cc" && header.rfind("devices/cpu/", 0) == 0;
-}
-
 TEST(Layering, EveryFolderIncludesOnlyTheLayersBelowIt) {
   const std::regex include(R"(^\s*#\s*include\s+"([a-z0-9_]+)/([^"]+)\")");
   std::ostringstream wrong;
@@ -74,8 +67,7 @@ TEST(Layering, EveryFolderIncludesOnlyTheLayersBelowIt) {
         if (to == layer || !allowed().count(to)) continue;  // its own layer, or a path relative to its folder
         ++includes;
         const bool below = rules->second.count(to) > 0;
-        const bool interface_only = to != "devices" || layer == "devices" || device_interface(header) ||
-                                    known_exception(rel, header);
+        const bool interface_only = to != "devices" || layer == "devices" || device_interface(header);
         if (!below || !interface_only)
           wrong << rel << ":" << n << ": " << layer << " includes " << header
                 << (below ? " (a backend's own header above src/devices)" : " (not a layer below it)") << "\n";

@@ -7,9 +7,6 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "devices/cpu/kernels/f32_io.h"
-#include "devices/cpu/kernels/linear_gemm.h"
-#include "devices/cpu/prepacked_weights.h"
 #include "devices/runtime.h"
 #include "exec/compile.h"
 #include "exec/counters.h"
@@ -49,6 +46,9 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
                         {"runs", e.runs}});
   }
   const MemoryStats mem = runtime(device).memory();
+  // The host's own figures (its bf16 linear path, its f32 conversions), whatever the device.
+  const DeviceRuntime& host = runtime(Device::cpu());
+  const auto host_counters = host.device_counters();
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   nlohmann::json report{
@@ -57,8 +57,8 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
         {"device", device.str()},
         {"mode", eager_mode_name(eager_mode())},
         // How this CPU runs bf16 linears: bf16 dot products, or widened into the f32 GEMM where
-        // those are slower (kernels/linear_gemm.h).
-        {"bf16_linear", cpu::bf16_linear_path_name(cpu::bf16_linear_path())}}},
+        // those are slower.
+        {"bf16_linear", host.device_settings().at("bf16_linear")}}},
       {"inputs", std::move(inputs)},
       {"timings", std::move(timings)},
       {"counters",
@@ -77,7 +77,7 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
         {"host_waits", c.host_waits},
         // Bytes of operands kernels had to convert to f32 copies (0 when every weight and
         // activation is read in its own dtype).
-        {"f32_conversion_bytes", cpu::f32_conversion_bytes()}}},
+        {"f32_conversion_bytes", host_counters.at("f32_conversion_bytes")}}},
       // The device's own counts (PJRT: programs compiled, loaded from the disk cache, reused, run).
       {"device_counters", runtime(device).device_counters()},
       {"compiles", compiles},
@@ -129,10 +129,12 @@ nlohmann::json compile_report() {
   // Linear weights packed for the GEMM (CompileOptions::prepack_weights): how many, their
   // device bytes (made, and still held), launches that reused one, and launches that read plain
   // weights instead.
-  const cpu::PrepackStats p = cpu::prepack_stats();
-  const nlohmann::json prepacked_weights = {
-      {"packed", p.packed}, {"bytes", p.bytes}, {"live_bytes", p.live_bytes}, {"reused", p.reused},
-      {"skipped", p.skipped}};
+  const auto p = runtime(Device::cpu()).device_counters();
+  const nlohmann::json prepacked_weights = {{"packed", p.at("prepacked_weights")},
+                                            {"bytes", p.at("prepacked_bytes")},
+                                            {"live_bytes", p.at("prepacked_live_bytes")},
+                                            {"reused", p.at("prepacked_reused")},
+                                            {"skipped", p.at("prepacked_skipped")}};
   return {{"calls", s.calls},
           {"traces", s.traces},
           {"compiles", s.compiles},

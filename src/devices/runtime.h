@@ -141,6 +141,9 @@ class DeviceRuntime {
   // "programs_loaded_from_disk", "programs_reused", "programs_executed", "whole_graphs_run"):
   // what run reports print beside kiln's counters. None by default.
   virtual std::map<std::string, uint64_t> device_counters() const { return {}; }
+  // How a device chose to run its work, by name (the CPU: "bf16_linear", its bf16 linear path):
+  // what run reports print beside the counters. None by default.
+  virtual std::map<std::string, std::string> device_settings() const { return {}; }
 
   // Whether tensor-parallel ranks on this device run as threads of one process, rank r on the
   // r-th device after the first rank's, their collectives inside the device's programs (PJRT:

@@ -11,6 +11,7 @@
 #include "devices/cpu/allocator.h"
 #include "devices/cpu/cpu_runtime.h"
 #include "devices/cpu/kernels/conv2d.h"
+#include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/fused_elementwise.h"
 #include "devices/cpu/kernels/gemv.h"
 #include "devices/cpu/kernels/gemm.h"
@@ -120,6 +121,21 @@ class CpuRuntime final : public DeviceRuntime {
   size_t max_in_flight_bytes() const override { return queue_.max_pending_bytes(); }
   size_t allocation_size(size_t bytes) const override { return Allocator::round_size(bytes); }
   std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override { return queue_.time_by_name(); }
+  // Operand bytes kernels converted to f32 copies (0 when every weight and activation is read in
+  // its own dtype), and compiled mode's pre-packed GEMM weights: made, their bytes (made, still
+  // held), launches that reused one and launches that read plain weights instead.
+  std::map<std::string, uint64_t> device_counters() const override {
+    const PrepackStats p = prepack_stats();
+    return {{"f32_conversion_bytes", uint64_t(f32_conversion_bytes())},
+            {"prepacked_weights", uint64_t(p.packed)},
+            {"prepacked_bytes", uint64_t(p.bytes)},
+            {"prepacked_live_bytes", uint64_t(p.live_bytes)},
+            {"prepacked_reused", uint64_t(p.reused)},
+            {"prepacked_skipped", uint64_t(p.skipped)}};
+  }
+  std::map<std::string, std::string> device_settings() const override {
+    return {{"bf16_linear", bf16_linear_path_name(bf16_linear_path())}};
+  }
   void reset_kernel_times() override { queue_.reset_time_by_name(); }
 
   KernelFn kernel(const std::string& op) const override {
