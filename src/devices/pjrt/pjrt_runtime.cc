@@ -318,22 +318,9 @@ class PjrtRuntime final : public DeviceRuntime {
     describe_view(spec.out);
     for (const ByteView& v : spec.inputs) describe_view(v);
     key << '|' << spec.out_bytes;
-    const int ranks = is_collective(spec.op) ? ProcessGroup::world()->size() : 1;
-    if (ranks > 1) {
-      spec.replicas = ranks;
-      std::vector<PJRT_Buffer*> inputs;
-      for (uintptr_t base : bases) {
-        Slot& s = slots_.at(base);
-        ensure_written(s);
-        inputs.push_back(s.handle.get());
-      }
-      std::vector<DeviceBuffer> outs = run_with_other_ranks(op_program(spec), spec.op, inputs);
-      ++counters_.executed;
-      out_slot->handle = outs.at(0);
-      item_events_.push_back(client_->ready(outs[0].get()));
-      return;
-    }
-    const std::shared_ptr<Executable> exe = program(key.str(), spec.op, [&] { return op_program(spec); });
+    // A collective among several ranks is one program over all their devices; it writes a fresh
+    // buffer, so nothing is donated.
+    spec.replicas = is_collective(spec.op) ? ProcessGroup::world()->size() : 1;
     std::vector<PJRT_Buffer*> inputs;
     std::vector<bool> donated(bases.size(), false);
     std::vector<DeviceBuffer> keep;
@@ -343,12 +330,15 @@ class PjrtRuntime final : public DeviceRuntime {
       inputs.push_back(s.handle.get());
       keep.push_back(s.handle);
     }
-    if (spec.out.arg >= 0) {
+    if (spec.out.arg >= 0 && spec.replicas == 1) {
       // Updated in place when only this buffer holds its device buffer (else XLA copies it).
       donated[size_t(spec.out.arg)] = keep[size_t(spec.out.arg)].use_count() <= 2;
     }
     keep.clear();
-    std::vector<DeviceBuffer> outs = client_->execute(*exe, inputs, donated);
+    std::vector<DeviceBuffer> outs =
+        spec.replicas > 1
+            ? run_with_other_ranks(op_program(spec), spec.op, inputs)
+            : client_->execute(*program(key.str(), spec.op, [&] { return op_program(spec); }), inputs, donated);
     ++counters_.executed;
     out_slot->handle = outs.at(0);
     item_events_.push_back(client_->ready(outs[0].get()));
