@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "exec/ops.h"
-#include "pipelines/call_args_json.h"
+#include "pipelines/call_arguments.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -75,7 +75,7 @@ TEST(CallArgsJson, MalformedMessagesNameTheField) {
   test::expect_error([&] { call_args_from_json(j); }, {"field 'height'"});
   j = call_args_to_json(every_field_set());
   j["vae_tiling"] = 9;
-  test::expect_error([&] { call_args_from_json(j); }, {"field 'vae_tiling' is not a tiling mode"});
+  test::expect_error([&] { call_args_from_json(j); }, {"field 'vae_tiling': expected \"auto\""});
   test::expect_error([] { call_args_from_json(nlohmann::json::array()); }, {"expected a JSON object"});
   PipelineCallArgs with_latents;
   with_latents.latents = zeros({1, 4});

@@ -277,7 +277,7 @@ TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
       {"generate --prompt cat --model " + (dir_ / "nowhere").string() + " --out " + png.string(), "does not exist"},
       {"generate --bogus 1", "unknown flag '--bogus'"},
       {"generate --device cuda:0 --out " + png.string(), "[device] cuda:0 is not available"},
-      {"generate --max-sequence-length 600 --out " + png.string(), "--max-sequence-length must be in [1, 512], got 600"},
+      {"generate --max-sequence-length 600 --out " + png.string(), "--max-sequence-length must be at most 512, got 600"},
       {"generate --height 8 --out " + png.string(), "--height must be at least 16, got 8"},
       {"generate --model " + test_model() + " --out " + png.string(), "--prompt is required with --model"},
       {"generate --mode fast --out " + png.string(), "--mode fast: expected eager"},

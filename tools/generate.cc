@@ -66,36 +66,6 @@ struct Options {
   PipelineOptions dtypes;  // --dtype (parse_dtype): its dtype and component_dtype
 };
 
-double parse_float(const std::string& flag, const std::string& v) {
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  KILN_CHECK(used == v.size() && !v.empty() && std::isfinite(x), "cli", "flag ", flag, " expects a finite number, got '",
-             v, "'");
-  return x;
-}
-
-VaeTilingMode parse_vae_tiling(const std::string& v) {
-  if (v == "auto") return VaeTilingMode::kAuto;
-  if (v == "on") return VaeTilingMode::kOn;
-  if (v == "off") return VaeTilingMode::kOff;
-  fail("cli", "--vae-tiling ", v, ": expected auto (tiles only when the untiled decode would not fit in memory), on or off");
-}
-
-// --vae-tile-size: checked here as far as it can be without the model (the multiple of the
-// VAE's scale factor it must also be is checked by the pipeline, before any work).
-int64_t parse_vae_tile_size(const std::string& v) {
-  const int64_t tile = parse_int("--vae-tile-size", v);
-  KILN_CHECK(tile >= 1 && tile <= pipeline_checks::kMaxSide, "cli", "--vae-tile-size ", tile,
-             ": expected image pixels per tile side, from 4 times the VAE's scale factor (32 for FLUX.1, SD3 and ",
-             "FLUX.2) up to ", pipeline_checks::kMaxSide, ", a multiple of it");
-  return tile;
-}
-
 Options parse(const std::vector<std::string>& args) {
   Options o;
   o.call.prompt = kDefaultPrompt;
@@ -107,29 +77,19 @@ Options parse(const std::vector<std::string>& args) {
       return args[++i];
     };
     if (flag == "--model") o.model = parse_model(value());
-    else if (flag == "--prompt") o.call.prompt = value(), prompt_given = true;
-    else if (flag == "--prompt-2") o.call.prompt_2 = value();
-    else if (flag == "--prompt-3") o.call.prompt_3 = value();
-    else if (flag == "--negative-prompt") o.call.negative_prompt = value();
-    else if (flag == "--negative-prompt-2") o.call.negative_prompt_2 = value();
-    else if (flag == "--negative-prompt-3") o.call.negative_prompt_3 = value();
-    else if (flag == "--text-encoder-out-layers") o.call.text_encoder_out_layers = parse_int_list(flag, value());
-    else if (flag == "--slg-layers") o.call.skip_guidance_layers = parse_int_list(flag, value());
-    else if (flag == "--slg-scale") o.call.skip_layer_guidance_scale = parse_float(flag, value());
-    else if (flag == "--slg-start") o.call.skip_layer_guidance_start = parse_float(flag, value());
-    else if (flag == "--slg-stop") o.call.skip_layer_guidance_stop = parse_float(flag, value());
-    else if (flag == "--height") o.call.height = parse_int(flag, value());
-    else if (flag == "--width") o.call.width = parse_int(flag, value());
-    else if (flag == "--steps") o.call.num_inference_steps = parse_int(flag, value()), steps_given = true;
-    else if (flag == "--guidance") o.call.guidance_scale = parse_float(flag, value());
-    else if (flag == "--max-sequence-length") o.call.max_sequence_length = parse_int(flag, value()), length_given = true;
-    else if (flag == "--seed") o.call.seed = uint64_t(parse_int(flag, value()));
+    // The pipeline call's arguments (pipelines/call_arguments.h), each checked against its bounds here,
+    // before minutes of model loading.
+    else if (const CallArgument* a = call_argument_of_flag(flag)) {
+      set_from_text(o.call, *a, value());
+      const std::string name = a->name;
+      prompt_given |= name == "prompt";
+      steps_given |= name == "num_inference_steps";
+      length_given |= name == "max_sequence_length";
+    }
     else if (flag == "--latents") o.latents_file = value();
     else if (flag == "--out") o.out = value();
     else if (flag == "--report") o.report = value(), o.report_given = true;
     else if (flag == "--profile") o.profile = true;
-    else if (flag == "--vae-tiling") o.call.vae_tiling = parse_vae_tiling(value());
-    else if (flag == "--vae-tile-size") o.call.vae_tile_size = parse_vae_tile_size(value());
     else if (flag == "--device") o.device = value();
     // The plugin a pjrt device loads, read where the device starts (devices/pjrt).
     else if (flag == "--pjrt-plugin") ::setenv("KILN_PJRT_PLUGIN", value().c_str(), 1);
@@ -148,12 +108,6 @@ Options parse(const std::vector<std::string>& args) {
     else if (const std::string c = component_file_flag(flag); !c.empty()) o.dtypes.component_files[c] = value();
     else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
   }
-  // Checked here, before minutes of model loading.
-  pipeline_checks::check_bounds("cli", "--steps", o.call.num_inference_steps, 1, pipeline_checks::kMaxSteps);
-  if (const auto n = o.call.max_sequence_length)
-    KILN_CHECK(*n >= 1 && *n <= 512, "cli", "--max-sequence-length must be in [1, 512], got ", *n);
-  for (const auto& [flag, v] : {std::pair{"--height", o.call.height}, std::pair{"--width", o.call.width}})
-    if (v) pipeline_checks::check_bounds("cli", flag, *v, 16, pipeline_checks::kMaxSide);
   const Device device = Device::parse(o.device);
   runtime(device);  // "[device] cuda:0 is not available: ..." where the build or the machine lacks it
   const bool in_process = runtime(device).runs_ranks_in_process();

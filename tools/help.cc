@@ -1,8 +1,20 @@
 #include "help.h"
 
 #include "core/env.h"
+#include "pipelines/call_arguments.h"
 
 namespace kiln::cli {
+
+namespace {
+
+// generate's flags: `before`, every pipeline call argument's row (pipelines/call_arguments.h), `after`.
+std::vector<FlagDoc> with_call_arguments(std::vector<FlagDoc> before, const std::vector<FlagDoc>& after) {
+  for (const CallArgument& a : call_arguments()) before.push_back({a.flag, a.metavar, a.shown_default, a.help});
+  before.insert(before.end(), after.begin(), after.end());
+  return before;
+}
+
+}  // namespace
 
 const std::vector<CommandDoc>& commands() {
   static const std::vector<CommandDoc> docs = {
@@ -10,29 +22,10 @@ const std::vector<CommandDoc>& commands() {
        "Text to image with a checkpoint in Diffusers layout: the pipeline class its model_index.json names "
        "(FluxPipeline: FLUX.1; StableDiffusion3Pipeline: SD3 / SD3.5). Without --model it runs the small FLUX.1 "
        "checkpoint bundled with kiln (128x128, 4 steps).",
-       {
-           {"--model", "DIR", "the bundled checkpoint",
-            "a Diffusers FLUX.1 or SD3 folder, a Hugging Face hub cache snapshot, or its models--org--name folder"},
-           {"--prompt", "TEXT", "required with --model", "the prompt of every text encoder without its own"},
-           {"--prompt-2", "TEXT", "--prompt", "FLUX: the T5 prompt; SD3: the CLIP-G prompt"},
-           {"--prompt-3", "TEXT", "--prompt", "SD3: the T5 prompt"},
-           {"--negative-prompt", "TEXT", "\"\"", "SD3: the unconditional prompt of classifier-free guidance "
-                                                "(--negative-prompt-2 / -3 for CLIP-G / T5)"},
-           {"--height", "H", "1024 (128 x vae_scale_factor)",
-            "image height, 16 to 1048576; not a multiple of 16: rounded down"},
-           {"--width", "W", "1024 (128 x vae_scale_factor)",
-            "image width, 16 to 1048576; not a multiple of 16: rounded down"},
-           {"--steps", "N", "28 (4 for the bundled checkpoint)", "num_inference_steps, 1 to 10000 (use 4 for schnell)"},
-           {"--guidance", "G", "FLUX 3.5, SD3 7.0, FLUX.2 4.0",
-            "FLUX.1/FLUX.2-dev: guidance-distilled checkpoints only; SD3 and FLUX.2 klein base: classifier-free "
-            "guidance, on above 1 (two transformer passes per step); distilled klein ignores it"},
-           {"--text-encoder-out-layers", "I,J,K", "FLUX.2-dev 10,20,30; klein 9,18,27",
-            "FLUX.2: the text encoder's hidden_states concatenated per token; only the layers they need are loaded"},
-           {"--slg-layers", "I,J,...", "off", "SD3 skip-layer guidance: blocks skipped in a third pass (SD3.5 Medium: "
-                                              "7,8,9); --slg-scale 2.8, --slg-start 0.01, --slg-stop 0.2"},
-           {"--max-sequence-length", "N", "FLUX 512, SD3 256, FLUX.2 512 (32 for the bundled checkpoint)",
-            "T5 (FLUX.2: chat-template) tokens, 1 to 512; a longer prompt is cut with a warning"},
-           {"--seed", "S", "0", "noise of torch.Generator(\"cpu\").manual_seed(S) + torch.randn"},
+       with_call_arguments(
+           {{"--model", "DIR", "the bundled checkpoint",
+             "a Diffusers FLUX.1 or SD3 folder, a Hugging Face hub cache snapshot, or its models--org--name folder"}},
+           {
            {"--latents", "FILE[:TENSOR]", "", "initial noise from a safetensors file: the tensor 'latents', the only "
                                               "one, or TENSOR"},
            {"--out", "FILE", "out.png", "the PNG, written atomically; symlinks are followed; devices, FIFOs, "
@@ -40,12 +33,6 @@ const std::vector<CommandDoc>& commands() {
            {"--report", "FILE", "", "a JSON run report (timings, counters, memory), same rules as --out"},
            {"--profile", "", "off", "with --report: time every kernel; the report gains profile.by_op (seconds, launches and "
                                 "bytes moved per op, per component)"},
-           {"--vae-tiling", "auto|on|off", "auto", "decode the image in overlapping tiles with blended seams (Diffusers' "
-                                                  "vae.enable_tiling()); auto: only when the untiled decode would not "
-                                                  "fit in memory"},
-           {"--vae-tile-size", "PIXELS", "the VAE's sample_size (1024)", "image pixels per tile side "
-                                                                         "(Diffusers' tile_sample_min_size): a multiple "
-                                                                         "of 4 latent pixels (32 for an 8x VAE)"},
            {"--device", "DEVICE", "cpu", "cpu; cuda:N (a build with the CUDA toolkit, on a machine with that GPU); "
                                         "pjrt (a PJRT plugin: XLA's CPU plugin unless --pjrt-plugin); tpu (libtpu)"},
            {"--pjrt-plugin", "PATH", "XLA's CPU plugin", "with --device pjrt: the PJRT plugin .so to load (a GPU or "
@@ -73,7 +60,7 @@ const std::vector<CommandDoc>& commands() {
            {"--vae", "FILE", "the folder's", "as --transformer, for the VAE (LDM names too)"},
            {"--text-encoder", "FILE", "the folder's", "as --transformer (also --text-encoder-2, --text-encoder-3)"},
            {"--help", "", "", "this text"},
-       }},
+           })},
       {"convert",
        "Write a pipeline's transformer as one file: quantized (--quantize) into GGUF, so the next run loads it in "
        "place with --transformer FILE instead of quantizing again.",

@@ -544,6 +544,7 @@ PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const
   const CallGuard guard(*this);
   const auto t_start = std::chrono::steady_clock::now();
   PipelineOutput out;
+  check_arguments_taken(args, class_name());
   pipeline_checks::check_bounds("pipeline", "num_inference_steps", args.num_inference_steps, 1,
                                 pipeline_checks::kMaxSteps);
   if (args.vae_tile_size) check_vae_tile_size(args.vae_tile_size);

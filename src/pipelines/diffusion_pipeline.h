@@ -20,6 +20,7 @@
 #include "distributed/tensor_parallel.h"
 #include "exec/compile.h"
 #include "nn/weights.h"
+#include "pipelines/call_arguments.h"
 #include "pipelines/component_activations.h"
 
 namespace kiln {
@@ -55,59 +56,6 @@ struct PipelineOptions {
   // or GGUF, in Diffusers names or an original single-file layout; the component's config still
   // comes from the pipeline folder.
   std::map<std::string, std::filesystem::path> component_files;
-};
-
-// Tiled VAE decoding (Diffusers' pipe.vae.enable_tiling(), AutoencoderKL.tiled_decode).
-enum class VaeTilingMode {
-  kAuto,  // tiled only when the call's memory plan says the untiled decode does not fit
-  kOn,    // always (latents larger than one tile)
-  kOff,   // never
-};
-
-// The __call__ arguments of the supported pipelines, by their Diffusers names. An argument a
-// pipeline does not take is an error naming it when set; std::nullopt takes the pipeline's
-// default. The values (not the callbacks or latents) travel between ranks as JSON
-// (pipelines/call_args_json.h): a new field belongs there too.
-struct PipelineCallArgs {
-  std::string prompt;
-  std::optional<std::string> prompt_2;  // FLUX: T5's prompt; SD3: CLIP-G's. Default: prompt
-  std::optional<std::string> prompt_3;  // SD3: T5's prompt. Default: prompt
-  // SD3 (classifier-free guidance): default "" and, for _2/_3, negative_prompt.
-  std::optional<std::string> negative_prompt, negative_prompt_2, negative_prompt_3;
-  std::optional<int64_t> height, width;  // default: default_sample_size * vae_scale_factor
-  int64_t num_inference_steps = 28;
-  // FLUX: used only by guidance-distilled (dev) checkpoints (default 3.5). SD3: classifier-free
-  // guidance, on when > 1 (default 7.0).
-  std::optional<double> guidance_scale;
-  std::optional<int64_t> max_sequence_length;  // T5 tokens; FLUX default 512, SD3 256
-  // SD3 skip-layer guidance (Diffusers' skip_guidance_layers, skip_layer_guidance_scale, _start,
-  // _stop): empty = off.
-  std::vector<int64_t> skip_guidance_layers;
-  double skip_layer_guidance_scale = 2.8;
-  double skip_layer_guidance_start = 0.01;
-  double skip_layer_guidance_stop = 0.2;
-  // FLUX.2: the text encoder's hidden_states indices concatenated per token (empty: the
-  // pipeline's default, dev (10, 20, 30), klein (9, 18, 27)).
-  std::vector<int64_t> text_encoder_out_layers;
-  uint64_t seed = 0;  // torch.Generator("cpu").manual_seed(seed) noise, unless latents are given
-  // Explicit initial noise (parity tests): [1, C, h, w], or FLUX's packed [1, L_img, 4C].
-  Tensor latents;
-  VaeTilingMode vae_tiling = VaeTilingMode::kAuto;
-  // Diffusers' vae.tile_sample_min_size: image pixels per tile side (0: the VAE's sample_size).
-  // kAuto starts from it and halves it until the plan fits.
-  int64_t vae_tile_size = 0;
-  // Called after every denoising step with (step index from 0, total steps, seconds of that step).
-  std::function<void(int64_t, int64_t, double)> on_step;
-  // Diffusers' callback_on_step_end: called after every denoising step with (step index from 0,
-  // the latents that step produced: FLUX's packed, SD3's [1, C, h, w]).
-  std::function<void(int64_t, const Tensor&)> callback_on_step_end;
-  // Called at once with each warning (e.g. a size rounded down, a prompt cut), before the work starts.
-  std::function<void(const std::string&)> on_warning;
-  // Called when a stage other than the steps ends: ("encode" | "decode", seconds).
-  std::function<void(const std::string&, double)> on_stage;
-  // Called once the argument and memory checks have passed, before any work; throwing stops the
-  // call there (kiln serve under --tp: every rank's checks must pass before any rank starts).
-  std::function<void()> on_checked;
 };
 
 // One move of a component's weights (model offload), for reports and tests.

@@ -26,8 +26,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr double kDefaultGuidance = 4.0;  // both pipelines' guidance_scale
-constexpr int64_t kDefaultMaxSequenceLength = 512;
 
 // Flux2Pipeline's SYSTEM_MESSAGE (diffusers/pipelines/flux2/system_messages.py; note the line break).
 constexpr const char* kSystemMessage =
@@ -206,13 +204,13 @@ void Flux2Pipeline::warmup_transformer(int64_t h, int64_t w, int64_t max_sequenc
 }
 
 int64_t Flux2Pipeline::max_sequence_length(const PipelineCallArgs& args) const {
-  const int64_t n = args.max_sequence_length.value_or(kDefaultMaxSequenceLength);
+  const int64_t n = args.max_sequence_length.value_or(int64_t(call_argument_default("max_sequence_length", class_name())));
   KILN_CHECK(n >= 1, "pipeline", "max_sequence_length must be positive, got ", n);
   return n;
 }
 
 double Flux2Pipeline::guidance_scale(const PipelineCallArgs& args) const {
-  return args.guidance_scale.value_or(kDefaultGuidance);
+  return args.guidance_scale.value_or(call_argument_default("guidance_scale", class_name()));
 }
 
 bool Flux2Pipeline::real_cfg(const PipelineCallArgs& args) const {
@@ -295,16 +293,6 @@ double Flux2Pipeline::host_floor_bytes(int64_t height, int64_t width, int64_t ma
 void Flux2Pipeline::check_call(const PipelineCallArgs& args, int64_t height, int64_t width,
                                PipelineOutput& out) const {
   const std::string cls = class_name();
-  const auto not_taken = [&](const char* name, bool given) {
-    KILN_CHECK(!given, "pipeline", name, " is not an argument of ", cls,
-               " (FLUX.2 reads one prompt; klein's negative prompt is always \"\")");
-  };
-  not_taken("prompt_2", args.prompt_2.has_value());
-  not_taken("prompt_3", args.prompt_3.has_value());
-  not_taken("negative_prompt", args.negative_prompt.has_value());
-  not_taken("negative_prompt_2", args.negative_prompt_2.has_value());
-  not_taken("negative_prompt_3", args.negative_prompt_3.has_value());
-  not_taken("skip_guidance_layers", !args.skip_guidance_layers.empty());
   const auto warn = [&](const std::string& w) {
     out.warnings.push_back(w);
     if (args.on_warning) args.on_warning(w);

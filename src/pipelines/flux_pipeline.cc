@@ -24,8 +24,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr double kDefaultGuidance = 3.5;        // FluxPipeline.__call__'s guidance_scale
-constexpr int64_t kDefaultMaxSequenceLength = 512;
+// The defaults of the call argument table (pipelines/call_arguments.cc).
+const double kDefaultGuidance = call_argument_default("guidance_scale", FluxPipeline::kClassName);
+const int64_t kDefaultMaxSequenceLength = int64_t(call_argument_default("max_sequence_length", FluxPipeline::kClassName));
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -176,15 +177,6 @@ double FluxPipeline::host_floor_bytes(int64_t height, int64_t width, int64_t max
 }
 
 void FluxPipeline::check_call(const PipelineCallArgs& args, int64_t height, int64_t width, PipelineOutput& out) const {
-  const auto not_taken = [](const char* name, bool given) {
-    KILN_CHECK(!given, "pipeline", name, " is not an argument of FluxPipeline (FLUX.1 has no classifier-free "
-               "guidance here; StableDiffusion3Pipeline takes it)");
-  };
-  not_taken("prompt_3", args.prompt_3.has_value());
-  not_taken("negative_prompt", args.negative_prompt.has_value());
-  not_taken("negative_prompt_2", args.negative_prompt_2.has_value());
-  not_taken("negative_prompt_3", args.negative_prompt_3.has_value());
-  not_taken("skip_guidance_layers", !args.skip_guidance_layers.empty());
   // As Diffusers, a prompt longer than a text encoder reads is cut, with a warning.
   const int64_t msl = max_sequence_length(args);
   const auto cut = [&](const char* encoder, size_t tokens, int64_t limit, const std::string& why) {

@@ -27,9 +27,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// StableDiffusion3Pipeline.__call__'s defaults.
-constexpr double kDefaultGuidance = 7.0;
-constexpr int64_t kDefaultMaxSequenceLength = 256;
+// StableDiffusion3Pipeline.__call__'s defaults: the call argument table's (pipelines/call_arguments.cc).
+const double kDefaultGuidance = call_argument_default("guidance_scale", StableDiffusion3Pipeline::kClassName);
+const int64_t kDefaultMaxSequenceLength =
+    int64_t(call_argument_default("max_sequence_length", StableDiffusion3Pipeline::kClassName));
 constexpr int64_t kMaxSequenceLimit = 512;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

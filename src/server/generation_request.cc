@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "pipelines/pipeline_checks.h"
 
 namespace kiln::server {
@@ -65,27 +66,6 @@ int64_t read_int(const json& body, const char* field, int64_t lo, int64_t hi) {
   return x;
 }
 
-double read_number(const json& body, const char* field, double lo, double hi) {
-  const json& v = body.at(field);
-  if (!v.is_number()) refuse(field, std::string("expected a number, got ") + type_name(v));
-  const double x = v.get<double>();
-  if (!std::isfinite(x) || x < lo || x > hi)
-    refuse(field, "expected a number in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " + v.dump());
-  return x;
-}
-
-std::vector<int64_t> read_int_list(const json& body, const char* field) {
-  const json& v = body.at(field);
-  if (!v.is_array() || v.size() > 256) refuse(field, "expected an array of at most 256 integers");
-  std::vector<int64_t> out;
-  for (const json& e : v) {
-    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > 4096)
-      refuse(field, "expected layer indices in [0, 4096], got " + e.dump());
-    out.push_back(e.get<int64_t>());
-  }
-  return out;
-}
-
 // "1024x768" (OpenAI's WIDTHxHEIGHT) -> (height, width).
 std::pair<int64_t, int64_t> read_size(const json& body, const RequestLimits& limits) {
   const json& v = body.at("size");
@@ -120,14 +100,14 @@ GenerationRequest parse_generation_request(const std::string& body_text, const R
   }
   if (!body.is_object()) refuse("body", std::string("expected a JSON object, got ") + type_name(body));
 
-  static const std::set<std::string> known = {
-      "prompt", "n", "size", "response_format", "negative_prompt", "prompt_2", "prompt_3", "negative_prompt_2",
-      "negative_prompt_3", "seed", "steps", "num_inference_steps", "guidance_scale", "max_sequence_length",
-      "skip_guidance_layers", "skip_layer_guidance_scale", "skip_layer_guidance_start", "skip_layer_guidance_stop",
-      "text_encoder_out_layers", "model", "user", "quality", "style"};
-  for (const auto& [key, value] : body.items())
-    if (!known.count(key))
+  // The server's own fields, then every call argument a request takes (pipelines/call_arguments.h).
+  static const std::set<std::string> own = {"prompt", "n", "size", "response_format", "steps",
+                                            "model", "user", "quality", "style"};
+  for (const auto& [key, value] : body.items()) {
+    const CallArgument* a = call_argument_named(key);
+    if (!own.count(key) && !(a && a->in_requests))
       refuse(key.empty() ? "\"\"" : key.substr(0, 64), "is not a field this server takes (see docs/server.md)");
+  }
 
   GenerationRequest r;
   r.call = defaults;
@@ -135,11 +115,6 @@ GenerationRequest parse_generation_request(const std::string& body_text, const R
   if (!body.contains("prompt")) refuse("prompt", "is required");
   c.prompt = read_text(body, "prompt", limits);
   if (c.prompt.empty()) refuse("prompt", "expected a non-empty string");
-  for (const auto& [field, target] : {std::pair{"prompt_2", &c.prompt_2}, std::pair{"prompt_3", &c.prompt_3},
-                                      std::pair{"negative_prompt", &c.negative_prompt},
-                                      std::pair{"negative_prompt_2", &c.negative_prompt_2},
-                                      std::pair{"negative_prompt_3", &c.negative_prompt_3}})
-    if (body.contains(field)) *target = read_text(body, field, limits);
   if (body.contains("n")) r.n = read_int(body, "n", 1, limits.max_n);
   if (body.contains("size")) {
     const auto [height, width] = read_size(body, limits);
@@ -158,18 +133,19 @@ GenerationRequest parse_generation_request(const std::string& body_text, const R
   for (const char* field : {"steps", "num_inference_steps"})
     if (body.contains(field))
       c.num_inference_steps = read_int(body, field, 1, std::min(limits.max_steps, pipeline_checks::kMaxSteps));
-  if (body.contains("seed")) c.seed = uint64_t(read_int(body, "seed", 0, std::numeric_limits<int64_t>::max()));
-  if (body.contains("guidance_scale")) c.guidance_scale = read_number(body, "guidance_scale", 0, 100);
-  if (body.contains("max_sequence_length")) c.max_sequence_length = read_int(body, "max_sequence_length", 1, 512);
-  if (body.contains("skip_guidance_layers")) c.skip_guidance_layers = read_int_list(body, "skip_guidance_layers");
-  if (body.contains("text_encoder_out_layers"))
-    c.text_encoder_out_layers = read_int_list(body, "text_encoder_out_layers");
-  if (body.contains("skip_layer_guidance_scale"))
-    c.skip_layer_guidance_scale = read_number(body, "skip_layer_guidance_scale", 0, 100);
-  if (body.contains("skip_layer_guidance_start"))
-    c.skip_layer_guidance_start = read_number(body, "skip_layer_guidance_start", 0, 1);
-  if (body.contains("skip_layer_guidance_stop"))
-    c.skip_layer_guidance_stop = read_number(body, "skip_layer_guidance_stop", 0, 1);
+  for (const CallArgument& a : call_arguments()) {
+    if (!a.in_requests || !body.contains(a.name) || a.name == std::string("prompt") ||
+        a.name == std::string("num_inference_steps"))
+      continue;
+    const json& v = body[a.name];
+    try {
+      // Text arguments pass the server's own checks (length, control characters) first.
+      set_from_json(c, a, v.is_string() ? json(read_text(body, a.name, limits)) : v);
+    } catch (const Error& e) {
+      const std::string m = e.what();  // "[pipeline] NAME: expected ..."
+      refuse(a.name, m.substr(m.find(": ") + 2));
+    }
+  }
   for (const char* field : {"model", "user", "quality", "style"})
     if (body.contains(field) && !body[field].is_string())
       refuse(field, std::string("expected a string, got ") + type_name(body[field]));

@@ -41,10 +41,9 @@ struct GenerationRequest {
 };
 
 // Parses a JSON body. Fields: prompt (required), n, size ("WIDTHxHEIGHT", as OpenAI's),
-// response_format ("b64_json" only: the image travels in the answer), negative_prompt,
-// prompt_2, prompt_3, negative_prompt_2, negative_prompt_3, seed, steps (or num_inference_steps),
-// guidance_scale, max_sequence_length, skip_guidance_layers, skip_layer_guidance_scale,
-// skip_layer_guidance_start, skip_layer_guidance_stop, text_encoder_out_layers; OpenAI's model,
+// response_format ("b64_json" only: the image travels in the answer), steps (or
+// num_inference_steps), and every pipeline call argument a request takes, by its Diffusers name
+// (pipelines/call_arguments.h: negative_prompt, guidance_scale, ...); OpenAI's model,
 // user, quality and style are accepted and ignored. Any other field is an error naming it.
 // Fields the body leaves out keep `defaults`' values (the server's: the pipeline's, or the
 // bundled checkpoint's call).

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "pipelines/call_args_json.h"
+#include "pipelines/call_arguments.h"
 
 namespace kiln::server {
 
