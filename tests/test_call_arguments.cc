@@ -1,17 +1,44 @@
-// The call argument table (pipelines/call_arguments.h): it is consistent, and a pipeline
-// refuses every argument it does not take, naming it.
+// The call argument table (pipelines/call_arguments.h): it is consistent, a pipeline refuses
+// every argument it does not take naming it, and an argument added through it alone — SD3's
+// clip_skip — gives Diffusers' latents and image (tests/fixtures/generate/call_arguments.py).
+#include <cmath>
 #include <set>
 
 #include <gtest/gtest.h>
 
+#include "call_args.h"
 #include "exec/ops.h"
 #include "golden.h"
+#include "io/safetensors.h"
 #include "pipelines/flux_pipeline.h"
 #include "pipelines/stable_diffusion_3_pipeline.h"
 #include "test_util.h"
 
 namespace kiln {
 namespace {
+
+// A reference file the generator wrote beside a fixture's golden.safetensors.
+const io::SafetensorsFile& reference(const std::string& set, const std::string& file) {
+  static std::map<std::string, std::unique_ptr<io::SafetensorsFile>> files;
+  auto& f = files[set + "/" + file];
+  if (!f) f = std::make_unique<io::SafetensorsFile>(test::fixture(set) / file);
+  return *f;
+}
+
+// Diffusers' float image [1, H, W, 3] in [0, 1], as the uint8 PIL image it saves.
+std::vector<uint8_t> as_u8(const Tensor& image) {
+  std::vector<uint8_t> out;
+  for (float v : to_vector(image)) out.push_back(uint8_t(std::lround(std::clamp(v, 0.0f, 1.0f) * 255.0f)));
+  return out;
+}
+
+// The final latents within the fixtures' 1e-4, the image within one level.
+void expect_reference(const PipelineOutput& out, const io::SafetensorsFile& ref, const std::string& prefix,
+                      const std::string& what) {
+  test::expect_close(out.latents, ref.load(prefix + "latents.final"), 1e-4, 0, what + " final latents");
+  const auto [differ, worst] = test::byte_diff(out.image, as_u8(ref.load(prefix + "image")));
+  EXPECT_LE(worst, 1) << what << ": " << differ << " image values differ";
+}
 
 TEST(CallArguments, TheTableIsConsistent) {
   std::set<std::string> names, flags;
@@ -63,6 +90,28 @@ TEST(CallArguments, APipelineRefusesEveryArgumentItDoesNotTake) {
   test::expect_error([&] { flux(args); },
                      {"[pipeline] prompt_3 (--prompt-3) is not an argument of FluxPipeline; StableDiffusion3Pipeline "
                       "takes it"});
+}
+
+// clip_skip 1: both CLIP encoders' prompt embeddings are hidden_states[-3] (the negative prompt's
+// stay hidden_states[-2], as Diffusers), with and without classifier-free guidance.
+TEST(CallArguments, Sd3ClipSkipMatchesDiffusers) {
+  const std::string set = "sd35_tiny_arch";
+  const auto& ref = reference(set, "clip_skip.safetensors");
+  const StableDiffusion3Pipeline pipe = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir(set));
+  for (const auto& [prefix, guidance] : {std::pair{"cfg.", 4.5}, {"nocfg.", 1.0}}) {
+    PipelineCallArgs args = test::fixture_call_args(set);
+    args.guidance_scale = guidance;
+    args.clip_skip = 1;
+    args.latents = ref.load(std::string(prefix) + "latents.initial");
+    const PipelineOutput out = pipe(args);
+    expect_reference(out, ref, prefix, set + " clip_skip 1, " + prefix);
+    // Without it the image is the plain one: the argument is what changed it.
+    args.clip_skip.reset();
+    EXPECT_GT(test::byte_diff(pipe(args).image, out.image).second, 2) << prefix;
+  }
+  PipelineCallArgs args = test::fixture_call_args(set);
+  args.clip_skip = 3;  // the tiny CLIP encoders have 3 layers: 0 to 2
+  test::expect_error([&] { pipe(args); }, {"clip_skip is 3, expected 0 to 2"});
 }
 
 }  // namespace

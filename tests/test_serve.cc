@@ -469,9 +469,9 @@ TEST_F(Serve, Sd35AndFlux2KleinImagesEqualGenerates) {
   const std::vector<Case> cases = {
       {(fixtures / "sd35_tiny_arch" / "pipeline").string(),
        {{"prompt", "a fox"}, {"negative_prompt", "blur"}, {"size", "128x128"}, {"steps", 2}, {"guidance_scale", 4.5},
-        {"max_sequence_length", 40}, {"seed", 5}},
+        {"max_sequence_length", 40}, {"clip_skip", 1}, {"seed", 5}},
        "--prompt \"a fox\" --negative-prompt blur --width 128 --height 128 --steps 2 --guidance 4.5 "
-       "--max-sequence-length 40 --seed 5",
+       "--max-sequence-length 40 --clip-skip 1 --seed 5",
        {}},
       {(fixtures / "flux2_klein_tiny" / "pipeline").string(),
        {{"prompt", "a fox"}, {"size", "32x32"}, {"steps", 2}, {"guidance_scale", 4.0}, {"max_sequence_length", 48},

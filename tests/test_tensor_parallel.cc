@@ -230,7 +230,7 @@ TEST_F(TwoRanks, EachRankHoldsAboutHalfTheTransformer) {
 }
 
 // StableDiffusion3Pipeline sharded over two ranks (kiln's own plan; Diffusers has none for SD3):
-// the single process's image in every mode, with guidance and skip-layer guidance, and each
+// the single process's image in every mode, with guidance, skip-layer guidance and clip_skip, and each
 // rank holding about half of the transformer's weights. sd35_tiny_arch has 4 heads: 2 per rank.
 TEST_F(TwoRanks, TheShardedSD3PipelineGivesTheSingleProcessImage) {
   const char* set = "sd35_tiny_arch";
@@ -243,6 +243,7 @@ TEST_F(TwoRanks, TheShardedSD3PipelineGivesTheSingleProcessImage) {
   args.skip_guidance_layers = {0};
   args.skip_layer_guidance_start = 0.0;
   args.skip_layer_guidance_stop = 0.5;
+  args.clip_skip = 1;
   const StableDiffusion3Pipeline one = StableDiffusion3Pipeline::from_pretrained(test::pipeline_dir(set));
   const PipelineOutput single = one(args);
   const std::vector<float> want = to_vector(single.latents);

@@ -50,6 +50,8 @@ const std::vector<CallArgument>& call_arguments() {
        {{kFlux, 512}, {kSd3, 256}, {kFlux2, 512}, {kKlein, 512}},
        "FLUX 512, SD3 256, FLUX.2 512 (32 for the bundled checkpoint)",
        "T5 (FLUX.2: chat-template) tokens; a longer prompt is cut with a warning"},
+      {"clip_skip", "--clip-skip", "N", &A::clip_skip, 0, kLayers, {kSd3}, {}, "0",
+       "SD3: CLIP layers skipped from the end for the prompt's embeddings (hidden_states[-(N + 2)])"},
       {"skip_guidance_layers", "--slg-layers", "I,J,...", &A::skip_guidance_layers, 0, kLayers, {kSd3}, {}, "off",
        "SD3 skip-layer guidance: blocks skipped in a third pass (SD3.5 Medium: 7,8,9)"},
       {"skip_layer_guidance_scale", "--slg-scale", "S", &A::skip_layer_guidance_scale, 0, 100, {kSd3}, {}, "2.8",

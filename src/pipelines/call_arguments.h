@@ -42,6 +42,8 @@ struct PipelineCallArgs {
   // when > 1.
   std::optional<double> guidance_scale;
   std::optional<int64_t> max_sequence_length;  // T5 tokens
+  // SD3: CLIP layers skipped from the end: the prompt embeddings are hidden_states[-(clip_skip + 2)].
+  std::optional<int64_t> clip_skip;
   // SD3 skip-layer guidance (Diffusers' skip_guidance_layers, skip_layer_guidance_scale, _start,
   // _stop): empty = off.
   std::vector<int64_t> skip_guidance_layers;

@@ -1,6 +1,7 @@
 #include "pipelines/stable_diffusion_3_pipeline.h"
 
 #include <array>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -173,19 +174,22 @@ std::vector<StableDiffusion3Pipeline::PromptEmbeds> StableDiffusion3Pipeline::en
 // Each encoder reads every prompt before the next one starts, so under model offload each
 // arrives once per call (the prompts run one by one, as Diffusers runs them).
 std::vector<StableDiffusion3Pipeline::PromptEmbeds> StableDiffusion3Pipeline::encode_prompts(
-    const std::vector<std::array<std::string, 3>>& prompts, int64_t max_sequence_length, Stages* stages) const {
+    const std::vector<std::array<std::string, 3>>& prompts, int64_t max_sequence_length, Stages* stages,
+    const std::vector<int64_t>& clip_skip) const {
   const auto start = [&](const char* component) {
     if (stages) stages->next(component);
     use(component);
   };
-  // CLIP: the penultimate layer's hidden states (hidden_states[-2]) and the projected pooled output.
+  // CLIP: the penultimate layer's hidden states (hidden_states[-2], or hidden_states[-(clip_skip + 2)])
+  // and the projected pooled output.
   const auto clip = [&](const char* name, const tokenizers::ClipTokenizer& tok, const ClipTextModel& enc, size_t which) {
     start(name);
     std::vector<std::pair<Tensor, Tensor>> out;
-    for (const auto& p : prompts) {
-      const std::vector<int64_t> ids = tok.encode_padded(p[which]);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::vector<int64_t> ids = tok.encode_padded(prompts[i][which]);
       ClipTextModel::Output o = enc.forward(from_ints(ids, {1, int64_t(ids.size())}), /*output_hidden_states=*/true);
-      out.emplace_back(o.hidden_states[o.hidden_states.size() - 2], o.text_embeds);
+      const size_t skip = i < clip_skip.size() ? size_t(clip_skip[i]) : 0;
+      out.emplace_back(o.hidden_states[o.hidden_states.size() - 2 - skip], o.text_embeds);
     }
     return out;
   };
@@ -296,6 +300,11 @@ void StableDiffusion3Pipeline::check_call(const PipelineCallArgs& args, int64_t 
   if (!m_->text_encoder_3 && (args.prompt_3 || args.negative_prompt_3))
     warn("prompt_3 / negative_prompt_3 are not used: this checkpoint has no text_encoder_3 (T5), so its "
          "embeddings are zeros, as in Diffusers");
+  const int64_t clip_layers =
+      std::min(m_->text_encoder.config().num_hidden_layers, m_->text_encoder_2.config().num_hidden_layers);
+  if (args.clip_skip)
+    KILN_CHECK(*args.clip_skip >= 0 && *args.clip_skip < clip_layers, "pipeline", "clip_skip is ", *args.clip_skip,
+               ", expected 0 to ", clip_layers - 1, " (the CLIP text encoders have ", clip_layers, " layers)");
   const int64_t layers = m_->transformer.config().num_layers;
   for (int64_t l : args.skip_guidance_layers)
     KILN_CHECK(l >= 0 && l < layers, "pipeline", "skip_guidance_layers: layer ", l,
@@ -334,7 +343,9 @@ void StableDiffusion3Pipeline::run(const PipelineCallArgs& args, const Sized& si
     const std::string n = args.negative_prompt.value_or("");
     prompts.push_back({n, args.negative_prompt_2.value_or(n), args.negative_prompt_3.value_or(n)});
   }
-  const std::vector<PromptEmbeds> encoded = encode_prompts(prompts, sized.max_sequence_length, &stages);
+  // clip_skip applies to the prompt's embeddings, not the negative prompt's (as Diffusers).
+  const std::vector<PromptEmbeds> encoded =
+      encode_prompts(prompts, sized.max_sequence_length, &stages, {args.clip_skip.value_or(0)});
   const PromptEmbeds& pos = encoded[0];
   const PromptEmbeds* neg = cfg ? &encoded[1] : nullptr;
   // The transformer computes in its dtype; its inputs arrive in it.

@@ -62,9 +62,11 @@ class StableDiffusion3Pipeline : public DiffusionPipeline {
   void warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const override;
   void run(const PipelineCallArgs& args, const Sized& sized, PipelineOutput& out) const override;
 
-  // `stages`: each encoder's work counts for it in the profile (a call's run()).
+  // `stages`: each encoder's work counts for it in the profile (a call's run()). `clip_skip`: per
+  // prompt, the CLIP layers skipped from the end (none past its size).
   std::vector<PromptEmbeds> encode_prompts(const std::vector<std::array<std::string, 3>>& prompts,
-                                           int64_t max_sequence_length, Stages* stages) const;
+                                           int64_t max_sequence_length, Stages* stages,
+                                           const std::vector<int64_t>& clip_skip = {}) const;
 
   std::unique_ptr<Models> m_;
 };
