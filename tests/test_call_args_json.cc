@@ -22,8 +22,9 @@ PipelineCallArgs every_field_set() {
   a.width = 128;
   a.num_inference_steps = 7;
   a.guidance_scale = 0.1 + 0.2;  // not exactly 0.3: the JSON must carry every bit
-  a.max_sequence_length = 77;
+  a.true_cfg_scale = 4.5;
   a.clip_skip = 2;
+  a.max_sequence_length = 77;
   a.skip_guidance_layers = {7, 8, 9};
   a.skip_layer_guidance_scale = 3.1;
   a.skip_layer_guidance_start = 0.02;
@@ -48,8 +49,9 @@ TEST(CallArgsJson, EveryValueComesBackEqual) {
   EXPECT_EQ(b.width, a.width);
   EXPECT_EQ(b.num_inference_steps, a.num_inference_steps);
   EXPECT_EQ(b.guidance_scale, a.guidance_scale);  // bit for bit
-  EXPECT_EQ(b.max_sequence_length, a.max_sequence_length);
+  EXPECT_EQ(b.true_cfg_scale, a.true_cfg_scale);
   EXPECT_EQ(b.clip_skip, a.clip_skip);
+  EXPECT_EQ(b.max_sequence_length, a.max_sequence_length);
   EXPECT_EQ(b.skip_guidance_layers, a.skip_guidance_layers);
   EXPECT_EQ(b.skip_layer_guidance_scale, a.skip_layer_guidance_scale);
   EXPECT_EQ(b.skip_layer_guidance_start, a.skip_layer_guidance_start);
@@ -63,7 +65,7 @@ TEST(CallArgsJson, EveryValueComesBackEqual) {
 TEST(CallArgsJson, DefaultsStayDefaults) {
   const PipelineCallArgs b = call_args_from_json(call_args_to_json(PipelineCallArgs{}));
   EXPECT_FALSE(b.prompt_2 || b.prompt_3 || b.negative_prompt || b.height || b.width || b.guidance_scale ||
-               b.max_sequence_length || b.clip_skip);
+               b.max_sequence_length || b.true_cfg_scale || b.clip_skip);
   EXPECT_EQ(b.num_inference_steps, PipelineCallArgs{}.num_inference_steps);
   EXPECT_EQ(b.vae_tiling, VaeTilingMode::kAuto);
 }

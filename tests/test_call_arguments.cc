@@ -1,12 +1,15 @@
 // The call argument table (pipelines/call_arguments.h): it is consistent, a pipeline refuses
-// every argument it does not take naming it, and an argument added through it alone — SD3's
-// clip_skip — gives Diffusers' latents and image (tests/fixtures/generate/call_arguments.py).
+// every argument it does not take naming it, and the arguments added through it alone —
+// SD3's clip_skip, FLUX.1's negative_prompt with true_cfg_scale (real classifier-free
+// guidance) — give Diffusers' latents and image (tests/fixtures/generate/call_arguments.py),
+// the same in strict eager and deferred modes.
 #include <cmath>
 #include <set>
 
 #include <gtest/gtest.h>
 
 #include "call_args.h"
+#include "exec/mode.h"
 #include "exec/ops.h"
 #include "golden.h"
 #include "io/safetensors.h"
@@ -112,6 +115,39 @@ TEST(CallArguments, Sd3ClipSkipMatchesDiffusers) {
   PipelineCallArgs args = test::fixture_call_args(set);
   args.clip_skip = 3;  // the tiny CLIP encoders have 3 layers: 0 to 2
   test::expect_error([&] { pipe(args); }, {"clip_skip is 3, expected 0 to 2"});
+}
+
+// negative_prompt + true_cfg_scale 4: two transformer passes per step combined as
+// neg + 4 * (pos - neg), the same image in strict eager and deferred modes; either alone is a
+// warning and the plain call's image.
+TEST(CallArguments, FluxTrueCfgMatchesDiffusers) {
+  const std::string set = "flux1_tiny_arch";
+  const auto& ref = reference(set, "true_cfg.safetensors");
+  const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
+  PipelineCallArgs args = test::fixture_call_args(set);
+  args.latents = ref.load("cfg.latents.initial");
+  args.negative_prompt = "blurry, low quality";
+  args.true_cfg_scale = 4.0;
+  const PipelineOutput eager = pipe(args);
+  expect_reference(eager, ref, "cfg.", set + " true CFG");
+  {
+    EagerModeGuard defer(EagerMode::DeferAndFuse);
+    EXPECT_EQ(pipe(args).image, eager.image) << "deferred";
+  }
+  PipelineCallArgs plain = test::fixture_call_args(set);
+  plain.latents = args.latents;
+  const PipelineOutput want = pipe(plain);
+  for (const bool negative : {true, false}) {
+    PipelineCallArgs half = plain;
+    if (negative) half.negative_prompt = "blurry";  // true_cfg_scale stays 1
+    else half.true_cfg_scale = 4.0;                 // no negative prompt
+    const PipelineOutput out = pipe(half);
+    EXPECT_EQ(out.image, want.image) << negative;
+    ASSERT_EQ(out.warnings.size(), 1u) << negative;
+    EXPECT_NE(out.warnings[0].find(negative ? "negative_prompt is not used" : "true_cfg_scale 4.000000 is not used"),
+              std::string::npos)
+        << out.warnings[0];
+  }
 }
 
 }  // namespace

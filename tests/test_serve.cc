@@ -74,6 +74,14 @@ TEST_F(Serve, ImagesEqualGeneratesPngByteForByte) {
   EXPECT_EQ(image->get_header_value("Content-Type"), "image/png");
   EXPECT_EQ(image->body, expected) << "GET /v1/jobs/{id}/image";
 
+  // FLUX.1's real classifier-free guidance (call arguments by their Diffusers names).
+  EXPECT_EQ(b64_png(post_json(c, "/v1/images/generations",
+                              {{"prompt", "a red fox"}, {"negative_prompt", "blurry"}, {"true_cfg_scale", 4.0},
+                               {"steps", 2}, {"seed", 7}},
+                              200)),
+            generate_png("--prompt \"a red fox\" --negative-prompt blurry --true-cfg-scale 4 --steps 2 --seed 7"))
+      << "true_cfg_scale";
+
   // n images: seeds seed, seed + 1, ... each the image generate makes from that seed.
   const json two = post_json(c, "/v1/images/generations",
                              {{"prompt", "a red fox in the snow"}, {"size", "128x96"}, {"steps", 3}, {"seed", 7}, {"n", 2}},
@@ -558,6 +566,16 @@ TEST_F(Serve, TensorParallelRanksServeTogether) {
   ASSERT_FALSE(expected.empty());
   const json body{{"prompt", "a red fox in the snow"}, {"size", "128x96"}, {"steps", 3}, {"seed", 7}};
   EXPECT_EQ(b64_png(post_json(c, "/v1/images/generations", body, 200)), expected);
+
+  // Real classifier-free guidance on both ranks: generate --tp 2's image.
+  EXPECT_EQ(b64_png(post_json(c, "/v1/images/generations",
+                              {{"prompt", "a red fox"}, {"negative_prompt", "blurry"}, {"true_cfg_scale", 4.0},
+                               {"size", "128x96"}, {"steps", 2}, {"seed", 7}},
+                              200)),
+            generate_png("--tp 2 --prompt \"a red fox\" --negative-prompt blurry --true-cfg-scale 4 --width 128 "
+                         "--height 96 --steps 2 --seed 7",
+                         launcher))
+      << "true_cfg_scale";
 
   // Only rank 1 cannot fit 2048x2048 (64 MiB): both ranks skip the call, rank 0 reports rank 1's error.
   const json too_big = post_json(c, "/v1/images/generations", {{"prompt", "big"}, {"size", "2048x2048"}, {"steps", 1}}, 422);

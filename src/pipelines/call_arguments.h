@@ -34,13 +34,15 @@ struct PipelineCallArgs {
   std::string prompt;
   std::optional<std::string> prompt_2;  // FLUX: T5's prompt; SD3: CLIP-G's. Default: prompt
   std::optional<std::string> prompt_3;  // SD3: T5's prompt. Default: prompt
-  // SD3 (classifier-free guidance): default "" and, for _2/_3, negative_prompt.
+  // Classifier-free guidance's unconditional prompts: default "" and, for _2/_3, negative_prompt.
   std::optional<std::string> negative_prompt, negative_prompt_2, negative_prompt_3;
   std::optional<int64_t> height, width;  // default: default_sample_size * vae_scale_factor
   int64_t num_inference_steps = 28;
   // FLUX: used only by guidance-distilled (dev) checkpoints. SD3: classifier-free guidance, on
   // when > 1.
   std::optional<double> guidance_scale;
+  // FLUX.1: real classifier-free guidance, on when > 1 and a negative prompt is given.
+  std::optional<double> true_cfg_scale;
   std::optional<int64_t> max_sequence_length;  // T5 tokens
   // SD3: CLIP layers skipped from the end: the prompt embeddings are hidden_states[-(clip_skip + 2)].
   std::optional<int64_t> clip_skip;

@@ -26,6 +26,7 @@ namespace {
 
 // The defaults of the call argument table (pipelines/call_arguments.cc).
 const double kDefaultGuidance = call_argument_default("guidance_scale", FluxPipeline::kClassName);
+const double kDefaultTrueCfgScale = call_argument_default("true_cfg_scale", FluxPipeline::kClassName);
 const int64_t kDefaultMaxSequenceLength = int64_t(call_argument_default("max_sequence_length", FluxPipeline::kClassName));
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -176,20 +177,43 @@ double FluxPipeline::host_floor_bytes(int64_t height, int64_t width, int64_t max
          3 * pixels;
 }
 
+bool FluxPipeline::true_cfg_on(const PipelineCallArgs& args) {
+  return args.negative_prompt && args.true_cfg_scale.value_or(kDefaultTrueCfgScale) > 1.0;
+}
+
 void FluxPipeline::check_call(const PipelineCallArgs& args, int64_t height, int64_t width, PipelineOutput& out) const {
   // As Diffusers, a prompt longer than a text encoder reads is cut, with a warning.
   const int64_t msl = max_sequence_length(args);
-  const auto cut = [&](const char* encoder, size_t tokens, int64_t limit, const std::string& why) {
-    if (int64_t(tokens) <= limit) return;
-    out.warnings.push_back("the " + std::string(encoder) + " prompt is " + std::to_string(tokens) +
-                           " tokens but only the first " + std::to_string(limit) + " are used (" + why +
-                           "); the rest is cut");
-    if (args.on_warning) args.on_warning(out.warnings.back());
+  const auto warn = [&](const std::string& w) {
+    out.warnings.push_back(w);
+    if (args.on_warning) args.on_warning(w);
   };
-  cut("CLIP", m_->tokenizer.encode(args.prompt).size(), m_->tokenizer.model_max_length(),
-      "CLIP reads " + std::to_string(m_->tokenizer.model_max_length()) + " tokens");
-  cut("T5", m_->tokenizer_2.encode(args.prompt_2.value_or(args.prompt)).size(), msl,
-      "max_sequence_length is " + std::to_string(msl));
+  // `which`: "" or "negative ".
+  const auto cut = [&](const std::string& which, const std::string& encoder, size_t tokens, int64_t limit,
+                       const std::string& why) {
+    if (int64_t(tokens) > limit)
+      warn("the " + encoder + " " + which + "prompt is " + std::to_string(tokens) + " tokens but only the first " +
+           std::to_string(limit) + " are used (" + why + "); the rest is cut");
+  };
+  const auto cut_prompts = [&](const std::string& which, const std::string& clip_prompt, const std::string& t5_prompt) {
+    cut(which, "CLIP", m_->tokenizer.encode(clip_prompt).size(), m_->tokenizer.model_max_length(),
+        "CLIP reads " + std::to_string(m_->tokenizer.model_max_length()) + " tokens");
+    cut(which, "T5", m_->tokenizer_2.encode(t5_prompt).size(), msl, "max_sequence_length is " + std::to_string(msl));
+  };
+  cut_prompts("", args.prompt, args.prompt_2.value_or(args.prompt));
+  // Real classifier-free guidance, as Diffusers' FluxPipeline: on with a negative prompt and
+  // true_cfg_scale > 1; either alone is a warning.
+  const double true_cfg = args.true_cfg_scale.value_or(kDefaultTrueCfgScale);
+  pipeline_checks::finite_scalar("true_cfg_scale", true_cfg, "a finite number (e.g. 4.0)");
+  if (true_cfg_on(args))
+    cut_prompts("negative ", args.negative_prompt.value_or(""),
+                args.negative_prompt_2.value_or(args.negative_prompt.value_or("")));
+  else if (args.negative_prompt || args.negative_prompt_2)
+    warn("negative_prompt is not used: classifier-free guidance runs only with true_cfg_scale above 1 (it is " +
+         std::to_string(true_cfg) + ")");
+  else if (true_cfg > 1)
+    warn("true_cfg_scale " + std::to_string(true_cfg) +
+         " is not used: classifier-free guidance runs only with a negative_prompt");
   const int64_t vsf = vae_scale_factor(), h = height / vsf, w = width / vsf;
   const int64_t channels = m_->transformer.config().in_channels / 4;
   const Shape packed{1, (h / 2) * (w / 2), channels * 4}, unpacked{1, channels, h, w};
@@ -216,32 +240,49 @@ void FluxPipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipelin
   Stages stages(*this);
   out.guidance_scale = args.guidance_scale.value_or(kDefaultGuidance);
 
-  // 1. Text: CLIP pooled embedding, T5 sequence embedding, zero text ids.
+  // 1. Text: CLIP pooled embedding, T5 sequence embedding, zero text ids; with true CFG the
+  // negative prompt's too (each encoder reads both prompts before the next one starts, so under
+  // model offload each arrives once).
   auto t0 = std::chrono::steady_clock::now();
-  stages.next("text_encoder");
-  const auto clip_ids = m_->tokenizer.encode_padded(args.prompt);  // to model_max_length (77)
-  const auto t5_ids = m_->tokenizer_2.encode_padded(prompt_2, sized.max_sequence_length);
-  use("text_encoder");
-  const Tensor pooled = m_->text_encoder.pooled_output(from_ints(clip_ids, {1, int64_t(clip_ids.size())}));
-  stages.next("text_encoder_2");
-  use("text_encoder_2");
-  const Tensor prompt_embeds =
-      m_->text_encoder_2.forward(from_ints(t5_ids, {1, int64_t(t5_ids.size())})).last_hidden_state;
-  const Tensor txt_ids = zeros({int64_t(t5_ids.size()), 3});
+  const bool cfg = true_cfg_on(args);
+  std::vector<std::pair<std::string, std::string>> prompts = {{args.prompt, prompt_2}};
+  if (cfg) prompts.emplace_back(*args.negative_prompt, args.negative_prompt_2.value_or(*args.negative_prompt));
   // The transformer computes in its dtype; its inputs arrive in it (the same as the encoders'
   // unless a component was given another dtype, which torch would refuse to mix).
   const DType dt = m_->transformer.dtype();
-  const Tensor pooled_in = pooled.dtype() == dt ? pooled : cast(pooled, dt);
-  const Tensor embeds_in = prompt_embeds.dtype() == dt ? prompt_embeds : cast(prompt_embeds, dt);
-  const Tensor pooled_ok = pipeline_checks::finite_probe(pooled);
-  const Tensor embeds_ok = pipeline_checks::finite_probe(prompt_embeds);
-  wait(prompt_embeds);
-  pipeline_checks::expect_finite(pooled_ok, "text encoder (CLIP, text_encoder)", dir() / "text_encoder",
-                                 ClipTextModel::checkpoint_keys_not_loaded(),
-                                 "the CLIP text encoder's weights or config");
-  pipeline_checks::expect_finite(embeds_ok, "text encoder (T5, text_encoder_2)", dir() / "text_encoder_2",
-                                 T5EncoderModel::checkpoint_keys_not_loaded(),
-                                 "the T5 text encoder's weights or config");
+  stages.next("text_encoder");
+  use("text_encoder");
+  std::vector<Tensor> pooled, embeds;
+  for (const auto& p : prompts) {
+    const auto clip_ids = m_->tokenizer.encode_padded(p.first);  // to model_max_length (77)
+    pooled.push_back(m_->text_encoder.pooled_output(from_ints(clip_ids, {1, int64_t(clip_ids.size())})));
+  }
+  stages.next("text_encoder_2");
+  use("text_encoder_2");
+  for (const auto& p : prompts) {
+    const auto t5_ids = m_->tokenizer_2.encode_padded(p.second, sized.max_sequence_length);
+    embeds.push_back(m_->text_encoder_2.forward(from_ints(t5_ids, {1, int64_t(t5_ids.size())})).last_hidden_state);
+  }
+  const Tensor txt_ids = zeros({sized.max_sequence_length, 3});
+  std::vector<Tensor> pooled_in, embeds_in;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    pooled_in.push_back(pooled[i].dtype() == dt ? pooled[i] : cast(pooled[i], dt));
+    embeds_in.push_back(embeds[i].dtype() == dt ? embeds[i] : cast(embeds[i], dt));
+  }
+  std::vector<Tensor> pooled_ok, embeds_ok;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    pooled_ok.push_back(pipeline_checks::finite_probe(pooled[i]));
+    embeds_ok.push_back(pipeline_checks::finite_probe(embeds[i]));
+  }
+  wait(embeds.back());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    pipeline_checks::expect_finite(pooled_ok[i], "text encoder (CLIP, text_encoder)", dir() / "text_encoder",
+                                   ClipTextModel::checkpoint_keys_not_loaded(),
+                                   "the CLIP text encoder's weights or config");
+    pipeline_checks::expect_finite(embeds_ok[i], "text encoder (T5, text_encoder_2)", dir() / "text_encoder_2",
+                                   T5EncoderModel::checkpoint_keys_not_loaded(),
+                                   "the T5 text encoder's weights or config");
+  }
   stages.end();
   out.timings.encode = seconds_since(t0);
   if (args.on_stage) args.on_stage("encode", out.timings.encode);
@@ -280,7 +321,12 @@ void FluxPipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipelin
     const float t = scheduler.timesteps()[size_t(i)];
     // t in the latents' dtype, divided by 1000 in that dtype.
     const Tensor timestep = from_vector({rounded_to(dt, rounded_to(dt, t) / 1000.0f)}, {1}, dt);
-    const Tensor v = m_->transformer.forward(latents, embeds_in, pooled_in, timestep, img_ids, txt_ids, guidance);
+    Tensor v = m_->transformer.forward(latents, embeds_in[0], pooled_in[0], timestep, img_ids, txt_ids, guidance);
+    if (cfg) {  // Diffusers: neg + true_cfg_scale * (v - neg)
+      const Tensor neg =
+          m_->transformer.forward(latents, embeds_in[1], pooled_in[1], timestep, img_ids, txt_ids, guidance);
+      v = neg + (v - neg) * *args.true_cfg_scale;
+    }
     latents = scheduler.step(v, latents);
     finish_step(i, latents, t0, args, out);
   }
