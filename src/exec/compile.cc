@@ -338,9 +338,23 @@ void CompiledFunction::prepare(const std::vector<Tensor>& args, const std::vecto
   entry_for(a, params, &eager);
 }
 
+namespace {
+thread_local CompiledCallsMet* t_calls_met = nullptr;
+}  // namespace
+
+CompiledCallsMet::CompiledCallsMet() : outer_(t_calls_met) { t_calls_met = this; }
+CompiledCallsMet::~CompiledCallsMet() { t_calls_met = outer_; }
+
 std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args,
                                                  const std::vector<Tensor>& params) const {
-  if (detail::capturing()) return fn_(args);  // part of an enclosing trace
+  if (detail::capturing()) {  // part of an enclosing trace
+    if (t_calls_met) {
+      CompiledCallsMet::Call call{this, {}, params};
+      for (const Tensor& a : args) call.args.push_back(placeholder_tensor(a.shape(), a.dtype()));
+      t_calls_met->calls_.push_back(std::move(call));
+    }
+    return fn_(args);
+  }
   std::vector<Tensor> a = args;
   bool eager = false;
   const std::shared_ptr<const Entry> entry = entry_for(a, params, &eager);

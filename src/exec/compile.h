@@ -106,4 +106,26 @@ class CompiledFunction {
   mutable bool storm_warned_ = false;
 };
 
+// The compiled callables one trace met (a compiled block called inside a model's forward is
+// inlined there), each with the args it was called with as placeholders of their shapes and
+// dtypes, and its params: what warming those callables up needs, read off one trace of the
+// forward instead of hand-listed shapes. Collects on this thread while alive.
+class CompiledCallsMet {
+ public:
+  struct Call {
+    const CompiledFunction* function;
+    std::vector<Tensor> args, params;
+  };
+  CompiledCallsMet();
+  ~CompiledCallsMet();
+  CompiledCallsMet(const CompiledCallsMet&) = delete;
+  CompiledCallsMet& operator=(const CompiledCallsMet&) = delete;
+  const std::vector<Call>& calls() const { return calls_; }
+
+ private:
+  friend class CompiledFunction;
+  std::vector<Call> calls_;
+  CompiledCallsMet* outer_;
+};
+
 }  // namespace kiln

@@ -4,7 +4,6 @@
 
 #include "core/error.h"
 #include "exec/capture.h"
-#include "exec/memory_plan.h"
 
 namespace kiln {
 namespace {
@@ -98,9 +97,7 @@ FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesy
 FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir,
                                                                const TensorParallelConfig& tp, std::optional<DType> dtype) {
   FluxTransformerConfig config = FluxTransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
-  const int n = tp.mesh.size();
-  KILN_CHECK(config.num_attention_heads % n == 0, "tp", "tp_degree (", n, ") must divide the number of attention heads (",
-             config.num_attention_heads, ") of ", (dir / "config.json").string());
+  check_heads_divide(tp, config.num_attention_heads, dir / "config.json");
   return FluxTransformer2DModel(
       std::move(config), nn::Weights(dir).with_dtype(dtype).with_plan(ShardPlan::make(tp_plan(tp.shard_modulation), tp.mesh)));
 }
@@ -110,12 +107,7 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, con
   const FluxTransformerConfig& c = config_;
   c.validate();
   const int64_t D = c.inner_dim();
-  // A checkpoint with more blocks or a guidance embedder than the config says would load
-  // "fine" and compute the wrong model, so those disagreements are errors too.
-  const auto extra = [&](const std::string& key, const std::string& what) {
-    KILN_CHECK(!w.has(key), kWhere, w.describe(), ": the checkpoint has '", w.key(key), "' but ",
-               what);
-  };
+  const auto extra = [&](const std::string& key, const std::string& what) { refuse_extra(w, key, what); };
   if (!c.guidance_embeds)
     extra("time_text_embed.guidance_embedder.linear_1.weight", "the config has guidance_embeds=false");
   extra("transformer_blocks." + std::to_string(c.num_layers) + ".norm1.linear.weight",
@@ -134,7 +126,7 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, con
     nn::load_block(m.single_transformer_blocks, w.sub("single_transformer_blocks", i), dims);
   m.norm_out = nn::AdaLayerNormContinuous(w.sub("norm_out"), D);
   m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features());
-  m.named_parameters = recorded.named(w.path());
+  set_named_parameters(recorded.named(w.path()));
 }
 
 DType FluxTransformer2DModel::dtype() const { return core_.x_embedder.dtype; }
@@ -174,10 +166,6 @@ Tensor FluxTransformer2DModel::Core::forward(const Tensor& hidden_states, const 
   return proj_out(norm_out(x, temb));
 }
 
-std::vector<Tensor> FluxTransformer2DModel::Core::parameters() const { return nn::parameter_values(named_parameters); }
-
-std::vector<Tensor> FluxTransformer2DModel::parameters() const { return core_.parameters(); }
-
 std::vector<Tensor> FluxTransformer2DModel::compiled_args(const Tensor& hidden_states,
                                                           const Tensor& encoder_hidden_states,
                                                           const Tensor& pooled_projections, const Tensor& timestep,
@@ -189,24 +177,27 @@ std::vector<Tensor> FluxTransformer2DModel::compiled_args(const Tensor& hidden_s
   return a;
 }
 
-void FluxTransformer2DModel::compile(const CompileOptions& options) {
-  compiled_ = std::make_shared<const CompiledFunction>(
-      kWhere,
-      [core = core_](const std::vector<Tensor>& a) {
-        std::optional<Tensor> guidance;
-        if (a.size() > 7) guidance = a[7];
-        return std::vector<Tensor>{core.forward(a[0], a[1], a[2], a[3], flux::RotaryTables{a[4], a[5], a[6]}, guidance)};
-      },
-      options,
-      std::vector<std::string>{"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "rope.cos",
-                               "rope.sin", "rope.pair_sign", "guidance"});
+FluxTransformer2DModel::Traced FluxTransformer2DModel::traced() const {
+  return [core = core_](const std::vector<Tensor>& a) {
+    std::optional<Tensor> guidance;
+    if (a.size() > 7) guidance = a[7];
+    return std::vector<Tensor>{core.forward(a[0], a[1], a[2], a[3], flux::RotaryTables{a[4], a[5], a[6]}, guidance)};
+  };
 }
 
-void FluxTransformer2DModel::compile_repeated_blocks(const CompileOptions& options) {
-  std::vector<nn::CompilableBlock*> blocks;
-  for (auto& b : core_.transformer_blocks) blocks.push_back(&b);
-  for (auto& b : core_.single_transformer_blocks) blocks.push_back(&b);
-  nn::compile_repeated_blocks(kWhere, repeated_blocks(), blocks, options);
+std::vector<std::string> FluxTransformer2DModel::arg_names() const {
+  return {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "rope.cos",
+          "rope.sin",      "rope.pair_sign",        "guidance"};
+}
+
+void FluxTransformer2DModel::for_each_block(const std::function<void(nn::CompilableBlock&)>& f) {
+  for (auto& b : core_.transformer_blocks) f(b);
+  for (auto& b : core_.single_transformer_blocks) f(b);
+}
+
+void FluxTransformer2DModel::for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const {
+  for (const auto& b : core_.transformer_blocks) f(b);
+  for (const auto& b : core_.single_transformer_blocks) f(b);
 }
 
 std::vector<Tensor> FluxTransformer2DModel::placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt) const {
@@ -227,31 +218,11 @@ std::vector<Tensor> FluxTransformer2DModel::placeholder_args(int64_t batch, int6
 }
 
 void FluxTransformer2DModel::warmup(int64_t batch, int64_t l_img, int64_t l_txt) const {
-  const std::vector<Tensor> a = placeholder_args(batch, l_img, l_txt);
-  if (compiled_) {
-    compiled_->prepare(a, core_.parameters());
-    return;
-  }
-  // Blocks: their args are (x, c, temb, rope tables), all in the model's width.
-  const DType dt = core_.x_embedder.dtype;
-  const int64_t D = config_.inner_dim();
-  auto placeholder = [&](const Shape& shape) { return placeholder_tensor(shape, dt); };
-  const std::vector<Tensor> args{placeholder({batch, l_img, D}), placeholder({batch, l_txt, D}),
-                                 placeholder({batch, D}), a[4], a[5], a[6]};
-  for (const auto& b : core_.transformer_blocks)
-    if (b.compiled()) b.compiled()->prepare(args, b.parameters());
-  for (const auto& b : core_.single_transformer_blocks)
-    if (b.compiled()) b.compiled()->prepare(args, b.parameters());
+  warmup_with(placeholder_args(batch, l_img, l_txt));
 }
 
 size_t FluxTransformer2DModel::activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const {
-  const std::vector<Tensor> a = placeholder_args(batch, l_img, l_txt);
-  std::optional<Tensor> guidance;
-  if (a.size() > 7) guidance = a[7];
-  const detail::Captured cap = detail::capture(kWhere, [&] {
-    return std::vector<Tensor>{core_.forward(a[0], a[1], a[2], a[3], flux::RotaryTables{a[4], a[5], a[6]}, guidance)};
-  });
-  return unfused_peak_bytes_on(cap.recorded, default_device());
+  return activation_bytes_with(placeholder_args(batch, l_img, l_txt));
 }
 
 flux::RotaryTables FluxTransformer2DModel::pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
@@ -290,9 +261,8 @@ Tensor FluxTransformer2DModel::forward(const Tensor& hidden_states, const Tensor
              encoder_hidden_states.dim(1));
 
   const flux::RotaryTables rope = cached_pos_embed(img_ids, txt_ids);  // text rows first
-  if (compiled_)
-    return (*compiled_)(compiled_args(hidden_states, encoder_hidden_states, pooled_projections, timestep, rope, guidance),
-                        core_.parameters())[0];
+  if (is_compiled())
+    return run_compiled(compiled_args(hidden_states, encoder_hidden_states, pooled_projections, timestep, rope, guidance))[0];
   return core_.forward(hidden_states, encoder_hidden_states, pooled_projections, timestep, rope, guidance);
 }
 

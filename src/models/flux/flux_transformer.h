@@ -11,6 +11,7 @@
 #include "io/json_config.h"
 #include "distributed/tensor_parallel.h"
 #include "models/flux/flux_blocks.h"
+#include "nn/diffusion_transformer.h"
 #include "nn/embeddings.h"
 
 namespace kiln {
@@ -38,8 +39,11 @@ struct FluxTransformerConfig {
   int64_t mlp_hidden() const { return 4 * inner_dim(); }
 };
 
-class FluxTransformer2DModel {
+class FluxTransformer2DModel : public nn::DiffusionTransformer {
  public:
+  static constexpr const char* kClassName = "FluxTransformer2DModel";
+  const char* class_name() const override { return kClassName; }
+  const std::vector<std::string>& repeated_block_classes() const override { return repeated_blocks(); }
   // Class names of the repeated blocks (what compile_repeated_blocks compiles separately).
   static const std::vector<std::string>& repeated_blocks();
   // Diffusers' _tp_plan for this model; every Linear not listed is
@@ -71,21 +75,10 @@ class FluxTransformer2DModel {
   const FluxTransformerConfig& config() const { return config_; }
   DType dtype() const;  // torch_dtype it was loaded in
 
-  // ---- compiled mode ----
-  // Whole-model compile (torch.compile(transformer, fullgraph, dynamic=False)): forward runs one
-  // executable per input signature. The RoPE tables are built on the host from the ids (f64, as
-  // Diffusers), cached per ids, and passed to the executable as inputs: everything else
-  // (embeddings, all blocks, norm_out, proj_out) is one graph.
-  void compile(const CompileOptions& options = {});
-  // Regional compile: every block of a class in repeated_blocks() is compiled in place; the rest
-  // of forward runs in the active eager mode. One executable per block class and shape.
-  void compile_repeated_blocks(const CompileOptions& options = {});
-  bool is_compiled() const { return compiled_ != nullptr; }
-  // Every tensor forward reads besides its inputs, in a fixed order (the compiled executable's
-  // runtime arguments).
-  std::vector<Tensor> parameters() const;
-  // The same tensors by their Diffusers state-dict keys (what TP plans and offload name).
-  const nn::NamedParameters& named_parameters() const { return core_.named_parameters; }
+  // ---- compiled mode (nn::DiffusionTransformer) ----
+  // Whole-model compile: the RoPE tables are built on the host from the ids (f64, as Diffusers),
+  // cached per ids, and passed to the executable as inputs; everything else (embeddings, all
+  // blocks, norm_out, proj_out) is one graph.
   // Traces and compiles the executables a call with these shapes would use, without running
   // anything (kiln warmup): batch B, l_img image and l_txt text tokens.
   void warmup(int64_t batch, int64_t l_img, int64_t l_txt) const;
@@ -119,13 +112,11 @@ class FluxTransformer2DModel {
     std::vector<flux::FluxTransformerBlock> transformer_blocks;
     std::vector<flux::FluxSingleTransformerBlock> single_transformer_blocks;
     nn::AdaLayerNormContinuous norm_out;
-    nn::NamedParameters named_parameters;  // every weight under its state-dict key
 
     Tensor time_embedding(const Tensor& timestep, const Tensor& pooled_projections,
                           const std::optional<Tensor>& guidance) const;
     Tensor forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states, const Tensor& pooled_projections,
                    const Tensor& timestep, const flux::RotaryTables& rope, const std::optional<Tensor>& guidance) const;
-    std::vector<Tensor> parameters() const;
   };
   // Executable args: hidden_states, encoder_hidden_states, pooled_projections, timestep,
   // rope.cos, rope.sin, rope.pair_sign[, guidance].
@@ -136,9 +127,13 @@ class FluxTransformer2DModel {
   // Inputs with the right shapes and dtypes whose contents are never read (warmup, estimates).
   std::vector<Tensor> placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt) const;
 
+  Traced traced() const override;
+  std::vector<std::string> arg_names() const override;
+  void for_each_block(const std::function<void(nn::CompilableBlock&)>& f) override;
+  void for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const override;
+
   FluxTransformerConfig config_;
   Core core_;
-  std::shared_ptr<const CompiledFunction> compiled_;
 
   flux::RotaryCache rope_cache_;
   flux::RotaryTables cached_pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const;

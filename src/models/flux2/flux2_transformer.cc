@@ -4,7 +4,6 @@
 
 #include "core/error.h"
 #include "exec/capture.h"
-#include "exec/memory_plan.h"
 
 namespace kiln {
 namespace {
@@ -105,10 +104,7 @@ Flux2Transformer2DModel Flux2Transformer2DModel::from_pretrained(const std::file
                                                                  const TensorParallelConfig& tp,
                                                                  std::optional<DType> dtype) {
   Flux2TransformerConfig config = Flux2TransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
-  const int n = tp.mesh.size();
-  KILN_CHECK(config.num_attention_heads % n == 0, "tp", "tp_degree (", n,
-             ") must divide the number of attention heads (", config.num_attention_heads, ") of ",
-             (dir / "config.json").string());
+  check_heads_divide(tp, config.num_attention_heads, dir / "config.json");
   auto plan = ShardPlan::make(tp_plan(config, tp.shard_modulation), tp.mesh);
   return Flux2Transformer2DModel(std::move(config), nn::Weights(dir).with_dtype(dtype).with_plan(std::move(plan)));
 }
@@ -118,11 +114,7 @@ Flux2Transformer2DModel::Flux2Transformer2DModel(Flux2TransformerConfig config, 
   const Flux2TransformerConfig& c = config_;
   c.validate();
   const int64_t D = c.inner_dim();
-  // A checkpoint with more blocks or a guidance embedder than the config says would load "fine"
-  // and compute the wrong model, so those disagreements are errors too.
-  const auto extra = [&](const std::string& key, const std::string& what) {
-    KILN_CHECK(!w.has(key), kWhere, w.describe(), ": the checkpoint has '", w.key(key), "' but ", what);
-  };
+  const auto extra = [&](const std::string& key, const std::string& what) { refuse_extra(w, key, what); };
   if (!c.guidance_embeds)
     extra("time_guidance_embed.guidance_embedder.linear_1.weight", "the config has guidance_embeds=false");
   extra("transformer_blocks." + std::to_string(c.num_layers) + ".attn.to_q.weight",
@@ -148,7 +140,7 @@ Flux2Transformer2DModel::Flux2Transformer2DModel(Flux2TransformerConfig config, 
     nn::load_block(m.single_transformer_blocks, w.sub("single_transformer_blocks", i), dims);
   m.norm_out = nn::AdaLayerNormContinuous(w.sub("norm_out"), D, /*bias=*/false);
   m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features(), false);
-  m.named_parameters = recorded.named(w.path());
+  set_named_parameters(recorded.named(w.path()));
 }
 
 DType Flux2Transformer2DModel::dtype() const { return core_.x_embedder.dtype; }
@@ -198,10 +190,6 @@ Tensor Flux2Transformer2DModel::Core::forward(const Tensor& hidden_states, const
   return proj_out(norm_out(slice(s, 1, L_txt, s.dim(1)), temb));
 }
 
-std::vector<Tensor> Flux2Transformer2DModel::parameters() const {
-  return nn::parameter_values(core_.named_parameters);
-}
-
 std::vector<Tensor> Flux2Transformer2DModel::compiled_args(const Tensor& hidden_states,
                                                            const Tensor& encoder_hidden_states,
                                                            const Tensor& timestep, const flux::RotaryTables& rope,
@@ -211,24 +199,26 @@ std::vector<Tensor> Flux2Transformer2DModel::compiled_args(const Tensor& hidden_
   return a;
 }
 
-void Flux2Transformer2DModel::compile(const CompileOptions& options) {
-  compiled_ = std::make_shared<const CompiledFunction>(
-      kWhere,
-      [core = core_](const std::vector<Tensor>& a) {
-        std::optional<Tensor> guidance;
-        if (a.size() > 6) guidance = a[6];
-        return std::vector<Tensor>{core.forward(a[0], a[1], a[2], flux::RotaryTables{a[3], a[4], a[5]}, guidance)};
-      },
-      options,
-      std::vector<std::string>{"hidden_states", "encoder_hidden_states", "timestep", "rope.cos", "rope.sin",
-                               "rope.pair_sign", "guidance"});
+Flux2Transformer2DModel::Traced Flux2Transformer2DModel::traced() const {
+  return [core = core_](const std::vector<Tensor>& a) {
+    std::optional<Tensor> guidance;
+    if (a.size() > 6) guidance = a[6];
+    return std::vector<Tensor>{core.forward(a[0], a[1], a[2], flux::RotaryTables{a[3], a[4], a[5]}, guidance)};
+  };
 }
 
-void Flux2Transformer2DModel::compile_repeated_blocks(const CompileOptions& options) {
-  std::vector<nn::CompilableBlock*> blocks;
-  for (auto& b : core_.transformer_blocks) blocks.push_back(&b);
-  for (auto& b : core_.single_transformer_blocks) blocks.push_back(&b);
-  nn::compile_repeated_blocks(kWhere, repeated_blocks(), blocks, options);
+std::vector<std::string> Flux2Transformer2DModel::arg_names() const {
+  return {"hidden_states", "encoder_hidden_states", "timestep", "rope.cos", "rope.sin", "rope.pair_sign", "guidance"};
+}
+
+void Flux2Transformer2DModel::for_each_block(const std::function<void(nn::CompilableBlock&)>& f) {
+  for (auto& b : core_.transformer_blocks) f(b);
+  for (auto& b : core_.single_transformer_blocks) f(b);
+}
+
+void Flux2Transformer2DModel::for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const {
+  for (const auto& b : core_.transformer_blocks) f(b);
+  for (const auto& b : core_.single_transformer_blocks) f(b);
 }
 
 std::vector<Tensor> Flux2Transformer2DModel::placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt,
@@ -248,32 +238,11 @@ std::vector<Tensor> Flux2Transformer2DModel::placeholder_args(int64_t batch, int
 }
 
 void Flux2Transformer2DModel::warmup(int64_t batch, int64_t l_img, int64_t l_txt, bool with_guidance) const {
-  const std::vector<Tensor> a = placeholder_args(batch, l_img, l_txt, with_guidance);
-  if (compiled_) {
-    compiled_->prepare(a, parameters());
-    return;
-  }
-  const DType dt = dtype();
-  const int64_t D = config_.inner_dim();
-  const auto p = [&](const Shape& shape) { return placeholder_tensor(shape, dt); };
-  for (const auto& b : core_.transformer_blocks)
-    if (b.compiled())
-      b.compiled()->prepare({p({batch, l_img, D}), p({batch, l_txt, D}), p({batch, 6 * D}), p({batch, 6 * D}), a[3],
-                             a[4], a[5]},
-                            b.parameters());
-  for (const auto& b : core_.single_transformer_blocks)
-    if (b.compiled()) b.compiled()->prepare({p({batch, l_txt + l_img, D}), p({batch, 3 * D}), a[3], a[4], a[5]},
-                                            b.parameters());
+  warmup_with(placeholder_args(batch, l_img, l_txt, with_guidance));
 }
 
 size_t Flux2Transformer2DModel::activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const {
-  const std::vector<Tensor> a = placeholder_args(batch, l_img, l_txt, true);
-  std::optional<Tensor> guidance;
-  if (a.size() > 6) guidance = a[6];
-  const detail::Captured cap = detail::capture(kWhere, [&] {
-    return std::vector<Tensor>{core_.forward(a[0], a[1], a[2], flux::RotaryTables{a[3], a[4], a[5]}, guidance)};
-  });
-  return unfused_peak_bytes_on(cap.recorded, default_device());
+  return activation_bytes_with(placeholder_args(batch, l_img, l_txt, true));
 }
 
 flux::RotaryTables Flux2Transformer2DModel::pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
@@ -310,9 +279,7 @@ Tensor Flux2Transformer2DModel::forward(const Tensor& hidden_states, const Tenso
              hidden_states.dim(1), ", ", n_axes, "] / [", encoder_hidden_states.dim(1), ", ", n_axes, "]");
 
   const flux::RotaryTables rope = cached_pos_embed(img_ids, txt_ids);  // text rows first
-  if (compiled_)
-    return (*compiled_)(compiled_args(hidden_states, encoder_hidden_states, timestep, rope, guidance),
-                        parameters())[0];
+  if (is_compiled()) return run_compiled(compiled_args(hidden_states, encoder_hidden_states, timestep, rope, guidance))[0];
   return core_.forward(hidden_states, encoder_hidden_states, timestep, rope, guidance);
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/diffusion_transformer.h"
 #include "distributed/tensor_parallel.h"
 #include "io/json_config.h"
 #include "models/flux2/flux2_blocks.h"
@@ -43,8 +44,11 @@ struct Flux2TransformerConfig {
 };
 
 
-class Flux2Transformer2DModel {
+class Flux2Transformer2DModel : public nn::DiffusionTransformer {
  public:
+  static constexpr const char* kClassName = "Flux2Transformer2DModel";
+  const char* class_name() const override { return kClassName; }
+  const std::vector<std::string>& repeated_block_classes() const override { return repeated_blocks(); }
   static const std::vector<std::string>& repeated_blocks();
   // Diffusers' _tp_plan for this config's widths; every Linear not listed is
   // replicated. With shard_modulation the three shared modulation Linears and norm_out.linear
@@ -70,12 +74,7 @@ class Flux2Transformer2DModel {
   const Flux2TransformerConfig& config() const { return config_; }
   DType dtype() const;
 
-  // ---- compiled mode ----
-  void compile(const CompileOptions& options = {});
-  void compile_repeated_blocks(const CompileOptions& options = {});
-  bool is_compiled() const { return compiled_ != nullptr; }
-  std::vector<Tensor> parameters() const;
-  const nn::NamedParameters& named_parameters() const { return core_.named_parameters; }
+  // ---- compiled mode (nn::DiffusionTransformer) ----
   void warmup(int64_t batch, int64_t l_img, int64_t l_txt, bool with_guidance) const;
   size_t activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const;
 
@@ -107,7 +106,6 @@ class Flux2Transformer2DModel {
     std::vector<flux2::Flux2TransformerBlock> transformer_blocks;
     std::vector<flux2::Flux2SingleTransformerBlock> single_transformer_blocks;
     nn::AdaLayerNormContinuous norm_out;
-    nn::NamedParameters named_parameters;
 
     Tensor time_embedding(const Tensor& timestep, const std::optional<Tensor>& guidance) const;
     Modulations modulations(const Tensor& temb) const;
@@ -122,9 +120,13 @@ class Flux2Transformer2DModel {
   std::vector<Tensor> placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt, bool with_guidance) const;
   flux::RotaryTables cached_pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const;
 
+  Traced traced() const override;
+  std::vector<std::string> arg_names() const override;
+  void for_each_block(const std::function<void(nn::CompilableBlock&)>& f) override;
+  void for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const override;
+
   Flux2TransformerConfig config_;
   Core core_;
-  std::shared_ptr<const CompiledFunction> compiled_;
   flux::RotaryCache rope_cache_;
 };
 

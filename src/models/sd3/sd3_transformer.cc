@@ -1,21 +1,15 @@
 #include "models/sd3/sd3_transformer.h"
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <tuple>
 
 #include "core/error.h"
 #include "exec/capture.h"
-#include "exec/memory_plan.h"
 
 namespace kiln {
 namespace {
 
 constexpr const char* kWhere = "SD3Transformer2DModel";
-
-// The whole-model callable's args.
-const std::vector<std::string> kArgNames{"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"};
 
 }  // namespace
 
@@ -131,10 +125,7 @@ SD3Transformer2DModel SD3Transformer2DModel::from_pretrained(const std::filesyst
                                                              const TensorParallelConfig& tp,
                                                              std::optional<DType> dtype) {
   SD3TransformerConfig config = SD3TransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
-  const int n = tp.mesh.size();
-  KILN_CHECK(config.num_attention_heads % n == 0, "tp", "tp_degree (", n,
-             ") must divide the number of attention heads (", config.num_attention_heads, ") of ",
-             (dir / "config.json").string());
+  check_heads_divide(tp, config.num_attention_heads, dir / "config.json");
   return SD3Transformer2DModel(std::move(config), nn::Weights(dir).with_dtype(dtype).with_plan(
                                                       ShardPlan::make(tp_plan(tp.shard_modulation), tp.mesh)));
 }
@@ -147,9 +138,7 @@ SD3Transformer2DModel::SD3Transformer2DModel(SD3TransformerConfig config, const 
   // A checkpoint with more blocks, or tensors of a variant the config does not name, would load
   // "fine" and compute another model, so those disagreements are errors too. (The opposite
   // cases fail on a missing tensor or on norm1's shape.)
-  const auto extra = [&](const std::string& key, const std::string& what) {
-    KILN_CHECK(!w.has(key), kWhere, w.describe(), ": the checkpoint has '", w.key(key), "' but ", what);
-  };
+  const auto extra = [&](const std::string& key, const std::string& what) { refuse_extra(w, key, what); };
   extra("transformer_blocks." + std::to_string(c.num_layers) + ".norm1.linear.weight",
         "the config has num_layers=" + std::to_string(c.num_layers));
   for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -173,36 +162,10 @@ SD3Transformer2DModel::SD3Transformer2DModel(SD3TransformerConfig config, const 
     nn::load_block(m.transformer_blocks, w.sub("transformer_blocks", i), dims, c.block_structure(i));
   m.norm_out = nn::AdaLayerNormContinuous(w.sub("norm_out"), D);
   m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features());
-  m.named_parameters = recorded.named(w.path());
+  set_named_parameters(recorded.named(w.path()));
 }
 
 DType SD3Transformer2DModel::dtype() const { return core_.context_embedder.dtype; }
-
-// ---- whole-model compile state ----
-
-struct SD3Transformer2DModel::Compiled {
-  CompileOptions options;
-  std::shared_ptr<const Core> core;  // the modules as they were at compile()
-  mutable std::mutex mu;
-  // skip_layers changes the graph (as it guards a torch.compile'd forward), so each set gets its
-  // own callable; sets are few in practice (none, and the guidance layers).
-  mutable std::map<std::vector<int64_t>, std::shared_ptr<const CompiledFunction>> by_skip;
-
-  std::shared_ptr<const CompiledFunction> callable(const std::vector<int64_t>& skip) const {
-    std::lock_guard<std::mutex> lock(mu);
-    std::shared_ptr<const CompiledFunction>& f = by_skip[skip];
-    if (!f) {
-      const std::string name = skip.empty() ? kWhere : std::string(kWhere) + " skip_layers=" + to_string(skip);
-      f = std::make_shared<const CompiledFunction>(
-          name,
-          [core = core, skip](const std::vector<Tensor>& a) {
-            return std::vector<Tensor>{core->forward(a[0], a[1], a[2], a[3], skip)};
-          },
-          options, kArgNames);
-    }
-    return f;
-  }
-};
 
 // ---- forward ----
 
@@ -239,10 +202,6 @@ Tensor SD3Transformer2DModel::Core::forward(const Tensor& hidden_states, const T
   return unpatchify(proj_out(norm_out(x, temb)), hidden_states.dim(2), hidden_states.dim(3));
 }
 
-std::vector<Tensor> SD3Transformer2DModel::Core::parameters() const { return nn::parameter_values(named_parameters); }
-
-std::vector<Tensor> SD3Transformer2DModel::parameters() const { return core_.parameters(); }
-
 std::vector<int64_t> SD3Transformer2DModel::checked_skip_layers(const std::vector<int64_t>& skip_layers) const {
   std::vector<int64_t> skip = skip_layers;
   std::sort(skip.begin(), skip.end());
@@ -276,27 +235,30 @@ Tensor SD3Transformer2DModel::forward(const Tensor& hidden_states, const Tensor&
              "], got ", to_string(timestep.shape()));
   const std::vector<int64_t> skip = checked_skip_layers(skip_layers);
 
-  if (compiled_)
-    return (*compiled_->callable(skip))({hidden_states, encoder_hidden_states, pooled_projections, timestep},
-                                        core_.parameters())[0];
+  if (is_compiled())
+    return run_compiled({hidden_states, encoder_hidden_states, pooled_projections, timestep},
+                        skip.empty() ? "" : "skip_layers=" + to_string(skip), [&] { return traced_skipping(skip); })[0];
   return core_.forward(hidden_states, encoder_hidden_states, pooled_projections, timestep, skip);
 }
 
 // ---- compiled mode ----
 
-void SD3Transformer2DModel::compile(const CompileOptions& options) {
-  options.validate(kWhere);
-  auto c = std::make_shared<Compiled>();
-  c->options = options;
-  c->core = std::make_shared<const Core>(core_);
-  c->callable({});
-  compiled_ = std::move(c);
+SD3Transformer2DModel::Traced SD3Transformer2DModel::traced_skipping(const std::vector<int64_t>& skip) const {
+  return [core = core_, skip](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{core.forward(a[0], a[1], a[2], a[3], skip)};
+  };
 }
 
-void SD3Transformer2DModel::compile_repeated_blocks(const CompileOptions& options) {
-  std::vector<nn::CompilableBlock*> blocks;
-  for (auto& b : core_.transformer_blocks) blocks.push_back(&b);
-  nn::compile_repeated_blocks(kWhere, repeated_blocks(), blocks, options);
+std::vector<std::string> SD3Transformer2DModel::arg_names() const {
+  return {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"};
+}
+
+void SD3Transformer2DModel::for_each_block(const std::function<void(nn::CompilableBlock&)>& f) {
+  for (auto& b : core_.transformer_blocks) f(b);
+}
+
+void SD3Transformer2DModel::for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const {
+  for (const auto& b : core_.transformer_blocks) f(b);
 }
 
 std::vector<Tensor> SD3Transformer2DModel::placeholder_args(int64_t batch, int64_t height, int64_t width,
@@ -314,26 +276,11 @@ std::vector<Tensor> SD3Transformer2DModel::placeholder_args(int64_t batch, int64
 }
 
 void SD3Transformer2DModel::warmup(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const {
-  const std::vector<Tensor> a = placeholder_args(batch, height, width, l_txt);
-  if (compiled_) {
-    compiled_->callable({})->prepare(a, core_.parameters());
-    return;
-  }
-  // Blocks: their args are (x, c, temb), all in the model's width.
-  const DType dt = dtype();
-  const int64_t D = config_.inner_dim(), l_img = (height / config_.patch_size) * (width / config_.patch_size);
-  auto placeholder = [&](const Shape& shape) { return placeholder_tensor(shape, dt); };
-  const std::vector<Tensor> args{placeholder({batch, l_img, D}), placeholder({batch, l_txt, D}),
-                                 placeholder({batch, D})};
-  for (const auto& b : core_.transformer_blocks)
-    if (b.compiled()) b.compiled()->prepare(args, b.parameters());
+  warmup_with(placeholder_args(batch, height, width, l_txt));
 }
 
 size_t SD3Transformer2DModel::activation_bytes(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const {
-  const std::vector<Tensor> a = placeholder_args(batch, height, width, l_txt);
-  const detail::Captured cap =
-      detail::capture(kWhere, [&] { return std::vector<Tensor>{core_.forward(a[0], a[1], a[2], a[3], {})}; });
-  return unfused_peak_bytes_on(cap.recorded, default_device());
+  return activation_bytes_with(placeholder_args(batch, height, width, l_txt));
 }
 
 }  // namespace kiln

@@ -11,6 +11,7 @@
 
 #include "distributed/tensor_parallel.h"
 #include "io/json_config.h"
+#include "nn/diffusion_transformer.h"
 #include "models/sd3/sd3_blocks.h"
 #include "models/sd3/sd3_embeddings.h"
 #include "nn/embeddings.h"
@@ -44,8 +45,11 @@ struct SD3TransformerConfig {
   sd3::JointBlockStructure block_structure(int64_t i) const;
 };
 
-class SD3Transformer2DModel {
+class SD3Transformer2DModel : public nn::DiffusionTransformer {
  public:
+  static constexpr const char* kClassName = "SD3Transformer2DModel";
+  const char* class_name() const override { return kClassName; }
+  const std::vector<std::string>& repeated_block_classes() const override { return repeated_blocks(); }
   // Class names of the repeated blocks (what compile_repeated_blocks compiles separately).
   static const std::vector<std::string>& repeated_blocks();
   // A tensor-parallel plan in the style of FLUX's (Diffusers has none for SD3): heads
@@ -78,20 +82,11 @@ class SD3Transformer2DModel {
   const SD3TransformerConfig& config() const { return config_; }
   DType dtype() const;  // torch_dtype it was loaded in
 
-  // ---- compiled mode ----
-  // Whole-model compile: forward runs one executable per input signature (and skip_layers set:
-  // a different set is a different graph, compiled on first use).
-  void compile(const CompileOptions& options = {});
-  // Regional compile: every JointTransformerBlock is compiled in place; the rest of forward runs
-  // in the active eager mode. Blocks of the same structure share one executable per shape
-  // (SD3.5 Medium: 3 — dual attention, plain, context_pre_only; SD3.0 / 3.5 Large: 2).
-  void compile_repeated_blocks(const CompileOptions& options = {});
-  bool is_compiled() const { return compiled_ != nullptr; }
-  // Every tensor forward reads besides its inputs, in a fixed order (the compiled executable's
-  // runtime arguments).
-  std::vector<Tensor> parameters() const;
-  // The same tensors by their Diffusers state-dict keys (what TP plans and offload name).
-  const nn::NamedParameters& named_parameters() const { return core_.named_parameters; }
+  // ---- compiled mode (nn::DiffusionTransformer) ----
+  // Whole-model compile: one executable per input signature and skip_layers set (a different set
+  // is a different graph, compiled on first use). Regional compile: blocks of the same structure
+  // share one executable per shape (SD3.5 Medium: 3 — dual attention, plain, context_pre_only;
+  // SD3.0 / 3.5 Large: 2).
   // Traces and compiles the executables a call with these shapes would use (no skip_layers),
   // without running anything: batch B, latent height × width, l_txt text tokens.
   void warmup(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const;
@@ -124,19 +119,19 @@ class SD3Transformer2DModel {
     nn::Linear context_embedder, proj_out;
     std::vector<sd3::JointTransformerBlock> transformer_blocks;
     nn::AdaLayerNormContinuous norm_out;
-    nn::NamedParameters named_parameters;  // every weight under its state-dict key
 
     Tensor time_embedding(const Tensor& timestep, const Tensor& pooled_projections) const;
     Tensor unpatchify(const Tensor& y, int64_t height, int64_t width) const;
     // skip: sorted block indices to skip.
     Tensor forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states, const Tensor& pooled_projections,
                    const Tensor& timestep, const std::vector<int64_t>& skip) const;
-    std::vector<Tensor> parameters() const;
   };
 
-  // Whole-model compile state: one callable per skip_layers set, made on first use, each tracing
-  // the Core copied at compile() time.
-  struct Compiled;
+  Traced traced() const override { return traced_skipping({}); }
+  Traced traced_skipping(const std::vector<int64_t>& skip) const;
+  std::vector<std::string> arg_names() const override;
+  void for_each_block(const std::function<void(nn::CompilableBlock&)>& f) override;
+  void for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const override;
 
   // Inputs with the right shapes and dtypes whose contents are never read (warmup, estimates):
   // hidden_states, encoder_hidden_states, pooled_projections, timestep.
@@ -146,7 +141,6 @@ class SD3Transformer2DModel {
 
   SD3TransformerConfig config_;
   Core core_;
-  std::shared_ptr<const Compiled> compiled_;
 };
 
 }  // namespace kiln
