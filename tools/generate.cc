@@ -125,7 +125,7 @@ Options parse(const std::vector<std::string>& args) {
              ": expected on (compiled linears read their weights pre-packed, one more copy of them in device "
              "memory) or off");
   KILN_CHECK(!o.prepack_given || o.mode == "compile", "cli", "--prepack ", o.prepack, " needs --mode compile");
-  KILN_CHECK(o.call.vae_tile_size == 0 || o.call.vae_tiling != VaeTilingMode::kOff, "cli",
+  KILN_CHECK(!o.call.vae_tile_size || o.call.vae_tiling != VaeTilingMode::kOff, "cli",
              "--vae-tile-size has no effect with --vae-tiling off");
   KILN_CHECK(!o.profile || o.report_given, "cli", "--profile adds to the report: it needs --report FILE");
   KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");

@@ -73,7 +73,7 @@ const std::vector<CallArgument>& call_arguments() {
        "decode the image in overlapping tiles with blended seams (Diffusers' vae.enable_tiling()); auto: only when "
        "the untiled decode would not fit in memory",
        false},
-      {"vae_tile_size", "--vae-tile-size", "PIXELS", &A::vae_tile_size, 0, double(kMaxSide), {}, {},
+      {"vae_tile_size", "--vae-tile-size", "PIXELS", &A::vae_tile_size, 1, double(kMaxSide), {}, {},
        "the VAE's sample_size (1024)",
        "image pixels per tile side (Diffusers' tile_sample_min_size): a multiple of 4 latent pixels (32 for an 8x "
        "VAE)",
@@ -137,9 +137,14 @@ void check_arguments_taken(const PipelineCallArgs& args, const std::string& clas
 namespace {
 
 // The range of a row as text, "[lo, hi]", numbers as JSON writes them.
+// A bound as written: whole numbers without a fraction.
+std::string number(double v) {
+  return v == std::floor(v) && std::fabs(v) < 1e15 ? std::to_string(int64_t(v)) : json(v).dump();
+}
+
 std::string range(double lo, double hi) {
   std::string r = "[";  // appended (GCC 12 warns falsely on "[" + std::string)
-  r.append(json(lo).dump()).append(", ").append(json(hi).dump()).append("]");
+  r.append(number(lo)).append(", ").append(number(hi)).append("]");
   return r;
 }
 std::string range(const CallArgument& a) { return range(a.lo, a.hi); }
@@ -225,7 +230,7 @@ void set_from_text(PipelineCallArgs& args, const CallArgument& a, const std::str
             used = 0;
           }
           KILN_CHECK(used == text.size() && !text.empty(), "cli", "flag ", a.flag,
-                     " expects an integer in [0, 18446744073709551615], got '", text, "'");
+                     " expects an integer from 0 to 18446744073709551615, got '", text, "'");
           args.*member = x;
         } else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, std::optional<double>>) {
           args.*member = number_from_text(a, text);

@@ -57,9 +57,9 @@ struct PipelineCallArgs {
   std::vector<int64_t> text_encoder_out_layers;
   uint64_t seed = 0;  // torch.Generator("cpu").manual_seed(seed) noise, unless latents are given
   VaeTilingMode vae_tiling = VaeTilingMode::kAuto;
-  // Diffusers' vae.tile_sample_min_size: image pixels per tile side (0: the VAE's sample_size).
-  // kAuto starts from it and halves it until the plan fits.
-  int64_t vae_tile_size = 0;
+  // Diffusers' vae.tile_sample_min_size: image pixels per tile side (default: the VAE's
+  // sample_size). kAuto starts from it and halves it until the plan fits.
+  std::optional<int64_t> vae_tile_size;
 
   // Not in the table (they do not travel as text or JSON):
   // Explicit initial noise (parity tests): [1, C, h, w], or FLUX's packed [1, L_img, 4C].

@@ -257,8 +257,8 @@ void DiffusionPipeline::check_vae_tile_size(int64_t tile) const {
 
 int64_t DiffusionPipeline::requested_vae_tile(const PipelineCallArgs& args) const {
   if (args.vae_tile_size) {
-    check_vae_tile_size(args.vae_tile_size);
-    return args.vae_tile_size;
+    check_vae_tile_size(*args.vae_tile_size);
+    return *args.vae_tile_size;
   }
   const int64_t tile = vae().config().sample_size, multiple = vae_tile_multiple();
   KILN_CHECK(tile >= multiple && tile % multiple == 0, "pipeline", "the VAE's sample_size (",
@@ -326,7 +326,7 @@ std::pair<int64_t, int64_t> DiffusionPipeline::rounded_size(const PipelineCallAr
 
 MemoryEstimate DiffusionPipeline::estimate_memory(const PipelineCallArgs& args) const {
   const int64_t vsf = vae_scale_factor();
-  if (args.vae_tile_size) check_vae_tile_size(args.vae_tile_size);  // whether or not the plan tiles
+  if (args.vae_tile_size) check_vae_tile_size(*args.vae_tile_size);  // whether or not the plan tiles
   switch (args.vae_tiling) {
     case VaeTilingMode::kOff: return estimate_memory(args, 0);
     case VaeTilingMode::kOn: return estimate_memory(args, requested_vae_tile(args));
@@ -547,7 +547,7 @@ PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const
   check_arguments_taken(args, class_name());
   pipeline_checks::check_bounds("pipeline", "num_inference_steps", args.num_inference_steps, 1,
                                 pipeline_checks::kMaxSteps);
-  if (args.vae_tile_size) check_vae_tile_size(args.vae_tile_size);
+  if (args.vae_tile_size) check_vae_tile_size(*args.vae_tile_size);
   const int64_t msl = max_sequence_length(args);
   const int64_t multiple = size_multiple();
   auto [height, width] = requested_size(args);

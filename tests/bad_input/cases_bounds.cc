@@ -74,10 +74,9 @@ void add_bound_cases(Corpus& corpus) {
                      {"[cli] --width must be at most 1048576, got 2000000"}));
 
   // --vae-tile-size: 0 and negative sizes are not tiles (0 used to mean the default silently).
-  for (const char* tile : {"0", "-64", "2097152"})
+  for (const auto& [tile, bound] : {std::pair{"0", "at least 1"}, {"-64", "at least 1"}, {"2097152", "at most 1048576"}})
     corpus.add(bounded(std::string("bounds/vae-tile-size-") + tile, gen({"--vae-tile-size", tile}),
-                       {std::string("[cli] --vae-tile-size ") + tile + ": expected image pixels per tile side",
-                        "up to 1048576"}));
+                       {std::string("[cli] --vae-tile-size must be ") + bound + ", got " + tile}));
   // Tiles that would change the image's size (no final crop in Diffusers' tiled decode: 16-pixel
   // tiles made 64x64 into 92x92) or are not whole latent pixels, on the bundled VAE (8x).
   for (const char* tile : {"16", "40", "36"})

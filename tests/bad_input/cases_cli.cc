@@ -50,7 +50,7 @@ void add_cli_cases(Corpus& corpus) {
   corpus.add(expecting(1, "cli/steps-not-integer", gen({"--steps", "1.5"}),
                        {"[cli] flag --steps expects an integer, got '1.5'"}, {}, {no_work}));
   corpus.add(expecting(1, "cli/seed-not-integer", gen({"--seed", "x"}),
-                       {"[cli] flag --seed expects an integer, got 'x'"}, {}, {no_work}));
+                       {"[cli] flag --seed expects an integer from 0 to 18446744073709551615, got 'x'"}, {}, {no_work}));
   corpus.add(expecting(1, "cli/unknown-flag", gen({"--bogus"}), {"unknown flag '--bogus' for generate", "kiln --help"}, {},
                        {no_work}));
   corpus.add(expecting(1, "cli/flag-without-value", gen({"--steps"}), {"[cli] flag --steps needs a value"}, {}, {no_work}));

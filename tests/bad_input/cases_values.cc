@@ -105,10 +105,10 @@ void add_value_cases(Corpus& corpus) {
         {"initial latents have shape [1,4,32,32]", "expected packed [1,256,4] or unpacked [1,1,32,32]", "for 32x32"}));
   }
 
-  // --guidance: a non-finite scale is refused by the CLI.
+  // --guidance: a non-finite scale is refused by the CLI (the call argument table's bounds).
   for (const char* g : {"nan", "inf", "-inf"})
     corpus.add(fails(std::string("values/guidance-") + g, corpus.generate(corpus.tiny_model(), {"--guidance", g}),
-                     {"[cli] flag --guidance expects a finite number", std::string("got '") + g + "'"}));
+                     {"[cli] flag --guidance expects a number in [0, 100]", std::string("got '") + g + "'"}));
 
   // vae/config.json: scaling_factor 0 (the latents are divided by it).
   {
