@@ -249,13 +249,13 @@ TEST(StableDiffusion3Pipeline, ErrorsNameTheArgument) {
   args = test::fixture_call_args("sd35_tiny_arch");
   args.height = 120;
   test::expect_error([&] { pipe(args); }, {"[pipeline]", "divisible by 16", "120"});
-  // FLUX takes none of SD3's guidance arguments.
+  // FLUX takes none of SD3's skip-layer guidance arguments.
   const FluxPipeline flux = FluxPipeline::from_pretrained(test::pipeline_dir("flux1_tiny"));
   PipelineCallArgs f;
   f.prompt = "a cat";
   f.height = f.width = 32;
-  f.negative_prompt = "blurry";
-  test::expect_error([&] { flux(f); }, {"[pipeline]", "negative_prompt", "FluxPipeline"});
+  f.skip_guidance_layers = {0};
+  test::expect_error([&] { flux(f); }, {"[pipeline]", "skip_guidance_layers", "FluxPipeline"});
 }
 
 }  // namespace

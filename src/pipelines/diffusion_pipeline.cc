@@ -469,7 +469,7 @@ void DiffusionPipeline::warmup(int64_t height, int64_t width, std::optional<int6
   args.width = width;
   args.max_sequence_length = max_sequence_length;
   const int64_t msl = this->max_sequence_length(args);
-  KILN_CHECK(transformer_compiled(), "pipeline",
+  KILN_CHECK(denoiser().any_compiled(), "pipeline",
              "warmup needs a compiled transformer (compile or compile_repeated_blocks first)");
   const auto [h, w] = rounded_size(args);
   warmup_transformer(h / vae_scale_factor(), w / vae_scale_factor(), msl);
@@ -607,6 +607,13 @@ PipelineOutput DiffusionPipeline::operator()(const PipelineCallArgs& args) const
   run(args, Sized{height, width, msl, vae_tile_size}, out);
   out.timings.total = seconds_since(t_start);
   return out;
+}
+
+const nn::NamedParameters& DiffusionPipeline::transformer_parameters() const { return denoiser().named_parameters(); }
+
+void DiffusionPipeline::compile_transformer(CompileScope scope, const CompileOptions& options) {
+  if (scope == CompileScope::kRepeatedBlocks) denoiser().compile_repeated_blocks(options);
+  else denoiser().compile(options);
 }
 
 }  // namespace kiln

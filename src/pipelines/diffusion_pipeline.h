@@ -19,6 +19,7 @@
 #include "core/tensor.h"
 #include "distributed/tensor_parallel.h"
 #include "exec/compile.h"
+#include "nn/diffusion_transformer.h"
 #include "nn/weights.h"
 #include "pipelines/call_arguments.h"
 #include "pipelines/component_activations.h"
@@ -161,11 +162,11 @@ class DiffusionPipeline {
 
   // The denoiser's weights under their state-dict keys, as held (quantized ones in their storage
   // type): what kiln convert writes.
-  virtual const nn::NamedParameters& transformer_parameters() const = 0;
+  const nn::NamedParameters& transformer_parameters() const;
 
   // ---- compiled mode ----
   // Compiles the denoiser as pipe.transformer.compile() / compile_repeated_blocks() would.
-  virtual void compile_transformer(CompileScope scope, const CompileOptions& options = {}) = 0;
+  void compile_transformer(CompileScope scope, const CompileOptions& options = {});
   // Traces and compiles the transformer executables a call at this size would use, without
   // running anything, so serving never compiles on a request (kiln warmup). Sizes are rounded
   // as operator() rounds them; max_sequence_length std::nullopt: the pipeline's default. Needs
@@ -216,6 +217,9 @@ class DiffusionPipeline {
   };
 
   // ---- what a concrete pipeline provides ----
+  // Its denoiser (the transformer), for what every pipeline does with it the same way.
+  virtual nn::DiffusionTransformer& denoiser() = 0;
+  const nn::DiffusionTransformer& denoiser() const { return const_cast<DiffusionPipeline*>(this)->denoiser(); }
   virtual const AutoencoderKL& vae() const = 0;
   virtual int64_t patch_size() const = 0;
   // A size that is not a multiple of size_multiple(): rounded down with a warning (FluxPipeline,
@@ -233,7 +237,6 @@ class DiffusionPipeline {
   virtual size_t carried_bytes(int64_t h, int64_t w, int64_t max_sequence_length) const = 0;
   // Host bytes a call needs whatever the placement (noise, latents, tables, the image).
   virtual double host_floor_bytes(int64_t height, int64_t width, int64_t max_sequence_length) const = 0;
-  virtual bool transformer_compiled() const = 0;
   virtual void warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const = 0;
   // The stages of __call__ after the checks, sized (height, width multiples of size_multiple()).
   struct Sized {

@@ -186,18 +186,7 @@ Flux2Transformer2DModel& Flux2Pipeline::transformer() { return m_->transformer; 
 bool Flux2Pipeline::is_distilled() const { return m_->is_distilled; }
 const std::vector<int64_t>& Flux2Pipeline::default_text_encoder_out_layers() const { return m_->out_layers; }
 
-void Flux2Pipeline::compile_transformer(CompileScope scope, const CompileOptions& options) {
-  if (scope == CompileScope::kRepeatedBlocks) m_->transformer.compile_repeated_blocks(options);
-  else m_->transformer.compile(options);
-}
-
-const nn::NamedParameters& Flux2Pipeline::transformer_parameters() const { return m_->transformer.named_parameters(); }
-
-bool Flux2Pipeline::transformer_compiled() const {
-  const Flux2Transformer2DModel& t = m_->transformer;
-  return t.is_compiled() || (!t.transformer_blocks().empty() && t.transformer_blocks()[0].is_compiled()) ||
-         (!t.single_transformer_blocks().empty() && t.single_transformer_blocks()[0].is_compiled());
-}
+nn::DiffusionTransformer& Flux2Pipeline::denoiser() { return m_->transformer; }
 
 void Flux2Pipeline::warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const {
   m_->transformer.warmup(1, (h / 2) * (w / 2), max_sequence_length, m_->variant->guidance_embeds_allowed);

@@ -20,7 +20,6 @@ class Flux2Transformer2DModel;
 
 class Flux2Pipeline : public DiffusionPipeline {
  public:
-  const nn::NamedParameters& transformer_parameters() const override;
   static constexpr const char* kClassName = "Flux2Pipeline";
   static Flux2Pipeline from_pretrained(const std::filesystem::path& dir, const PipelineOptions& options = {});
   Flux2Pipeline(Flux2Pipeline&&) noexcept;
@@ -29,7 +28,6 @@ class Flux2Pipeline : public DiffusionPipeline {
 
   const char* class_name() const override;
   Flux2Transformer2DModel& transformer();
-  void compile_transformer(CompileScope scope, const CompileOptions& options = {}) override;
   int64_t default_sample_size() const override { return 128; }
 
   // The call's prompt encoding (Diffusers' encode_prompt): the chat text, its token ids and
@@ -68,7 +66,7 @@ class Flux2Pipeline : public DiffusionPipeline {
                                          int64_t vae_tile_size) const override;
   size_t carried_bytes(int64_t h, int64_t w, int64_t max_sequence_length) const override;
   double host_floor_bytes(int64_t height, int64_t width, int64_t max_sequence_length) const override;
-  bool transformer_compiled() const override;
+  nn::DiffusionTransformer& denoiser() override;
   void warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const override;
   void run(const PipelineCallArgs& args, const Sized& sized, PipelineOutput& out) const override;
 

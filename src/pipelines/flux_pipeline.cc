@@ -98,18 +98,7 @@ FluxPipeline FluxPipeline::from_pretrained(const fs::path& model, const Pipeline
 const AutoencoderKL& FluxPipeline::vae() const { return m_->vae; }
 FluxTransformer2DModel& FluxPipeline::transformer() { return m_->transformer; }
 
-void FluxPipeline::compile_transformer(CompileScope scope, const CompileOptions& options) {
-  if (scope == CompileScope::kRepeatedBlocks) m_->transformer.compile_repeated_blocks(options);
-  else m_->transformer.compile(options);
-}
-
-const nn::NamedParameters& FluxPipeline::transformer_parameters() const { return m_->transformer.named_parameters(); }
-
-bool FluxPipeline::transformer_compiled() const {
-  const FluxTransformer2DModel& t = m_->transformer;
-  return t.is_compiled() || (!t.transformer_blocks().empty() && t.transformer_blocks()[0].is_compiled()) ||
-         (!t.single_transformer_blocks().empty() && t.single_transformer_blocks()[0].is_compiled());
-}
+nn::DiffusionTransformer& FluxPipeline::denoiser() { return m_->transformer; }
 
 void FluxPipeline::warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const {
   m_->transformer.warmup(1, (h / 2) * (w / 2), max_sequence_length);

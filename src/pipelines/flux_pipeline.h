@@ -14,7 +14,6 @@ class FluxTransformer2DModel;
 
 class FluxPipeline : public DiffusionPipeline {
  public:
-  const nn::NamedParameters& transformer_parameters() const override;
   static constexpr const char* kClassName = "FluxPipeline";
   static FluxPipeline from_pretrained(const std::filesystem::path& dir, const PipelineOptions& options = {});
   FluxPipeline(FluxPipeline&&) noexcept;
@@ -25,7 +24,6 @@ class FluxPipeline : public DiffusionPipeline {
   // The denoiser, for compiled mode as in Diffusers: pipe.transformer().compile(options) or
   // pipe.transformer().compile_repeated_blocks(options).
   FluxTransformer2DModel& transformer();
-  void compile_transformer(CompileScope scope, const CompileOptions& options = {}) override;
   int64_t default_sample_size() const override { return 128; }
 
   // Packing of latents into 2x2 patch tokens and back.
@@ -47,7 +45,7 @@ class FluxPipeline : public DiffusionPipeline {
                                          int64_t vae_tile_size) const override;
   size_t carried_bytes(int64_t h, int64_t w, int64_t max_sequence_length) const override;
   double host_floor_bytes(int64_t height, int64_t width, int64_t max_sequence_length) const override;
-  bool transformer_compiled() const override;
+  nn::DiffusionTransformer& denoiser() override;
   void warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const override;
   void run(const PipelineCallArgs& args, const Sized& sized, PipelineOutput& out) const override;
 

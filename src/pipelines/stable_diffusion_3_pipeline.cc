@@ -132,20 +132,8 @@ int64_t StableDiffusion3Pipeline::patch_size() const { return m_->transformer.co
 int64_t StableDiffusion3Pipeline::default_sample_size() const { return m_->transformer.config().sample_size; }
 bool StableDiffusion3Pipeline::has_text_encoder_3() const { return m_->text_encoder_3.has_value(); }
 
-void StableDiffusion3Pipeline::compile_transformer(CompileScope scope, const CompileOptions& options) {
-  if (scope == CompileScope::kRepeatedBlocks) m_->transformer.compile_repeated_blocks(options);
-  else m_->transformer.compile(options);
-}
+nn::DiffusionTransformer& StableDiffusion3Pipeline::denoiser() { return m_->transformer; }
 
-const nn::NamedParameters& StableDiffusion3Pipeline::transformer_parameters() const { return m_->transformer.named_parameters(); }
-
-bool StableDiffusion3Pipeline::transformer_compiled() const {
-  const SD3Transformer2DModel& t = m_->transformer;
-  return t.is_compiled() || (!t.transformer_blocks().empty() && t.transformer_blocks()[0].is_compiled());
-}
-
-// A call runs batch 2 with guidance (the default) and batch 1 for skip-layer guidance or
-// without it: both are compiled.
 void StableDiffusion3Pipeline::warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const {
   for (int64_t batch : {2, 1})
     m_->transformer.warmup(batch, h, w, m_->tokenizer.model_max_length() + max_sequence_length);

@@ -19,7 +19,6 @@ class SD3Transformer2DModel;
 
 class StableDiffusion3Pipeline : public DiffusionPipeline {
  public:
-  const nn::NamedParameters& transformer_parameters() const override;
   static constexpr const char* kClassName = "StableDiffusion3Pipeline";
   static StableDiffusion3Pipeline from_pretrained(const std::filesystem::path& dir,
                                                   const PipelineOptions& options = {});
@@ -29,7 +28,6 @@ class StableDiffusion3Pipeline : public DiffusionPipeline {
 
   const char* class_name() const override { return kClassName; }
   SD3Transformer2DModel& transformer();
-  void compile_transformer(CompileScope scope, const CompileOptions& options = {}) override;
   int64_t default_sample_size() const override;  // the transformer's sample_size (128: 1024² images)
 
   // encode_prompt for one prompt of each encoder: prompt_embeds [1, 77 + S, W]
@@ -58,7 +56,7 @@ class StableDiffusion3Pipeline : public DiffusionPipeline {
                                          int64_t vae_tile_size) const override;
   size_t carried_bytes(int64_t h, int64_t w, int64_t max_sequence_length) const override;
   double host_floor_bytes(int64_t height, int64_t width, int64_t max_sequence_length) const override;
-  bool transformer_compiled() const override;
+  nn::DiffusionTransformer& denoiser() override;
   void warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const override;
   void run(const PipelineCallArgs& args, const Sized& sized, PipelineOutput& out) const override;
 
