@@ -1,7 +1,8 @@
 // DiffusionPipeline: what every text-to-image pipeline shares,
 // as Diffusers' DiffusionPipeline base: the components listed in model_index.json, where their
-// weights live (host, to(device), model CPU offload in model_cpu_offload_seq order), the
-// fail-fast memory estimate of a call, the size checks and the stage bookkeeping of __call__.
+// weights live (host, to(device), model CPU offload in model_cpu_offload_seq order:
+// pipeline_placement.cc), the fail-fast memory estimate of a call (pipeline_memory.cc), the size
+// checks and the stage bookkeeping of __call__.
 // A concrete pipeline (FluxPipeline, StableDiffusion3Pipeline) declares its components and
 // its call; DiffusionPipeline::from_pretrained builds the class model_index.json names.
 #pragma once
@@ -17,91 +18,18 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "distributed/tensor_parallel.h"
 #include "exec/compile.h"
 #include "nn/diffusion_transformer.h"
-#include "nn/weights.h"
 #include "pipelines/call_arguments.h"
 #include "pipelines/component_activations.h"
+#include "pipelines/memory_estimate.h"
+#include "pipelines/pipeline_options.h"
+#include "pipelines/pipeline_output.h"
 
 namespace kiln {
 
 class AutoencoderKL;
 struct PipelineState;
-
-struct PipelineOptions {
-  Device device = default_device();
-  // Tensor parallelism: the transformer is sharded over the mesh (each rank
-  // loads only its slices); text encoders and VAE are replicated; every rank runs the pipeline.
-  std::optional<TensorParallelConfig> tensor_parallel;
-  // A checkpoint tensor no model reads (beyond those it skips on purpose) is an error, not a
-  // warning (--strict).
-  bool strict = false;
-  // Called with each load warning (unused checkpoint tensors).
-  std::function<void(const std::string&)> on_warning;
-  // Diffusers' torch_dtype: the dtype every component's weights are held in and
-  // its activations computed in. std::nullopt is "auto": each component's checkpoint dtype, so
-  // a bf16 checkpoint runs in bf16 with its weights read in place and never widened. f32 is the
-  // reference path (a bf16 checkpoint's weights are then converted once, at load).
-  std::optional<DType> dtype;
-  // Per-component choice (a model component of the pipeline, e.g. "text_encoder_2",
-  // "transformer"; std::nullopt: auto), over `dtype`.
-  std::map<std::string, std::optional<DType>> component_dtype;
-  // FLUX.2: the text encoder's hidden layers calls will read (Diffusers' text_encoder_out_layers;
-  // empty: the pipeline's default). Only the decoder layers these need are loaded and run.
-  std::vector<int64_t> text_encoder_out_layers;
-  // Quantization at load (--quantize), by component: its float linear weights are quantized into
-  // the given storage type (core/quant_blocks.h) once, at load (nn::Weights::with_quantization).
-  std::map<std::string, DType> quantize;
-  // A checkpoint file that replaces a component's weights (--transformer FILE, ...): safetensors
-  // or GGUF, in Diffusers names or an original single-file layout; the component's config still
-  // comes from the pipeline folder.
-  std::map<std::string, std::filesystem::path> component_files;
-};
-
-// One move of a component's weights (model offload), for reports and tests.
-struct OffloadEvent {
-  std::string component;  // a model component, e.g. "text_encoder", "transformer", "vae"
-  std::string action;     // "onload" or "offload"
-  size_t bytes = 0;       // the component's weights
-  double seconds = 0;     // the copy (onload) or release (offload)
-  size_t device_in_use = 0;  // device bytes in use right after it
-};
-
-// What one call needs on the device (model offload's fail-fast check).
-struct ComponentMemory {
-  std::string name;
-  size_t weight_bytes = 0;
-  size_t activation_bytes = 0;  // peak of its forward run op by op, at the call's sizes
-};
-struct MemoryEstimate {
-  std::vector<ComponentMemory> components;  // in model_cpu_offload_seq order
-  std::string placement;                    // "host", "device" or "model offload"
-  size_t carried_bytes = 0;  // what the pipeline keeps across components: embeddings, latents, ids, RoPE tables
-  size_t required = 0;       // for that placement, carried bytes included
-  // The VAE decode the plan is for: untiled (0), or tiles of this many image pixels per side.
-  int64_t vae_tile_size = 0;
-  size_t capacity = 0;                      // the device's (0 = unlimited)
-  bool physical_limit = false;  // capacity is the memory the device can still get (none was set)
-  bool fits() const { return capacity == 0 || required <= capacity; }
-};
-
-struct PipelineTimings {
-  double encode = 0, decode = 0, total = 0;
-  std::vector<double> steps;
-};
-
-struct PipelineOutput {
-  int64_t height = 0, width = 0;
-  std::vector<uint8_t> image;  // RGB, row-major HWC
-  Tensor latents;              // final latents (FLUX: packed [1, L_img, 4C]; SD3: [1, C, h, w])
-  PipelineTimings timings;
-  std::vector<std::string> warnings;  // e.g. a size rounded down to a multiple of 16
-  int64_t vae_tile_size = 0;          // the decode ran in tiles of this many image pixels (0: untiled)
-  // The call's guidance_scale and max_sequence_length after the pipeline's defaults.
-  double guidance_scale = 0;
-  int64_t max_sequence_length = 0;
-};
 
 // How a pipeline's denoiser is compiled: the whole transformer, or
 // compile_repeated_blocks (one executable per block structure).
@@ -300,8 +228,5 @@ class DiffusionPipeline {
   void free_all() const;
   std::string memory_misfit(const MemoryEstimate& e, const PipelineCallArgs& args) const;
 };
-
-// "1.50 GiB", "312.0 MiB", "4.0 KiB", "12 B".
-std::string format_bytes(size_t bytes);
 
 }  // namespace kiln
