@@ -136,12 +136,12 @@ void check_arguments_taken(const PipelineCallArgs& args, const std::string& clas
 
 namespace {
 
-// The range of a row as text, "[lo, hi]", numbers as JSON writes them.
 // A bound as written: whole numbers without a fraction.
 std::string number(double v) {
   return v == std::floor(v) && std::fabs(v) < 1e15 ? std::to_string(int64_t(v)) : json(v).dump();
 }
 
+// A range as text: "[lo, hi]".
 std::string range(double lo, double hi) {
   std::string r = "[";  // appended (GCC 12 warns falsely on "[" + std::string)
   r.append(number(lo)).append(", ").append(number(hi)).append("]");

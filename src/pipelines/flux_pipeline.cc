@@ -33,6 +33,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Real classifier-free guidance (Diffusers' do_true_cfg): a negative_prompt and true_cfg_scale > 1.
+bool true_cfg_on(const PipelineCallArgs& args) {
+  return args.negative_prompt && args.true_cfg_scale.value_or(kDefaultTrueCfgScale) > 1.0;
+}
+
 // The value `v` has once stored in dtype `t` (a host scalar rounded as a device tensor would be).
 float rounded_to(DType t, float v) {
   char bytes[8];
@@ -164,10 +169,6 @@ double FluxPipeline::host_floor_bytes(int64_t height, int64_t width, int64_t max
                 2 * (tokens + double(max_sequence_length)) * double(m_->transformer.config().attention_head_dim) +
                 3 * pixels) +
          3 * pixels;
-}
-
-bool FluxPipeline::true_cfg_on(const PipelineCallArgs& args) {
-  return args.negative_prompt && args.true_cfg_scale.value_or(kDefaultTrueCfgScale) > 1.0;
 }
 
 void FluxPipeline::check_call(const PipelineCallArgs& args, int64_t height, int64_t width, PipelineOutput& out) const {

@@ -32,8 +32,6 @@ class FluxPipeline : public DiffusionPipeline {
   static Tensor image_ids(int64_t h, int64_t w);  // [(h/2)(w/2), 3] rows (0, i, j)
 
  private:
-  // Real classifier-free guidance (Diffusers' do_true_cfg): a negative_prompt and true_cfg_scale > 1.
-  static bool true_cfg_on(const PipelineCallArgs& args);
   struct Models;
   FluxPipeline(std::unique_ptr<PipelineState> state, std::unique_ptr<Models> models);
 
