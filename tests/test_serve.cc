@@ -362,13 +362,17 @@ TEST_F(Serve, SigtermFinishesTheRunningJobAnswersQueuedOnesAndExitsZero) {
   for (int i = 0; i < 500 && c.Get("/metrics")->body.find("kiln_queue_depth 1\n") == std::string::npos; ++i)
     std::this_thread::sleep_for(10ms);
   std::string events_text;
+  std::atomic<bool> following{false};
   std::thread events_client([&] {
     httplib::Client e = server.client();
     e.Get(("/v1/jobs/" + running + "/events").c_str(), [&](const char* data, size_t n) {
       events_text.append(data, n);
+      following = true;
       return true;
     });
   });
+  // SIGTERM only once the stream is open: sent earlier, the server would refuse the connection.
+  for (int i = 0; i < 1000 && !following; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(server.terminate(), 0) << server.log();
   queued_client.join();
   events_client.join();
