@@ -9,6 +9,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/device.h"
+#include "core/flag_value.h"  // parse_int, parse_int_list
 #include "io/png.h"
 
 namespace kiln {
@@ -39,8 +40,6 @@ struct ImageSize {
 };
 // "512x512,1024x768" (HEIGHTxWIDTH, each side at least 16): warmup's --sizes, serve's --warmup.
 std::vector<ImageSize> parse_sizes(const std::string& flag, const std::string& value);  // warmup.cc
-int64_t parse_int(const std::string& flag, const std::string& value);  // "[cli] flag X expects an integer"
-std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& value);  // "7,8,9"
 std::string parse_model(const std::string& value);  // --model: not "" (no --model = bundled)
 // The component a checkpoint-file flag names ("--text-encoder-2" -> "text_encoder_2"); "" for other flags.
 std::string component_file_flag(const std::string& flag);

@@ -176,18 +176,6 @@ size_t parse_bytes(const std::string& flag, const std::string& v) {
   fail("cli", "flag ", flag, " expects a size such as 6GiB, 512MiB or 2GB, got '", v, "'");
 }
 
-int64_t parse_int(const std::string& flag, const std::string& v) {
-  size_t used = 0;
-  int64_t x = 0;
-  try {
-    x = std::stoll(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  KILN_CHECK(used == v.size() && !v.empty(), "cli", "flag ", flag, " expects an integer, got '", v, "'");
-  return x;
-}
-
 void check_tensor_parallel_launch(const std::string& command, int64_t tp, const std::string& offload,
                                   const Device* in_process) {
   const int world = ProcessGroup::world()->size();
@@ -215,18 +203,6 @@ void check_compile_flag(const std::string& v) {
   KILN_CHECK(v == "full" || v == "blocks", "cli", "--compile ", v,
              ": expected full (the whole transformer, one executable per size) or blocks (compile_repeated_blocks: "
              "one executable per block class and size)");
-}
-
-// "7,8,9" -> {7, 8, 9}.
-std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& v) {
-  std::vector<int64_t> out;
-  size_t start = 0;
-  while (start <= v.size()) {
-    const size_t comma = std::min(v.find(',', start), v.size());
-    out.push_back(parse_int(flag, v.substr(start, comma - start)));
-    start = comma + 1;
-  }
-  return out;
 }
 
 io::PngText image_metadata(const PipelineCallArgs& call, const std::string& seed, const PipelineOutput& result,

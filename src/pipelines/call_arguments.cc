@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/flag_value.h"
 #include "pipelines/pipeline_checks.h"
 
 namespace kiln {
@@ -149,18 +150,6 @@ std::string range(double lo, double hi) {
 }
 std::string range(const CallArgument& a) { return range(a.lo, a.hi); }
 
-int64_t int_from_text(const CallArgument& a, const std::string& v) {
-  size_t used = 0;
-  int64_t x = 0;
-  try {
-    x = std::stoll(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  KILN_CHECK(used == v.size() && !v.empty(), "cli", "flag ", a.flag, " expects an integer, got '", v, "'");
-  return x;
-}
-
 double number_from_text(const CallArgument& a, const std::string& v) {
   size_t used = 0;
   double x = 0;
@@ -218,7 +207,7 @@ void set_from_text(PipelineCallArgs& args, const CallArgument& a, const std::str
         if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, std::optional<std::string>>) {
           args.*member = text;
         } else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, std::optional<int64_t>>) {
-          const int64_t x = int_from_text(a, text);
+          const int64_t x = parse_int(a.flag, text);
           pipeline_checks::check_bounds("cli", a.flag, x, int64_t(a.lo), int64_t(a.hi));
           args.*member = x;
         } else if constexpr (std::is_same_v<T, uint64_t>) {
@@ -235,15 +224,9 @@ void set_from_text(PipelineCallArgs& args, const CallArgument& a, const std::str
         } else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, std::optional<double>>) {
           args.*member = number_from_text(a, text);
         } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
-          std::vector<int64_t> out;
-          for (size_t start = 0; start <= text.size();) {
-            const size_t comma = std::min(text.find(',', start), text.size());
-            const int64_t x = int_from_text(a, text.substr(start, comma - start));
-            pipeline_checks::check_bounds("cli", a.flag, x, int64_t(a.lo), int64_t(a.hi));
-            out.push_back(x);
-            start = comma + 1;
-          }
-          args.*member = out;
+          const std::vector<int64_t> values = parse_int_list(a.flag, text);
+          for (int64_t x : values) pipeline_checks::check_bounds("cli", a.flag, x, int64_t(a.lo), int64_t(a.hi));
+          args.*member = values;
         } else {
           static_assert(std::is_same_v<T, VaeTilingMode>);
           args.*member = tiling_from_text(text, a.flag);
