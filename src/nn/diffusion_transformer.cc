@@ -48,6 +48,7 @@ void DiffusionTransformer::warmup_with(const std::vector<Tensor>& placeholder_ar
     compiled_variant("", {}).prepare(placeholder_args, parameters());
     return;
   }
+  if (!any_compiled()) return;  // nothing to prepare
   // The compiled blocks a forward calls, with the args they are called with: read off one trace.
   CompiledCallsMet met;
   const Traced forward = traced();
