@@ -30,10 +30,11 @@ const std::map<std::string, std::set<std::string>>& allowed() {
       {"schedulers", {"core", "exec", "io"}},
       {"nn", {"core", "distributed", "exec", "io"}},
       {"models", {"core", "distributed", "exec", "io", "nn"}},
+      {"random_checkpoint", {"core", "distributed", "exec", "io", "nn", "models"}},
       {"pipelines", {"core", "devices", "distributed", "exec", "io", "models", "nn", "schedulers", "tokenizers"}},
       {"server", {"core", "distributed", "exec", "io", "pipelines"}},
       {"tools", {"core", "graph", "io", "distributed", "tokenizers", "devices", "exec", "schedulers", "nn", "models",
-                 "pipelines", "server"}},
+                 "pipelines", "server", "random_checkpoint"}},
   };
   return m;
 }

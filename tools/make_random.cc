@@ -1,7 +1,7 @@
 // `kiln make-random DIR --like flux1-schnell|flux1-dev|sd3-medium|sd3.5-medium|flux2-dev|
 // flux2-klein-4b|flux2-klein-9b`: a real-size FLUX.1, Stable Diffusion 3 / 3.5 Medium or FLUX.2
 // folder with deterministic random weights, for speed and memory measurements without the
-// download. The work is models/random/flux1_random_folder.h, sd3_random_folder.h and
+// download. The work is random_checkpoint/flux1_random_folder.h, sd3_random_folder.h and
 // flux2_random_folder.h; this file reads the flags, finds the bundled tokenizers and prints the
 // summary.
 #include <algorithm>
@@ -18,10 +18,10 @@
 #include "random_like.h"
 #include "core/error.h"
 #include "core/terminal.h"
-#include "models/random/flux1_random_folder.h"
-#include "models/random/flux2_random_folder.h"
-#include "models/random/sd3_random_folder.h"
-#include "models/random/sd3_transformer_random.h"
+#include "random_checkpoint/flux1_random_folder.h"
+#include "random_checkpoint/flux2_random_folder.h"
+#include "random_checkpoint/sd3_random_folder.h"
+#include "random_checkpoint/sd3_transformer_random.h"
 
 namespace kiln::cli {
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/dtype.h"
-#include "models/random/random_folder.h"
+#include "random_checkpoint/random_folder.h"
 
 namespace kiln::cli {
 

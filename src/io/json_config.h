@@ -19,6 +19,8 @@ class JsonConfig {
   explicit JsonConfig(const std::filesystem::path& path);
   // Parses JSON text; `source` stands in for the file name in errors.
   static JsonConfig from_string(const std::string& text, const std::string& source);
+  // A config already parsed (one kiln writes itself); `source` stands in for the file name.
+  JsonConfig(nlohmann::json j, std::string source);
 
   const std::string& source() const { return source_; }
   bool has(const std::string& field) const;
@@ -42,7 +44,6 @@ class JsonConfig {
   const nlohmann::json& json() const { return json_; }
 
  private:
-  JsonConfig(nlohmann::json j, std::string source);
   const nlohmann::json& require(const std::string& field) const;
   int64_t to_int(const nlohmann::json& v, const std::string& what) const;
 

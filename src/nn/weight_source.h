@@ -12,6 +12,10 @@
 
 namespace kiln::nn {
 
+// How a model reads a tensor: as a linear layer's weight (Weights::get_linear_weight), or
+// otherwise (norms, biases, convolutions, embeddings, buffers).
+enum class WeightUse { linear_weight, other };
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -33,6 +37,12 @@ class WeightSource {
   // tensor check). A source that cannot tell returns nothing for both.
   virtual std::vector<std::string> names() const { return {}; }
   virtual std::vector<std::string> unread() const { return {}; }
+  // Told, before a model reads `key`, the shape its config implies and how it reads it. A
+  // checkpoint has its shapes already and ignores this; a source that becomes what the model
+  // reads (random checkpoints: random_checkpoint/model_reads.h) records it here.
+  virtual void expect(const std::string& key, const Shape& shape, WeightUse use) const {
+    (void)key, (void)shape, (void)use;
+  }
 };
 
 // torch_dtype="auto": the floating-point dtype that holds most of the source's weight bytes

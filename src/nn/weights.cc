@@ -56,7 +56,7 @@ DType Weights::linear_load_dtype(const std::string& key) const {
 constexpr int64_t kQuantizePanelBytes = int64_t(16) << 20;
 
 Tensor Weights::get_linear_weight(const std::string& name, const Shape& shape, Tensor* scale) const {
-  const std::string k = checked_key(name, shape);
+  const std::string k = checked_key(name, shape, WeightUse::linear_weight);
   const DType load_as = linear_load_dtype(k);
   Tensor t;
   if (quantize_ && is_floating(load_as) && shape[1] % dtype_block_elems(*quantize_) == 0 && ShapesOnlyLoad::active()) {
@@ -97,7 +97,7 @@ Tensor Weights::get_linear_weight_slice(const std::string& name, const Shape& sh
                                         int64_t length, bool collect) const {
   // Tensor parallelism with quantization at load is refused by the pipeline loader; a stored
   // quantized weight is sliced as stored.
-  const std::string k = checked_key(name, shape);
+  const std::string k = checked_key(name, shape, WeightUse::linear_weight);
   Tensor t = source_->load_slice(k, dim, start, length, linear_load_dtype(k));
   if (collect) collect_weight(k, t);
   return t;
@@ -116,9 +116,10 @@ Shape Weights::stored_shape(const std::string& name) const {
   return source_->shape(key(name));
 }
 
-std::string Weights::checked_key(const std::string& name, const Shape& shape) const {
+std::string Weights::checked_key(const std::string& name, const Shape& shape, WeightUse use) const {
   KILN_CHECK(source_ != nullptr, "weights", "no checkpoint loaded for '", key(name), "'");
   const std::string k = key(name);
+  source_->expect(k, shape, use);
   KILN_CHECK(source_->contains(k), "weights", describe(), ": tensor '", k,
              "' is missing (the model's config expects it with shape ", to_string(shape), ")");
   const Shape stored = source_->shape(k);

@@ -78,7 +78,7 @@ class Weights {
 
  private:
   // key(name), after checking the tensor exists with `shape` (errors name the checkpoint and key).
-  std::string checked_key(const std::string& name, const Shape& shape) const;
+  std::string checked_key(const std::string& name, const Shape& shape, WeightUse use = WeightUse::other) const;
   // The dtype a linear weight is loaded in: its stored storage type, else dtype().
   DType linear_load_dtype(const std::string& key) const;
 

@@ -1,4 +1,4 @@
-#include "models/random/flux2_variant.h"
+#include "random_checkpoint/flux2_variant.h"
 
 namespace kiln::random_weights {
 

@@ -1,4 +1,4 @@
-#include "models/random/random_values.h"
+#include "random_checkpoint/random_values.h"
 
 #include <cmath>
 #include <vector>

@@ -17,9 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
-#include "models/random/flux1_variant.h"
-#include "models/random/random_component.h"
-#include "models/random/random_folder.h"
+#include "random_checkpoint/flux1_variant.h"
+#include "random_checkpoint/random_component.h"
+#include "random_checkpoint/random_folder.h"
 
 namespace kiln::random_weights {
 

@@ -26,9 +26,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
-#include "models/random/random_component.h"
-#include "models/random/random_folder.h"
-#include "models/random/sd3_variant.h"
+#include "random_checkpoint/random_component.h"
+#include "random_checkpoint/random_folder.h"
+#include "random_checkpoint/sd3_variant.h"
 
 namespace kiln::random_weights {
 

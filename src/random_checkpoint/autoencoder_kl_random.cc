@@ -1,7 +1,10 @@
-#include "models/random/autoencoder_kl_random.h"
+#include "random_checkpoint/autoencoder_kl_random.h"
 
 #include <string>
 #include <vector>
+
+#include "models/vae/autoencoder_kl.h"
+#include "random_checkpoint/model_reads.h"
 
 namespace kiln::random_weights {
 
@@ -66,24 +69,6 @@ nlohmann::json config(const AutoencoderKlRandomConfig& v) {
   return c;
 }
 
-// ResnetBlock2D: GroupNorm, 3x3 conv, GroupNorm, 3x3 conv, and a 1x1 shortcut when the channel
-// count changes. The GroupNorms see every branch input at unit scale.
-void resnet(TensorList& t, const std::string& p, int64_t in, int64_t out) {
-  t.norm(p + "norm1", in, true);
-  t.conv2d(p + "conv1", in, out, 3);
-  t.norm(p + "norm2", out, true);
-  t.conv2d(p + "conv2", out, out, 3);
-  if (in != out) t.conv2d(p + "conv_shortcut", in, out, 1);
-}
-
-// UNetMidBlock2D: one single-head attention between two resnets.
-void mid_block(TensorList& t, const std::string& p, int64_t c) {
-  t.norm(p + "attentions.0.group_norm", c, true);
-  for (const char* n : {"to_q", "to_k", "to_v", "to_out.0"}) t.linear(p + "attentions.0." + n, c, c);
-  resnet(t, p + "resnets.0.", c, c);
-  resnet(t, p + "resnets.1.", c, c);
-}
-
 }  // namespace
 
 AutoencoderKlRandomConfig AutoencoderKlRandomConfig::flux1() { return {}; }
@@ -102,45 +87,13 @@ RandomComponent autoencoder_kl_random() { return autoencoder_kl_random(Autoencod
 
 RandomComponent autoencoder_kl_random(const AutoencoderKlRandomConfig& config_fields) {
   RandomComponent c{"vae", config(config_fields), "diffusion_pytorch_model", kDiffusersShardBytes, {}};
-  TensorList t(c.tensors);
-  const int64_t n = int64_t(kBlockOutChannels.size()), top = kBlockOutChannels.back(),
-                latent = latent_channels(config_fields);
-
-  t.conv2d("encoder.conv_in", kImageChannels, kBlockOutChannels[0], 3);
-  int64_t prev = kBlockOutChannels[0];
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t out = kBlockOutChannels[size_t(i)];
-    const std::string b = "encoder.down_blocks." + std::to_string(i) + ".";
-    for (int64_t r = 0; r < kLayersPerBlock; ++r)
-      resnet(t, b + "resnets." + std::to_string(r) + ".", r ? out : prev, out);
-    if (i != n - 1) t.conv2d(b + "downsamplers.0.conv", out, out, 3);
-    prev = out;
-  }
-  mid_block(t, "encoder.mid_block.", top);
-  t.norm("encoder.conv_norm_out", top, true);
-  t.conv2d("encoder.conv_out", top, 2 * latent, 3);  // mean and log-variance
-
-  t.conv2d("decoder.conv_in", latent, top, 3);
-  prev = top;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t out = kBlockOutChannels[size_t(n - 1 - i)];
-    const std::string b = "decoder.up_blocks." + std::to_string(i) + ".";
-    for (int64_t r = 0; r <= kLayersPerBlock; ++r)
-      resnet(t, b + "resnets." + std::to_string(r) + ".", r ? out : prev, out);
-    if (i != n - 1) t.conv2d(b + "upsamplers.0.conv", out, out, 3);
-    prev = out;
-  }
-  mid_block(t, "decoder.mid_block.", top);
-  t.norm("decoder.conv_norm_out", kBlockOutChannels[0], true);
-  t.conv2d("decoder.conv_out", kBlockOutChannels[0], kImageChannels, 3);
-  if (config_fields.is_flux2()) {
-    t.conv2d("quant_conv", 2 * latent, 2 * latent, 1);
-    t.conv2d("post_quant_conv", latent, latent, 1);
-    // BatchNorm2d(4·latent, affine=False) over the 2x2-patchified latents: buffers only.
-    t.add("bn.running_mean", {4 * latent}, Init::constant(0));
-    t.add("bn.running_var", {4 * latent}, Init::constant(1));
-    t.add("bn.num_batches_tracked", {}, Init::constant(0), DType::i64);
-  }
+  ReadRules rules;
+  rules.present = {"encoder.conv_in.weight"};  // the pipelines decode only, but the Hub's files hold the encoder
+  // BatchNorm2d's step count (AutoencoderKLFlux2's latent statistics), which no forward reads.
+  if (config_fields.is_flux2()) rules.unread = {{"bn.num_batches_tracked", {}, Init::constant(0), DType::i64}};
+  c.tensors = tensors_read(
+      [&](const nn::Weights& w) { AutoencoderKL(VaeConfig::from_json(io::JsonConfig(c.config, "make-random")), w); },
+      rules);
   return c;
 }
 

@@ -1,4 +1,4 @@
-#include "models/random/sd3_variant.h"
+#include "random_checkpoint/sd3_variant.h"
 
 namespace kiln::random_weights {
 

@@ -1,7 +1,7 @@
-#include "models/random/flux2_random_folder.h"
+#include "random_checkpoint/flux2_random_folder.h"
 
 #include "core/error.h"
-#include "models/random/autoencoder_kl_random.h"
+#include "random_checkpoint/autoencoder_kl_random.h"
 
 namespace kiln::random_weights {
 

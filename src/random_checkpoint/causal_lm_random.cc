@@ -1,9 +1,8 @@
-#include "models/random/causal_lm_random.h"
-
-#include <algorithm>
-#include <cmath>
+#include "random_checkpoint/causal_lm_random.h"
 
 #include "core/error.h"
+#include "models/llm/causal_lm_text_encoder.h"
+#include "random_checkpoint/model_reads.h"
 
 namespace kiln::random_weights {
 
@@ -97,32 +96,16 @@ RandomComponent causal_lm_random(const CausalLmRandomConfig& c, DType dtype) {
   KILN_CHECK(c.num_hidden_layers >= 1, "make-random", "the text encoder needs at least 1 layer, got ",
              c.num_hidden_layers);
   RandomComponent out{"text_encoder", causal_lm_config(c, dtype), "model", kTransformersShardBytes, {}};
-  TensorList t(out.tensors);
-  const std::string p = c.key_prefix();
-  const int64_t H = c.hidden_size, q_width = c.num_attention_heads * c.head_dim,
-                kv_width = c.num_key_value_heads * c.head_dim;
-  // Two residual branches a layer; their last projections scaled by 1/sqrt(branches) keep the
-  // residual stream O(1) through all 36-40 layers. RMSNorm before each branch and (Qwen3) on q
-  // and k keep the attention scores O(1) too.
-  const double residual = 1 / std::sqrt(double(std::max<int64_t>(1, 2 * c.num_hidden_layers)));
-
-  // Module order of transformers' MistralModel / Qwen3Model (where shards split).
-  t.embedding(p + "embed_tokens", c.vocab_size, H, 1.0);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string l = p + "layers." + std::to_string(i) + ".";
-    t.linear(l + "self_attn.q_proj", H, q_width, false);
-    t.linear(l + "self_attn.k_proj", H, kv_width, false);
-    t.linear(l + "self_attn.v_proj", H, kv_width, false);
-    t.linear(l + "self_attn.o_proj", q_width, H, false, residual);
-    if (c.qwen3())
-      for (const char* n : {"q_norm", "k_norm"}) t.norm(l + "self_attn." + n, c.head_dim, false);
-    t.linear(l + "mlp.gate_proj", H, c.intermediate_size, false);
-    t.linear(l + "mlp.up_proj", H, c.intermediate_size, false);
-    t.linear(l + "mlp.down_proj", c.intermediate_size, H, false, residual);
-    t.norm(l + "input_layernorm", H, false);
-    t.norm(l + "post_attention_layernorm", H, false);
-  }
-  t.norm(p + "norm", H, false);
+  // Two residual branches a layer; RMSNorm before each branch and (Qwen3) on q and k keep the
+  // attention scores O(1) too. The key prefix is the transformers version's module tree.
+  ReadRules rules;
+  rules.present = {c.key_prefix() + "embed_tokens.weight"};
+  rules.gains = residual_gains({"self_attn.o_proj", "mlp.down_proj"}, 2 * c.num_hidden_layers);
+  out.tensors = tensors_read(
+      [&](const nn::Weights& w) {
+        CausalLMTextEncoder(DecoderLMConfig::from_json(io::JsonConfig(out.config, "make-random")), w);
+      },
+      rules);
   return out;
 }
 

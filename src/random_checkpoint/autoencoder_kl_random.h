@@ -8,7 +8,7 @@
 #pragma once
 #include <string>
 
-#include "models/random/random_component.h"
+#include "random_checkpoint/random_component.h"
 
 namespace kiln::random_weights {
 

@@ -1,10 +1,10 @@
-#include "models/random/flux1_random_folder.h"
+#include "random_checkpoint/flux1_random_folder.h"
 
 #include "core/error.h"
-#include "models/random/autoencoder_kl_random.h"
-#include "models/random/clip_text_random.h"
-#include "models/random/flux_transformer_random.h"
-#include "models/random/t5_encoder_random.h"
+#include "random_checkpoint/autoencoder_kl_random.h"
+#include "random_checkpoint/clip_text_random.h"
+#include "random_checkpoint/flux_transformer_random.h"
+#include "random_checkpoint/t5_encoder_random.h"
 
 namespace kiln::random_weights {
 

@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/random/random_component.h"
-#include "models/random/sd3_variant.h"
+#include "random_checkpoint/random_component.h"
+#include "random_checkpoint/sd3_variant.h"
 
 namespace kiln::random_weights {
 

@@ -4,8 +4,8 @@
 #pragma once
 #include <cstdint>
 
-#include "models/random/flux1_variant.h"
-#include "models/random/random_component.h"
+#include "random_checkpoint/flux1_variant.h"
+#include "random_checkpoint/random_component.h"
 
 namespace kiln::random_weights {
 

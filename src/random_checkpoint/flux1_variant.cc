@@ -1,4 +1,4 @@
-#include "models/random/flux1_variant.h"
+#include "random_checkpoint/flux1_variant.h"
 
 namespace kiln::random_weights {
 

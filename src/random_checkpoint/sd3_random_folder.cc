@@ -1,12 +1,12 @@
-#include "models/random/sd3_random_folder.h"
+#include "random_checkpoint/sd3_random_folder.h"
 
 #include <fstream>
 
 #include "core/error.h"
-#include "models/random/autoencoder_kl_random.h"
-#include "models/random/clip_text_random.h"
-#include "models/random/sd3_transformer_random.h"
-#include "models/random/t5_encoder_random.h"
+#include "random_checkpoint/autoencoder_kl_random.h"
+#include "random_checkpoint/clip_text_random.h"
+#include "random_checkpoint/sd3_transformer_random.h"
+#include "random_checkpoint/t5_encoder_random.h"
 
 namespace kiln::random_weights {
 

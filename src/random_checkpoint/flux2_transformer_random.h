@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/random/flux2_variant.h"
-#include "models/random/random_component.h"
+#include "random_checkpoint/flux2_variant.h"
+#include "random_checkpoint/random_component.h"
 
 namespace kiln::random_weights {
 

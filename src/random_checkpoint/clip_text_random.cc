@@ -1,8 +1,9 @@
-#include "models/random/clip_text_random.h"
+#include "random_checkpoint/clip_text_random.h"
 
-#include <algorithm>
-#include <cmath>
 #include <string>
+
+#include "models/clip/clip_text_model.h"
+#include "random_checkpoint/model_reads.h"
 
 namespace kiln::random_weights {
 
@@ -65,23 +66,13 @@ ClipTextRandomConfig ClipTextRandomConfig::sd3_clip_g() {
 
 RandomComponent clip_text_random(const ClipTextRandomConfig& cfg, DType dtype) {
   RandomComponent c{cfg.folder, config(cfg, dtype), "model", kTransformersShardBytes, {}};
-  TensorList t(c.tensors);
-  const int64_t E = cfg.hidden_size, I = cfg.intermediate_size;
-  // two residual branches a layer
-  const double residual = 1 / std::sqrt(double(std::max<int64_t>(1, 2 * cfg.num_hidden_layers)));
-  t.embedding("text_model.embeddings.token_embedding", kVocab, E, 1.0);
-  t.embedding("text_model.embeddings.position_embedding", kPositions, E, 1.0);
-  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    const std::string b = "text_model.encoder.layers." + std::to_string(i) + ".";
-    for (const char* n : {"k_proj", "v_proj", "q_proj"}) t.linear(b + "self_attn." + n, E, E);
-    t.linear(b + "self_attn.out_proj", E, E, true, residual);
-    t.norm(b + "layer_norm1", E, true);
-    t.linear(b + "mlp.fc1", E, I);
-    t.linear(b + "mlp.fc2", I, E, true, residual);
-    t.norm(b + "layer_norm2", E, true);
-  }
-  t.norm("text_model.final_layer_norm", E, true);
-  if (cfg.with_projection) t.linear("text_projection", E, cfg.projection_dim, /*bias=*/false);
+  ReadRules rules;  // two residual branches a layer
+  rules.gains = residual_gains({"self_attn.out_proj", "mlp.fc2"}, 2 * cfg.num_hidden_layers);
+  c.tensors = tensors_read(
+      [&](const nn::Weights& w) {
+        ClipTextModel(ClipTextModel::Config::from_json(io::JsonConfig(c.config, "make-random")), w);
+      },
+      rules);
   return c;
 }
 

@@ -27,11 +27,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
-#include "models/random/causal_lm_random.h"
-#include "models/random/flux2_transformer_random.h"
-#include "models/random/flux2_variant.h"
-#include "models/random/random_component.h"
-#include "models/random/random_folder.h"
+#include "random_checkpoint/causal_lm_random.h"
+#include "random_checkpoint/flux2_transformer_random.h"
+#include "random_checkpoint/flux2_variant.h"
+#include "random_checkpoint/random_component.h"
+#include "random_checkpoint/random_folder.h"
 
 namespace kiln::random_weights {
 

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
-#include "models/random/random_component.h"
+#include "random_checkpoint/random_component.h"
 
 namespace kiln::random_weights {
 

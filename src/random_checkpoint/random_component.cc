@@ -1,6 +1,5 @@
-#include "models/random/random_component.h"
+#include "random_checkpoint/random_component.h"
 
-#include <cmath>
 #include <cstdio>
 
 #include "core/error.h"
@@ -24,29 +23,6 @@ int64_t RandomComponent::parameters() const {
   int64_t n = 0;
   for (const RandomTensor& t : tensors) n += numel(t.shape);
   return n;
-}
-
-void TensorList::add(const std::string& name, Shape shape, Init init, std::optional<DType> dtype) {
-  out_.push_back({name, std::move(shape), init, dtype});
-}
-
-void TensorList::linear(const std::string& prefix, int64_t in, int64_t out, bool bias, double gain) {
-  add(prefix + ".weight", {out, in}, Init::uniform(gain / std::sqrt(double(in))));
-  if (bias) add(prefix + ".bias", {out}, Init::uniform(kBiasStd));
-}
-
-void TensorList::conv2d(const std::string& prefix, int64_t in, int64_t out, int64_t k, double gain) {
-  add(prefix + ".weight", {out, in, k, k}, Init::uniform(gain / std::sqrt(double(in * k * k))));
-  add(prefix + ".bias", {out}, Init::uniform(kBiasStd));
-}
-
-void TensorList::norm(const std::string& prefix, int64_t n, bool bias) {
-  add(prefix + ".weight", {n}, Init::constant(1));
-  if (bias) add(prefix + ".bias", {n}, Init::constant(0));
-}
-
-void TensorList::embedding(const std::string& prefix, int64_t rows, int64_t dim, double std) {
-  add(prefix + ".weight", {rows, dim}, Init::uniform(std));
 }
 
 const char* torch_dtype_name(DType dtype) {

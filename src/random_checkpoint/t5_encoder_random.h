@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/dtype.h"
-#include "models/random/random_component.h"
+#include "random_checkpoint/random_component.h"
 
 namespace kiln::random_weights {
 

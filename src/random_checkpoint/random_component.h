@@ -1,7 +1,7 @@
 // One component of a random benchmark checkpoint (kiln make-random) as data: its folder, its
 // config.json, its weights file name and shard limit, and every tensor with its shape and how
 // its values are drawn (random_values.h). The per-model files (flux_transformer_random.h, ...)
-// build these; write_random_component turns one into files.
+// build these from what the model reads (model_reads.h); write_random_component turns one into files.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -14,7 +14,7 @@
 #include "core/dtype.h"
 #include "core/shape.h"
 #include "io/safetensors_stream_writer.h"
-#include "models/random/random_values.h"
+#include "random_checkpoint/random_values.h"
 
 namespace kiln::random_weights {
 
@@ -48,26 +48,6 @@ constexpr uint64_t kTransformersShardBytes = 5'000'000'000ull;
 
 // The standard deviation of every bias: small, so that a bias never dominates its layer.
 constexpr double kBiasStd = 0.01;
-
-// Declares tensors in state-dict order with the scales that keep activations O(1): a weight
-// that maps n inputs has standard deviation gain/sqrt(n) (unit variance in, unit variance out;
-// `gain` < 1 for the last layer of a residual branch), norms are the identity (weight 1, bias 0).
-class TensorList {
- public:
-  explicit TensorList(std::vector<RandomTensor>& out) : out_(out) {}
-  void add(const std::string& name, Shape shape, Init init, std::optional<DType> dtype = std::nullopt);
-  // Linear: PREFIX.weight [out, in], PREFIX.bias [out] when `bias`.
-  void linear(const std::string& prefix, int64_t in, int64_t out, bool bias = true, double gain = 1);
-  // Conv2d: PREFIX.weight [out, in, k, k], PREFIX.bias [out].
-  void conv2d(const std::string& prefix, int64_t in, int64_t out, int64_t k, double gain = 1);
-  // LayerNorm / GroupNorm / RMSNorm: PREFIX.weight [n] = 1 (and PREFIX.bias [n] = 0).
-  void norm(const std::string& prefix, int64_t n, bool bias);
-  // Embedding table PREFIX.weight [rows, dim] with standard deviation `std`.
-  void embedding(const std::string& prefix, int64_t rows, int64_t dim, double std);
-
- private:
-  std::vector<RandomTensor>& out_;
-};
 
 // torch_dtype as transformers writes it into config.json ("bfloat16", "float16", "float32").
 const char* torch_dtype_name(DType dtype);

@@ -1,4 +1,4 @@
-#include "models/random/random_folder.h"
+#include "random_checkpoint/random_folder.h"
 
 #include <fcntl.h>
 #include <signal.h>

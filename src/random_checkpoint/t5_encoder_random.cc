@@ -1,8 +1,10 @@
-#include "models/random/t5_encoder_random.h"
+#include "random_checkpoint/t5_encoder_random.h"
 
-#include <algorithm>
 #include <cmath>
 #include <string>
+
+#include "models/t5/t5_encoder.h"
+#include "random_checkpoint/model_reads.h"
 
 namespace kiln::random_weights {
 
@@ -50,26 +52,17 @@ nlohmann::json config(int64_t num_layers, DType dtype) {
 
 RandomComponent t5_encoder_random(int64_t num_layers, DType dtype, const std::string& folder) {
   RandomComponent c{folder, config(num_layers, dtype), "model", kTransformersShardBytes, {}};
-  TensorList t(c.tensors);
-  const double residual = 1 / std::sqrt(double(std::max<int64_t>(1, 2 * num_layers)));  // two branches a block
-  // transformers saves the tied embedding once, as shared.weight (encoder.embed_tokens is the same tensor).
-  t.embedding("shared", kVocab, kModel, 1.0);
-  for (int64_t i = 0; i < num_layers; ++i) {
-    const std::string b = "encoder.block." + std::to_string(i) + ".layer.";
-    // T5 does not divide the scores by sqrt(d_kv): q carries that factor, so scores stay O(1).
-    t.linear(b + "0.SelfAttention.q", kModel, kInner, false, 1 / std::sqrt(double(kHeadDim)));
-    t.linear(b + "0.SelfAttention.k", kModel, kInner, false);
-    t.linear(b + "0.SelfAttention.v", kModel, kInner, false);
-    t.linear(b + "0.SelfAttention.o", kInner, kModel, false, residual);
-    // Small next to the O(1) scores, so position only nudges attention.
-    if (i == 0) t.add(b + "0.SelfAttention.relative_attention_bias.weight", {kBuckets, kHeads}, Init::uniform(0.1));
-    t.norm(b + "0.layer_norm", kModel, false);
-    t.linear(b + "1.DenseReluDense.wi_0", kModel, kFeedForward, false);
-    t.linear(b + "1.DenseReluDense.wi_1", kModel, kFeedForward, false);
-    t.linear(b + "1.DenseReluDense.wo", kFeedForward, kModel, false, residual);
-    t.norm(b + "1.layer_norm", kModel, false);
-  }
-  t.norm("encoder.final_layer_norm", kModel, false);
+  ReadRules rules;
+  rules.gains = residual_gains({"SelfAttention.o", "DenseReluDense.wo"}, 2 * num_layers);  // two branches a block
+  // T5 does not divide the scores by sqrt(d_kv): q carries that factor, so scores stay O(1).
+  rules.gains.emplace_back("SelfAttention.q", 1 / std::sqrt(double(kHeadDim)));
+  // Small next to the O(1) scores, so position only nudges attention.
+  rules.inits = {{"relative_attention_bias.weight", Init::uniform(0.1)}};
+  c.tensors = tensors_read(
+      [&](const nn::Weights& w) {
+        T5EncoderModel(T5EncoderModel::Config::from_json(io::JsonConfig(c.config, "make-random")), w);
+      },
+      rules);
   return c;
 }
 
