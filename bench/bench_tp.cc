@@ -40,7 +40,7 @@ int main() {
     WeightCollector collect(weights);
     nn::Weights source(std::make_shared<const test::GeneratedWeights>(shapes));
     if (world->size() > 1)
-      source = source.with_plan(ShardPlan::make(FluxTransformer2DModel::tp_plan(true), DeviceMesh(world)));
+      source = source.with_plan(ShardPlan::make(FluxTransformer2DModel::tp_plan({}, true), DeviceMesh(world)));
     model.emplace(config, source);
   }
   weights.onload(Device::cpu());

@@ -517,7 +517,7 @@ TEST_F(CompiledMode, AChainResultIsLiveFromItsOwnLaunch) {
 // Random inputs of one double block of `model`: 64 image and 16 text tokens.
 struct DoubleBlockInputs {
   Tensor x, c, temb;
-  flux::RotaryTables rope;
+  nn::RotaryTables rope;
 };
 DoubleBlockInputs double_block_inputs(const FluxTransformer2DModel& model) {
   const auto& cfg = model.config();
@@ -525,7 +525,7 @@ DoubleBlockInputs double_block_inputs(const FluxTransformer2DModel& model) {
   return {from_vector(test::random_values(L_img * D, 1), {1, L_img, D}),
           from_vector(test::random_values(L_txt * D, 2), {1, L_txt, D}),
           from_vector(test::random_values(D, 3), {1, D}),
-          flux::RotaryTables::of(from_vector(test::random_values(S * hd, 4), {S, hd}),
+          nn::RotaryTables::of(from_vector(test::random_values(S * hd, 4), {S, hd}),
                                  from_vector(test::random_values(S * hd, 5), {S, hd}))};
 }
 

@@ -261,16 +261,16 @@ TEST(DeferredMode, RotaryEmbeddingRunsInTheLaunchOfEachPerHeadNorm) {
     const Tensor nw = test::random_tensor({hd}, 45);
     std::vector<float> ids(size_t(S) * 3);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = float(i % 17);
-    const flux::RotaryTables rope = flux::flux_pos_embed(from_vector(ids, {S, 3}), {4, 6, 6}, 10000.0);
+    const nn::RotaryTables rope = nn::flux_pos_embed(from_vector(ids, {S, 3}), {4, 6, 6}, 10000.0);
     const Tensor one_ids = from_vector(std::vector<float>(ids.begin(), ids.begin() + img * 3), {img, 3});
-    const flux::RotaryTables rope_img = flux::flux_pos_embed(one_ids, {4, 6, 6}, 10000.0);
+    const nn::RotaryTables rope_img = nn::flux_pos_embed(one_ids, {4, 6, 6}, 10000.0);
     const auto launches = deferred_launches_equal_eager([&] {
       const Tensor q = concat({rms_norm(reshape(linear(x, w1), {1, txt, heads, hd}), nw, 1e-6),
                                rms_norm(reshape(linear(y, w2), {1, img, heads, hd}), nw, 1e-6)},
                               1);
       const Tensor single = rms_norm(reshape(linear(y, w1), {1, img, heads, hd}), nw, 1e-6);
       // Read by a non-elementwise op, as attention reads them.
-      return concat({sum(flux::apply_rotary_emb(q, rope), {-1}), sum(flux::apply_rotary_emb(single, rope_img), {-1})},
+      return concat({sum(nn::apply_rotary_emb(q, rope), {-1}), sum(nn::apply_rotary_emb(single, rope_img), {-1})},
                     1);
     });
     EXPECT_EQ(launches.at("linear+rms_norm+epilogue"), 3u);

@@ -75,7 +75,7 @@ TEST(Flux2TransformerGolden, EmbeddingsModulationsAndRope) {
   test::expect_close(mod.txt, module_out("double_stream_modulation_txt"), kAtol, 0, "double_stream_modulation_txt");
   test::expect_close(mod.single, module_out("single_stream_modulation"), kAtol, 0, "single_stream_modulation");
   // Text rows first, then image rows.
-  const flux::RotaryTables rope = m.pos_embed(in.img_ids, in.txt_ids);
+  const nn::RotaryTables rope = m.pos_embed(in.img_ids, in.txt_ids);
   const Tensor cos = concat({module_out("pos_embed.txt.0"), module_out("pos_embed.img.0")}, 0);
   const Tensor sin = concat({module_out("pos_embed.txt.1"), module_out("pos_embed.img.1")}, 0);
   test::expect_close(rope.cos, cos, 1e-7, 0, "RoPE cos (4 axes, theta 2000)");
@@ -86,7 +86,7 @@ TEST(Flux2TransformerGolden, BlocksFromDiffusersInputs) {
   const auto& m = fixture_model();
   const StepInputs in = step_inputs(0);
   const auto mod = m.modulations(module_out("time_guidance_embed"));
-  const flux::RotaryTables rope = m.pos_embed(in.img_ids, in.txt_ids);
+  const nn::RotaryTables rope = m.pos_embed(in.img_ids, in.txt_ids);
   const auto [c, x] =
       m.transformer_blocks()[0](module_out("x_embedder"), module_out("context_embedder"), mod.img, mod.txt, rope);
   test::expect_close(c, module_out("transformer_blocks.0.0"), kAtol, 0, "double block: text stream");

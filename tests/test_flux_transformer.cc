@@ -39,7 +39,7 @@ class FluxTransformerGolden : public ::testing::TestWithParam<std::string> {
     return g("transformer.in.guidance");
   }
   Tensor temb() const { return g(module_key("time_text_embed")); }
-  flux::RotaryTables rope() const { return flux::RotaryTables::of(g(module_key("pos_embed.cos")), g(module_key("pos_embed.sin"))); }
+  nn::RotaryTables rope() const { return nn::RotaryTables::of(g(module_key("pos_embed.cos")), g(module_key("pos_embed.sin"))); }
 };
 
 TEST_P(FluxTransformerGolden, Embeddings) {
@@ -51,7 +51,7 @@ TEST_P(FluxTransformerGolden, Embeddings) {
   test::expect_close(m.time_text_embed(g("transformer.step0.in.timestep"), g("transformer.in.pooled_projections"),
                                        guidance()),
                      temb(), kAtol, 0, "time_text_embed");
-  const flux::RotaryTables r = m.pos_embed(g("transformer.in.img_ids"), g("transformer.in.txt_ids"));
+  const nn::RotaryTables r = m.pos_embed(g("transformer.in.img_ids"), g("transformer.in.txt_ids"));
   test::expect_close(r.cos, g(module_key("pos_embed.cos")), 1e-6, 0, "pos_embed.cos");
   test::expect_close(r.sin, g(module_key("pos_embed.sin")), 1e-6, 0, "pos_embed.sin");
 }
@@ -114,7 +114,7 @@ TEST(FluxTransformer, TimestepSinusoidSanity) {
 
 // Spec §2.5.2 sanity values (d = 56, pos = 3), each frequency repeated for the pair.
 TEST(FluxTransformer, RopeTablesSanity) {
-  const flux::RotaryTables r = flux::flux_pos_embed(from_vector({3.0f}, {1, 1}), {56});
+  const nn::RotaryTables r = nn::flux_pos_embed(from_vector({3.0f}, {1, 1}), {56});
   const auto c = to_vector(r.cos), s = to_vector(r.sin);
   const float wc[] = {-0.989992497f, -0.554914920f, 0.016953111f}, ws[] = {0.141120008f, 0.831907105f, 0.999856286f};
   for (size_t j = 0; j < 3; ++j) {

@@ -393,7 +393,7 @@ TEST(SD3Transformer, ClassData) {
   EXPECT_EQ(SD3Transformer2DModel::repeated_blocks(), std::vector<std::string>{"JointTransformerBlock"});
   EXPECT_TRUE(SD3Transformer2DModel::checkpoint_keys_not_loaded().empty());
   EXPECT_EQ(SD3Transformer2DModel::tp_plan().size(), 16u);
-  EXPECT_EQ(SD3Transformer2DModel::tp_plan(true).size(), 19u);
+  EXPECT_EQ(SD3Transformer2DModel::tp_plan({}, true).size(), 19u);
   EXPECT_EQ(fixture_model("sd35_tiny_arch").dtype(), DType::f32);
   // Every weight the model reads is one of its parameters, and the checkpoint has no others.
   const SD3Transformer2DModel& m = fixture_model("sd35_tiny_arch");

@@ -19,4 +19,6 @@ Tensor activation(const std::string& name, const Tensor& x) {
   fail("activation", "unsupported activation '", name, "'");
 }
 
+Tensor clamp_fp16(const Tensor& x) { return x.dtype() == DType::f16 ? clamp(x, -65504.0, 65504.0) : x; }
+
 }  // namespace kiln::nn

@@ -62,6 +62,39 @@ size_t DiffusionTransformer::activation_bytes_with(const std::vector<Tensor>& pl
   return unfused_peak_bytes_on(cap.recorded, default_device());
 }
 
+void DiffusionTransformer::for_each_block(const std::function<void(const CompilableBlock&)>& f) const {
+  // One visitor per model; `f` only reads what it is given.
+  const_cast<DiffusionTransformer*>(this)->for_each_block([&](CompilableBlock& b) { f(b); });
+}
+
+void check_positive(int64_t v, const char* field, const char* where, const std::string& source) {
+  KILN_CHECK(v > 0, where, source, ": '", field, "' must be positive, got ", v);
+}
+
+int64_t DiffusionTransformer::check_image_tokens(const Tensor& hidden_states, int64_t in_channels) const {
+  KILN_CHECK(hidden_states.rank() == 3 && hidden_states.dim(2) == in_channels, class_name(),
+             "hidden_states must be [B, L_img, ", in_channels, "], got ", to_string(hidden_states.shape()));
+  return hidden_states.dim(0);
+}
+
+void DiffusionTransformer::check_text_states(const Tensor& encoder_hidden_states, int64_t batch,
+                                             int64_t joint_attention_dim) const {
+  const Tensor& e = encoder_hidden_states;
+  KILN_CHECK(e.rank() == 3 && e.dim(0) == batch && e.dim(2) == joint_attention_dim, class_name(),
+             "encoder_hidden_states must be [", batch, ", L_txt, ", joint_attention_dim, "], got ",
+             to_string(e.shape()));
+}
+
+void DiffusionTransformer::check_pooled(const Tensor& pooled_projections, int64_t batch, int64_t dim) const {
+  KILN_CHECK(pooled_projections.shape() == Shape({batch, dim}), class_name(), "pooled_projections must be [", batch,
+             ", ", dim, "], got ", to_string(pooled_projections.shape()));
+}
+
+void DiffusionTransformer::check_per_sample(const Tensor& t, int64_t batch, const char* name) const {
+  KILN_CHECK(t.rank() == 1 && (t.dim(0) == batch || t.dim(0) == 1), class_name(), name, " must be [", batch,
+             "], got ", to_string(t.shape()));
+}
+
 void DiffusionTransformer::check_heads_divide(const TensorParallelConfig& tp, int64_t heads,
                                               const std::filesystem::path& config) {
   const int n = tp.mesh.size();
@@ -71,6 +104,12 @@ void DiffusionTransformer::check_heads_divide(const TensorParallelConfig& tp, in
 
 void DiffusionTransformer::refuse_extra(const Weights& w, const std::string& key, const std::string& what) const {
   KILN_CHECK(!w.has(key), class_name(), w.describe(), ": the checkpoint has '", w.key(key), "' but ", what);
+}
+
+void DiffusionTransformer::refuse_more_blocks(const Weights& w, const std::string& stack, int64_t count,
+                                              const std::string& tensor, const char* field) const {
+  refuse_extra(w, stack + "." + std::to_string(count) + "." + tensor,
+               std::string("the config has ") + field + "=" + std::to_string(count));
 }
 
 }  // namespace kiln::nn

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "nn/activations.h"
+
 namespace kiln::flux {
 namespace {
 
@@ -11,8 +13,6 @@ using nn::split_heads;
 
 constexpr double kNormEps = 1e-6;  // every LayerNorm and QK RMSNorm in the transformer
 
-// fp16 activations are clamped to the finite range after each block, as Diffusers does.
-Tensor clamp_fp16(const Tensor& x) { return x.dtype() == DType::f16 ? clamp(x, -65504.0, 65504.0) : x; }
 
 // The compiled form of a block: traces `forward` of a copy of the block (taken before it is
 // compiled, so the trace computes the math), args (x, c, temb, rope tables).
@@ -21,31 +21,21 @@ std::shared_ptr<const CompiledFunction> compile_block(const Block& block, const 
   return std::make_shared<const CompiledFunction>(
       Block::kClassName,
       [self = block](const std::vector<Tensor>& a) {
-        auto [c, x] = self.forward(a[0], a[1], a[2], RotaryTables{a[3], a[4], a[5]});
+        auto [c, x] = self.forward(a[0], a[1], a[2], nn::RotaryTables::from_args(a, 3));
         return std::vector<Tensor>{c, x};
       },
-      options, std::vector<std::string>{"hidden_states", "encoder_hidden_states", "temb", "rope.cos", "rope.sin",
-                                        "rope.pair_sign"});
+      options, nn::RotaryTables::arg_names({"hidden_states", "encoder_hidden_states", "temb"}));
 }
 
 template <typename Block>
 std::pair<Tensor, Tensor> call_block(const Block& block, const CompiledFunction* compiled, const Tensor& x,
-                                     const Tensor& c, const Tensor& temb, const RotaryTables& rope) {
+                                     const Tensor& c, const Tensor& temb, const nn::RotaryTables& rope) {
   if (compiled == nullptr) return block.forward(x, c, temb, rope);
-  std::vector<Tensor> out = (*compiled)({x, c, temb, rope.cos, rope.sin, rope.pair_sign}, block.parameters());
+  std::vector<Tensor> out = (*compiled)(rope.args({x, c, temb}), block.parameters());
   return {out[0], out[1]};
 }
 
 }  // namespace
-
-Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RotaryTables& rope) {
-  const int64_t hd = q.dim(3);
-  // SDPA wants [B, H, S, hd].
-  const Tensor qh = transpose(apply_rotary_emb(q, rope), 1, 2);
-  const Tensor kh = transpose(apply_rotary_emb(k, rope), 1, 2);
-  const Tensor o = scaled_dot_product_attention(qh, kh, transpose(v, 1, 2), Tensor(), 1.0 / std::sqrt(double(hd)));
-  return flatten(transpose(o, 1, 2), 2);
-}
 
 // ---- double-stream block ----
 
@@ -73,7 +63,7 @@ FluxTransformerBlock::FluxTransformerBlock(const nn::Weights& w, const nn::Block
 }
 
 std::pair<Tensor, Tensor> FluxTransformerBlock::operator()(const Tensor& x, const Tensor& c, const Tensor& temb,
-                                                           const RotaryTables& rope) const {
+                                                           const nn::RotaryTables& rope) const {
   return call_block(*this, compiled(), x, c, temb, rope);
 }
 
@@ -83,7 +73,7 @@ void FluxTransformerBlock::compile(const CompileOptions& options) {
 }
 
 std::pair<Tensor, Tensor> FluxTransformerBlock::forward(const Tensor& x, const Tensor& c, const Tensor& temb,
-                                                        const RotaryTables& rope) const {
+                                                        const nn::RotaryTables& rope) const {
   const int64_t hd = dims_.head_dim, L_txt = c.dim(1), S = c.dim(1) + x.dim(1);
   // AdaLayerNormZero chunks: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp.
   const Tensor act = silu(temb);
@@ -96,7 +86,7 @@ std::pair<Tensor, Tensor> FluxTransformerBlock::forward(const Tensor& x, const T
   const Tensor q = concat({txt_.norm_q(split_heads(txt_.q(c_n), hd)), img_.norm_q(split_heads(img_.q(x_n), hd))}, 1);
   const Tensor k = concat({txt_.norm_k(split_heads(txt_.k(c_n), hd)), img_.norm_k(split_heads(img_.k(x_n), hd))}, 1);
   const Tensor v = concat({split_heads(txt_.v(c_n), hd), split_heads(img_.v(x_n), hd)}, 1);
-  const Tensor o = rope_attention(q, k, v, rope);
+  const Tensor o = nn::rope_attention(q, k, v, rope);
   const Tensor attn_c = txt_.out(slice(o, 1, 0, L_txt));
   const Tensor attn_x = img_.out(slice(o, 1, L_txt, S));
 
@@ -105,7 +95,7 @@ std::pair<Tensor, Tensor> FluxTransformerBlock::forward(const Tensor& x, const T
   xo = xo + unsqueeze(m[5], 1) * img_.ff_out(gelu(img_.ff_in(modulate(layer_norm_no_affine(xo), m[4], m[3])), "tanh"));
   Tensor co = c + unsqueeze(mc[2], 1) * attn_c;
   co = co + unsqueeze(mc[5], 1) * txt_.ff_out(gelu(txt_.ff_in(modulate(layer_norm_no_affine(co), mc[4], mc[3])), "tanh"));
-  return {clamp_fp16(co), xo};  // Diffusers clamps only the text stream here
+  return {nn::clamp_fp16(co), xo};  // Diffusers clamps only the text stream here
 }
 
 // ---- single-stream block ----
@@ -123,7 +113,7 @@ FluxSingleTransformerBlock::FluxSingleTransformerBlock(const nn::Weights& w, con
 
 std::pair<Tensor, Tensor> FluxSingleTransformerBlock::operator()(const Tensor& x, const Tensor& c,
                                                                  const Tensor& temb,
-                                                                 const RotaryTables& rope) const {
+                                                                 const nn::RotaryTables& rope) const {
   return call_block(*this, compiled(), x, c, temb, rope);
 }
 
@@ -133,7 +123,7 @@ void FluxSingleTransformerBlock::compile(const CompileOptions& options) {
 }
 
 std::pair<Tensor, Tensor> FluxSingleTransformerBlock::forward(const Tensor& x, const Tensor& c, const Tensor& temb,
-                                                              const RotaryTables& rope) const {
+                                                              const nn::RotaryTables& rope) const {
   const int64_t hd = dims_.head_dim, L_txt = c.dim(1), S = c.dim(1) + x.dim(1);
   const Tensor h = concat({c, x}, 1);  // the residual
   // AdaLayerNormZeroSingle chunks: shift, scale, gate.
@@ -141,9 +131,9 @@ std::pair<Tensor, Tensor> FluxSingleTransformerBlock::forward(const Tensor& x, c
   const Tensor h_n = modulate(layer_norm_no_affine(h), m[1], m[0]);
   // MLP and attention branches read the same h_n; attention has no output projection.
   const Tensor mlp = gelu(proj_mlp_(h_n), "tanh");
-  const Tensor a = rope_attention(norm_q_(split_heads(to_q_(h_n), hd)), norm_k_(split_heads(to_k_(h_n), hd)),
+  const Tensor a = nn::rope_attention(norm_q_(split_heads(to_q_(h_n), hd)), norm_k_(split_heads(to_k_(h_n), hd)),
                                   split_heads(to_v_(h_n), hd), rope);
-  const Tensor out = clamp_fp16(h + unsqueeze(m[2], 1) * proj_out_(concat({a, mlp}, 2)));
+  const Tensor out = nn::clamp_fp16(h + unsqueeze(m[2], 1) * proj_out_(concat({a, mlp}, 2)));
   return {slice(out, 1, 0, L_txt), slice(out, 1, L_txt, S)};
 }
 

@@ -10,14 +10,9 @@
 #include "exec/compile.h"
 #include "nn/adaptive_norm.h"
 #include "nn/repeated_block.h"
-
-#include "models/flux/flux_embeddings.h"
+#include "nn/rotary_embedding.h"
 
 namespace kiln::flux {
-
-// Attention over the joint sequence: q, k (already RMS-normalised) and v as [B, S, H, hd];
-// RoPE on q and k, SDPA with scale 1/sqrt(hd), no mask -> [B, S, H*hd].
-Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RotaryTables& rope);
 
 class FluxTransformerBlock : public nn::CompilableBlock {
  public:
@@ -25,10 +20,10 @@ class FluxTransformerBlock : public nn::CompilableBlock {
   FluxTransformerBlock() = default;
   FluxTransformerBlock(const nn::Weights& w, const nn::BlockDims& dims);
   std::pair<Tensor, Tensor> operator()(const Tensor& x, const Tensor& c, const Tensor& temb,
-                                       const RotaryTables& rope) const;
+                                       const nn::RotaryTables& rope) const;
   // The block's math, never through the compiled executable.
   std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& c, const Tensor& temb,
-                                    const RotaryTables& rope) const;
+                                    const nn::RotaryTables& rope) const;
   const char* class_name() const override { return kClassName; }
   void compile(const CompileOptions& options) override;
 
@@ -47,9 +42,9 @@ class FluxSingleTransformerBlock : public nn::CompilableBlock {
   FluxSingleTransformerBlock() = default;
   FluxSingleTransformerBlock(const nn::Weights& w, const nn::BlockDims& dims);
   std::pair<Tensor, Tensor> operator()(const Tensor& x, const Tensor& c, const Tensor& temb,
-                                       const RotaryTables& rope) const;
+                                       const nn::RotaryTables& rope) const;
   std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& c, const Tensor& temb,
-                                    const RotaryTables& rope) const;
+                                    const nn::RotaryTables& rope) const;
   const char* class_name() const override { return kClassName; }
   void compile(const CompileOptions& options) override;
 

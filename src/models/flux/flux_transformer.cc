@@ -10,22 +10,15 @@ namespace {
 
 constexpr const char* kWhere = "FluxTransformer2DModel";
 
-Tensor ids_2d(const Tensor& ids, const char* name) { return flux::ids_2d(ids, kWhere, name); }
-
 }  // namespace
 
 // ---- config ----
 
 FluxTransformerConfig FluxTransformerConfig::from_json(const io::JsonConfig& j) {
   FluxTransformerConfig c;
-  c.patch_size = j.get_int("patch_size", c.patch_size);
-  c.in_channels = j.get_int("in_channels", c.in_channels);
+  nn::read_transformer_fields(j, c);
   if (j.has("out_channels")) c.out_channels = j.get_int("out_channels");
-  c.num_layers = j.get_int("num_layers", c.num_layers);
   c.num_single_layers = j.get_int("num_single_layers", c.num_single_layers);
-  c.attention_head_dim = j.get_int("attention_head_dim", c.attention_head_dim);
-  c.num_attention_heads = j.get_int("num_attention_heads", c.num_attention_heads);
-  c.joint_attention_dim = j.get_int("joint_attention_dim", c.joint_attention_dim);
   c.pooled_projection_dim = j.get_int("pooled_projection_dim", c.pooled_projection_dim);
   c.guidance_embeds = j.get_bool("guidance_embeds", c.guidance_embeds);
   c.axes_dims_rope = j.get_int_list("axes_dims_rope", c.axes_dims_rope);
@@ -34,30 +27,17 @@ FluxTransformerConfig FluxTransformerConfig::from_json(const io::JsonConfig& j) 
 }
 
 void FluxTransformerConfig::validate(const std::string& source) const {
-  const auto positive = [&](int64_t v, const char* field) {
-    KILN_CHECK(v > 0, kWhere, source, ": '", field, "' must be positive, got ", v);
-  };
-  positive(patch_size, "patch_size");
-  positive(in_channels, "in_channels");
-  if (out_channels) positive(*out_channels, "out_channels");
+  nn::check_transformer_fields(*this, kWhere, source);
+  if (out_channels) nn::check_positive(*out_channels, "out_channels", kWhere, source);
   KILN_CHECK(num_layers >= 0 && num_single_layers >= 0, kWhere, source, ": block counts must be >= 0, got ",
              num_layers, " and ", num_single_layers);
-  positive(attention_head_dim, "attention_head_dim");
-  positive(num_attention_heads, "num_attention_heads");
-  positive(joint_attention_dim, "joint_attention_dim");
-  positive(pooled_projection_dim, "pooled_projection_dim");
-  flux::check_axes_dims_rope(axes_dims_rope, attention_head_dim, kWhere, source);
+  nn::check_positive(pooled_projection_dim, "pooled_projection_dim", kWhere, source);
+  nn::check_axes_dims_rope(axes_dims_rope, attention_head_dim, kWhere, source);
 }
 
 // ---- class data ----
 
-const std::vector<std::string>& FluxTransformer2DModel::repeated_blocks() {
-  static const std::vector<std::string> names{flux::FluxTransformerBlock::kClassName,
-                                              flux::FluxSingleTransformerBlock::kClassName};
-  return names;
-}
-
-std::vector<TensorParallelEntry> FluxTransformer2DModel::tp_plan(bool shard_modulation) {
+std::vector<TensorParallelEntry> FluxTransformer2DModel::tp_plan(const FluxTransformerConfig&, bool shard_modulation) {
   // Colwise producers feed rowwise consumers (one all-reduce per rowwise Linear). The single
   // block's proj_out reads [attn (D) | mlp (4D)], each sharded on its own: packed rowwise [1, 4].
   std::vector<TensorParallelEntry> plan{
@@ -88,32 +68,15 @@ std::vector<TensorParallelEntry> FluxTransformer2DModel::tp_plan(bool shard_modu
 
 // ---- construction ----
 
-FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir,
-                                                               std::optional<DType> dtype) {
-  return FluxTransformer2DModel(FluxTransformerConfig::from_json(io::JsonConfig(dir / "config.json")),
-                                nn::Weights(dir).with_dtype(dtype));
-}
-
-FluxTransformer2DModel FluxTransformer2DModel::from_pretrained(const std::filesystem::path& dir,
-                                                               const TensorParallelConfig& tp, std::optional<DType> dtype) {
-  FluxTransformerConfig config = FluxTransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
-  check_heads_divide(tp, config.num_attention_heads, dir / "config.json");
-  return FluxTransformer2DModel(
-      std::move(config), nn::Weights(dir).with_dtype(dtype).with_plan(ShardPlan::make(tp_plan(tp.shard_modulation), tp.mesh)));
-}
-
 FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, const nn::Weights& w)
     : config_(std::move(config)) {
   const FluxTransformerConfig& c = config_;
   c.validate();
   const int64_t D = c.inner_dim();
-  const auto extra = [&](const std::string& key, const std::string& what) { refuse_extra(w, key, what); };
   if (!c.guidance_embeds)
-    extra("time_text_embed.guidance_embedder.linear_1.weight", "the config has guidance_embeds=false");
-  extra("transformer_blocks." + std::to_string(c.num_layers) + ".norm1.linear.weight",
-        "the config has num_layers=" + std::to_string(c.num_layers));
-  extra("single_transformer_blocks." + std::to_string(c.num_single_layers) + ".norm.linear.weight",
-        "the config has num_single_layers=" + std::to_string(c.num_single_layers));
+    refuse_extra(w, "time_text_embed.guidance_embedder.linear_1.weight", "the config has guidance_embeds=false");
+  refuse_more_blocks(w, "transformer_blocks", c.num_layers, "norm1.linear.weight", "num_layers");
+  refuse_more_blocks(w, "single_transformer_blocks", c.num_single_layers, "norm.linear.weight", "num_single_layers");
 
   Core& m = core_;
   nn::ParameterRecorder recorded;  // the parameter list is the names the modules read
@@ -127,9 +90,8 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, con
   m.norm_out = nn::AdaLayerNormContinuous(w.sub("norm_out"), D);
   m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features());
   set_named_parameters(recorded.named(w.path()));
+  rope_ = nn::JointRotaryEmbedding(c.axes_dims_rope, 10000, kClassName);
 }
-
-DType FluxTransformer2DModel::dtype() const { return core_.x_embedder.dtype; }
 
 // ---- forward ----
 
@@ -149,7 +111,7 @@ Tensor FluxTransformer2DModel::Core::time_embedding(const Tensor& timestep, cons
 
 Tensor FluxTransformer2DModel::Core::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
                                              const Tensor& pooled_projections, const Tensor& timestep,
-                                             const flux::RotaryTables& rope,
+                                             const nn::RotaryTables& rope,
                                              const std::optional<Tensor>& guidance) const {
   Tensor x = x_embedder(hidden_states);
   const Tensor temb = time_embedding(timestep, pooled_projections, guidance);
@@ -169,10 +131,9 @@ Tensor FluxTransformer2DModel::Core::forward(const Tensor& hidden_states, const 
 std::vector<Tensor> FluxTransformer2DModel::compiled_args(const Tensor& hidden_states,
                                                           const Tensor& encoder_hidden_states,
                                                           const Tensor& pooled_projections, const Tensor& timestep,
-                                                          const flux::RotaryTables& rope,
+                                                          const nn::RotaryTables& rope,
                                                           const std::optional<Tensor>& guidance) const {
-  std::vector<Tensor> a{hidden_states, encoder_hidden_states, pooled_projections, timestep,
-                        rope.cos,      rope.sin,              rope.pair_sign};
+  std::vector<Tensor> a = rope.args({hidden_states, encoder_hidden_states, pooled_projections, timestep});
   if (guidance) a.push_back(*guidance);
   return a;
 }
@@ -181,23 +142,20 @@ FluxTransformer2DModel::Traced FluxTransformer2DModel::traced() const {
   return [core = core_](const std::vector<Tensor>& a) {
     std::optional<Tensor> guidance;
     if (a.size() > 7) guidance = a[7];
-    return std::vector<Tensor>{core.forward(a[0], a[1], a[2], a[3], flux::RotaryTables{a[4], a[5], a[6]}, guidance)};
+    return std::vector<Tensor>{core.forward(a[0], a[1], a[2], a[3], nn::RotaryTables::from_args(a, 4), guidance)};
   };
 }
 
 std::vector<std::string> FluxTransformer2DModel::arg_names() const {
-  return {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "rope.cos",
-          "rope.sin",      "rope.pair_sign",        "guidance"};
+  std::vector<std::string> names =
+      nn::RotaryTables::arg_names({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"});
+  names.push_back("guidance");
+  return names;
 }
 
 void FluxTransformer2DModel::for_each_block(const std::function<void(nn::CompilableBlock&)>& f) {
   for (auto& b : core_.transformer_blocks) f(b);
   for (auto& b : core_.single_transformer_blocks) f(b);
-}
-
-void FluxTransformer2DModel::for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const {
-  for (const auto& b : core_.transformer_blocks) f(b);
-  for (const auto& b : core_.single_transformer_blocks) f(b);
 }
 
 std::vector<Tensor> FluxTransformer2DModel::placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt) const {
@@ -207,8 +165,7 @@ std::vector<Tensor> FluxTransformer2DModel::placeholder_args(int64_t batch, int6
   const DType dt = core_.x_embedder.dtype;
   const auto placeholder = placeholder_tensor;
   const int64_t hd = c.attention_head_dim;
-  const flux::RotaryTables rope =
-      flux::RotaryTables::of(placeholder({l_txt + l_img, hd}, DType::f32), placeholder({l_txt + l_img, hd}, DType::f32));
+  const nn::RotaryTables rope = nn::JointRotaryEmbedding::placeholder(l_txt + l_img, hd);
   std::optional<Tensor> guidance;
   if (c.guidance_embeds) guidance = placeholder({batch}, DType::f32);
   return compiled_args(placeholder({batch, l_img, c.in_channels}, dt),
@@ -217,50 +174,18 @@ std::vector<Tensor> FluxTransformer2DModel::placeholder_args(int64_t batch, int6
                        guidance);
 }
 
-void FluxTransformer2DModel::warmup(int64_t batch, int64_t l_img, int64_t l_txt) const {
-  warmup_with(placeholder_args(batch, l_img, l_txt));
-}
-
-size_t FluxTransformer2DModel::activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const {
-  return activation_bytes_with(placeholder_args(batch, l_img, l_txt));
-}
-
-flux::RotaryTables FluxTransformer2DModel::pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
-  return flux::flux_pos_embed(concat({ids_2d(txt_ids, "txt_ids"), ids_2d(img_ids, "img_ids")}, 0),
-                              config_.axes_dims_rope);
-}
-
-flux::RotaryTables FluxTransformer2DModel::cached_pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
-  return rope_cache_.get(img_ids, txt_ids, [&] { return pos_embed(img_ids, txt_ids); });
-}
-
 Tensor FluxTransformer2DModel::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
                                        const Tensor& pooled_projections, const Tensor& timestep,
                                        const Tensor& img_ids, const Tensor& txt_ids,
                                        std::optional<Tensor> guidance) const {
   const FluxTransformerConfig& c = config_;
-  KILN_CHECK(hidden_states.rank() == 3 && hidden_states.dim(2) == c.in_channels, kWhere,
-             "hidden_states must be [B, L_img, ", c.in_channels, "], got ", to_string(hidden_states.shape()));
-  const int64_t B = hidden_states.dim(0);
-  KILN_CHECK(encoder_hidden_states.rank() == 3 && encoder_hidden_states.dim(0) == B &&
-                 encoder_hidden_states.dim(2) == c.joint_attention_dim,
-             kWhere, "encoder_hidden_states must be [", B, ", L_txt, ", c.joint_attention_dim, "], got ",
-             to_string(encoder_hidden_states.shape()));
-  KILN_CHECK(pooled_projections.shape() == Shape({B, c.pooled_projection_dim}), kWhere,
-             "pooled_projections must be [", B, ", ", c.pooled_projection_dim, "], got ",
-             to_string(pooled_projections.shape()));
-  KILN_CHECK(timestep.rank() == 1 && (timestep.dim(0) == B || timestep.dim(0) == 1), kWhere,
-             "timestep must be [", B, "], got ", to_string(timestep.shape()));
-  if (guidance)
-    KILN_CHECK(guidance->rank() == 1 && (guidance->dim(0) == B || guidance->dim(0) == 1), kWhere,
-               "guidance must be [", B, "], got ", to_string(guidance->shape()));
-  const Tensor img = ids_2d(img_ids, "img_ids"), txt = ids_2d(txt_ids, "txt_ids");
-  KILN_CHECK(img.dim(0) == hidden_states.dim(1) && txt.dim(0) == encoder_hidden_states.dim(1), kWhere,
-             "img_ids ", to_string(img.shape()), " / txt_ids ", to_string(txt.shape()),
-             " rows must match the image / text sequence lengths ", hidden_states.dim(1), " / ",
-             encoder_hidden_states.dim(1));
-
-  const flux::RotaryTables rope = cached_pos_embed(img_ids, txt_ids);  // text rows first
+  const int64_t B = check_image_tokens(hidden_states, c.in_channels);
+  check_text_states(encoder_hidden_states, B, c.joint_attention_dim);
+  check_pooled(pooled_projections, B, c.pooled_projection_dim);
+  check_per_sample(timestep, B, "timestep");
+  if (guidance) check_per_sample(*guidance, B, "guidance");
+  const nn::RotaryTables rope =  // text rows first
+      rope_.for_step(img_ids, txt_ids, hidden_states.dim(1), encoder_hidden_states.dim(1));
   if (is_compiled())
     return run_compiled(compiled_args(hidden_states, encoder_hidden_states, pooled_projections, timestep, rope, guidance))[0];
   return core_.forward(hidden_states, encoder_hidden_states, pooled_projections, timestep, rope, guidance);

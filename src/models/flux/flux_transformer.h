@@ -43,12 +43,17 @@ class FluxTransformer2DModel : public nn::DiffusionTransformer {
  public:
   static constexpr const char* kClassName = "FluxTransformer2DModel";
   const char* class_name() const override { return kClassName; }
+  // Diffusers' _repeated_blocks: the block classes compile_repeated_blocks compiles one by one.
+  static const std::vector<std::string>& repeated_blocks() {
+    static const std::vector<std::string> names{flux::FluxTransformerBlock::kClassName,
+                                                flux::FluxSingleTransformerBlock::kClassName};
+    return names;
+  }
   const std::vector<std::string>& repeated_block_classes() const override { return repeated_blocks(); }
-  // Class names of the repeated blocks (what compile_repeated_blocks compiles separately).
-  static const std::vector<std::string>& repeated_blocks();
   // Diffusers' _tp_plan for this model; every Linear not listed is
   // replicated. With shard_modulation the AdaLN modulation linears are added as colwise_gather.
-  static std::vector<TensorParallelEntry> tp_plan(bool shard_modulation = false);
+  static std::vector<TensorParallelEntry> tp_plan(const FluxTransformerConfig& config = {},
+                                                  bool shard_modulation = false);
 
   // `dir` is the transformer folder (config.json and diffusion_pytorch_model*.safetensors).
   // Checkpoint keys this model leaves unread on purpose: none.
@@ -56,11 +61,15 @@ class FluxTransformer2DModel : public nn::DiffusionTransformer {
   // `dtype`: torch_dtype, the dtype its weights are held and computed in (std::nullopt: "auto",
   // the checkpoint's).
   static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir,
-                                                std::optional<DType> dtype = DType::f32);
+                                                std::optional<DType> dtype = DType::f32) {
+    return load_pretrained<FluxTransformer2DModel>(dir, dtype);
+  }
   // Tensor parallel: this rank loads (and reads from disk) only its shard of every planned
   // weight. Errors before any load when the mesh does not divide the heads or a planned width.
   static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir, const TensorParallelConfig& tp,
-                                                std::optional<DType> dtype = DType::f32);
+                                                std::optional<DType> dtype = DType::f32) {
+    return load_pretrained<FluxTransformer2DModel>(dir, dtype, &tp);
+  }
   // Builds from an explicit config and checkpoint (shapes checked against the config).
   FluxTransformer2DModel(FluxTransformerConfig config, const nn::Weights& weights);
 
@@ -73,7 +82,7 @@ class FluxTransformer2DModel : public nn::DiffusionTransformer {
                  std::optional<Tensor> guidance = std::nullopt) const;
 
   const FluxTransformerConfig& config() const { return config_; }
-  DType dtype() const;  // torch_dtype it was loaded in
+  DType dtype() const { return core_.x_embedder.dtype; }  // torch_dtype it was loaded in
 
   // ---- compiled mode (nn::DiffusionTransformer) ----
   // Whole-model compile: the RoPE tables are built on the host from the ids (f64, as Diffusers),
@@ -81,10 +90,12 @@ class FluxTransformer2DModel : public nn::DiffusionTransformer {
   // blocks, norm_out, proj_out) is one graph.
   // Traces and compiles the executables a call with these shapes would use, without running
   // anything (kiln warmup): batch B, l_img image and l_txt text tokens.
-  void warmup(int64_t batch, int64_t l_img, int64_t l_txt) const;
+  void warmup(int64_t batch, int64_t l_img, int64_t l_txt) const { warmup_with(placeholder_args(batch, l_img, l_txt)); }
   // Peak activation bytes of one forward at these sizes run op by op (the traced graph's
   // liveness, exec/memory_plan.h): model offload's fail-fast estimate. Runs nothing.
-  size_t activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const;
+  size_t activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const {
+    return activation_bytes_with(placeholder_args(batch, l_img, l_txt));
+  }
 
   // ---- sub-steps of forward (public so tests can compare them with Diffusers' modules) ----
   Tensor x_embedder(const Tensor& hidden_states) const { return core_.x_embedder(hidden_states); }
@@ -95,7 +106,7 @@ class FluxTransformer2DModel : public nn::DiffusionTransformer {
   Tensor time_text_embed(const Tensor& timestep, const Tensor& pooled_projections,
                          const std::optional<Tensor>& guidance = std::nullopt) const;
   // pos_embed over concat(txt_ids, img_ids) -> cos/sin [L_txt + L_img, head_dim].
-  flux::RotaryTables pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const;
+  nn::RotaryTables pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const { return rope_(img_ids, txt_ids); }
   const std::vector<flux::FluxTransformerBlock>& transformer_blocks() const { return core_.transformer_blocks; }
   const std::vector<flux::FluxSingleTransformerBlock>& single_transformer_blocks() const {
     return core_.single_transformer_blocks;
@@ -116,13 +127,13 @@ class FluxTransformer2DModel : public nn::DiffusionTransformer {
     Tensor time_embedding(const Tensor& timestep, const Tensor& pooled_projections,
                           const std::optional<Tensor>& guidance) const;
     Tensor forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states, const Tensor& pooled_projections,
-                   const Tensor& timestep, const flux::RotaryTables& rope, const std::optional<Tensor>& guidance) const;
+                   const Tensor& timestep, const nn::RotaryTables& rope, const std::optional<Tensor>& guidance) const;
   };
   // Executable args: hidden_states, encoder_hidden_states, pooled_projections, timestep,
   // rope.cos, rope.sin, rope.pair_sign[, guidance].
   std::vector<Tensor> compiled_args(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
                                     const Tensor& pooled_projections, const Tensor& timestep,
-                                    const flux::RotaryTables& rope, const std::optional<Tensor>& guidance) const;
+                                    const nn::RotaryTables& rope, const std::optional<Tensor>& guidance) const;
 
   // Inputs with the right shapes and dtypes whose contents are never read (warmup, estimates).
   std::vector<Tensor> placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt) const;
@@ -130,13 +141,11 @@ class FluxTransformer2DModel : public nn::DiffusionTransformer {
   Traced traced() const override;
   std::vector<std::string> arg_names() const override;
   void for_each_block(const std::function<void(nn::CompilableBlock&)>& f) override;
-  void for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const override;
 
   FluxTransformerConfig config_;
   Core core_;
 
-  flux::RotaryCache rope_cache_;
-  flux::RotaryTables cached_pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const;
+  nn::JointRotaryEmbedding rope_;
 };
 
 }  // namespace kiln

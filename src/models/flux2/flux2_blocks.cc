@@ -1,32 +1,24 @@
 #include "models/flux2/flux2_blocks.h"
 
-#include "models/flux/flux_blocks.h"
+#include "nn/activations.h"
+#include "nn/rotary_embedding.h"
 
 namespace kiln::flux2 {
 namespace {
 
-using flux::rope_attention;
+using nn::rope_attention;
 using nn::layer_norm_no_affine;
 using nn::modulate;
 using nn::split_heads;
+using nn::clamp_fp16;
 
 constexpr double kNormEps = 1e-6;  // every LayerNorm and QK RMSNorm in the transformer
 
-// fp16 activations are clamped to the finite range after each block, as Diffusers does.
-Tensor clamp_fp16(const Tensor& x) { return x.dtype() == DType::f16 ? clamp(x, -65504.0, 65504.0) : x; }
 
 // A [B, k·D] modulation as its k chunks [B, D].
 std::vector<Tensor> chunks(const Tensor& mod, int64_t k) { return chunk(mod, k, 1); }
 Tensor gate(const Tensor& g, const Tensor& y) { return unsqueeze(g, 1) * y; }
 
-const std::vector<std::string>& rope_arg_names() {
-  static const std::vector<std::string> names{"rope.cos", "rope.sin", "rope.pair_sign"};
-  return names;
-}
-std::vector<std::string> with_rope(std::vector<std::string> names) {
-  names.insert(names.end(), rope_arg_names().begin(), rope_arg_names().end());
-  return names;
-}
 
 }  // namespace
 
@@ -60,7 +52,7 @@ std::pair<Tensor, Tensor> Flux2TransformerBlock::operator()(const Tensor& x, con
                                                             const Tensor& mod_txt, const RotaryTables& rope) const {
   if (compiled() == nullptr) return forward(x, c, mod_img, mod_txt, rope);
   const std::vector<Tensor> out =
-      (*compiled())({x, c, mod_img, mod_txt, rope.cos, rope.sin, rope.pair_sign}, parameters());
+      (*compiled())(rope.args({x, c, mod_img, mod_txt}), parameters());
   return {out[0], out[1]};
 }
 
@@ -69,10 +61,10 @@ void Flux2TransformerBlock::compile(const CompileOptions& options) {
   compiled_ = std::make_shared<const CompiledFunction>(
       kClassName,
       [self = *this](const std::vector<Tensor>& a) {
-        auto [c, x] = self.forward(a[0], a[1], a[2], a[3], RotaryTables{a[4], a[5], a[6]});
+        auto [c, x] = self.forward(a[0], a[1], a[2], a[3], RotaryTables::from_args(a, 4));
         return std::vector<Tensor>{c, x};
       },
-      options, with_rope({"hidden_states", "encoder_hidden_states", "temb_mod_img", "temb_mod_txt"}));
+      options, RotaryTables::arg_names({"hidden_states", "encoder_hidden_states", "temb_mod_img", "temb_mod_txt"}));
 }
 
 std::pair<Tensor, Tensor> Flux2TransformerBlock::forward(const Tensor& x, const Tensor& c, const Tensor& mod_img,
@@ -107,7 +99,7 @@ Flux2SingleTransformerBlock::Flux2SingleTransformerBlock(const nn::Weights& w, c
 
 Tensor Flux2SingleTransformerBlock::operator()(const Tensor& s, const Tensor& mod, const RotaryTables& rope) const {
   if (compiled() == nullptr) return forward(s, mod, rope);
-  return (*compiled())({s, mod, rope.cos, rope.sin, rope.pair_sign}, parameters())[0];
+  return (*compiled())(rope.args({s, mod}), parameters())[0];
 }
 
 void Flux2SingleTransformerBlock::compile(const CompileOptions& options) {
@@ -115,9 +107,9 @@ void Flux2SingleTransformerBlock::compile(const CompileOptions& options) {
   compiled_ = std::make_shared<const CompiledFunction>(
       kClassName,
       [self = *this](const std::vector<Tensor>& a) {
-        return std::vector<Tensor>{self.forward(a[0], a[1], RotaryTables{a[2], a[3], a[4]})};
+        return std::vector<Tensor>{self.forward(a[0], a[1], RotaryTables::from_args(a, 2))};
       },
-      options, with_rope({"hidden_states", "temb_mod"}));
+      options, RotaryTables::arg_names({"hidden_states", "temb_mod"}));
 }
 
 Tensor Flux2SingleTransformerBlock::forward(const Tensor& s, const Tensor& mod, const RotaryTables& rope) const {

@@ -6,13 +6,13 @@
 #include <utility>
 
 #include "exec/compile.h"
-#include "models/flux/flux_embeddings.h"
+#include "nn/rotary_embedding.h"
 #include "nn/adaptive_norm.h"
 #include "nn/repeated_block.h"
 
 namespace kiln::flux2 {
 
-using flux::RotaryTables;
+using nn::RotaryTables;
 
 // SwiGLU(u) = silu(u[..., :F]) * u[..., F:] (the first half is the gate).
 Tensor swiglu(const Tensor& u);

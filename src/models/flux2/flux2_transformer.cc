@@ -10,22 +10,15 @@ namespace {
 
 constexpr const char* kWhere = "Flux2Transformer2DModel";
 
-Tensor ids_2d(const Tensor& ids, const char* name) { return flux::ids_2d(ids, kWhere, name); }
-
 }  // namespace
 
 // ---- config ----
 
 Flux2TransformerConfig Flux2TransformerConfig::from_json(const io::JsonConfig& j) {
   Flux2TransformerConfig c;
-  c.patch_size = j.get_int("patch_size", c.patch_size);
-  c.in_channels = j.get_int("in_channels", c.in_channels);
+  nn::read_transformer_fields(j, c);
   if (j.has("out_channels")) c.out_channels = j.get_int("out_channels");
-  c.num_layers = j.get_int("num_layers", c.num_layers);
   c.num_single_layers = j.get_int("num_single_layers", c.num_single_layers);
-  c.attention_head_dim = j.get_int("attention_head_dim", c.attention_head_dim);
-  c.num_attention_heads = j.get_int("num_attention_heads", c.num_attention_heads);
-  c.joint_attention_dim = j.get_int("joint_attention_dim", c.joint_attention_dim);
   c.timestep_guidance_channels = j.get_int("timestep_guidance_channels", c.timestep_guidance_channels);
   c.mlp_ratio = j.get_float("mlp_ratio", c.mlp_ratio);
   c.axes_dims_rope = j.get_int_list("axes_dims_rope", c.axes_dims_rope);
@@ -37,31 +30,18 @@ Flux2TransformerConfig Flux2TransformerConfig::from_json(const io::JsonConfig& j
 }
 
 void Flux2TransformerConfig::validate(const std::string& source) const {
-  const auto positive = [&](int64_t v, const char* field) {
-    KILN_CHECK(v > 0, kWhere, source, ": '", field, "' must be positive, got ", v);
-  };
-  positive(patch_size, "patch_size");
-  positive(in_channels, "in_channels");
-  if (out_channels) positive(*out_channels, "out_channels");
+  nn::check_transformer_fields(*this, kWhere, source);
+  if (out_channels) nn::check_positive(*out_channels, "out_channels", kWhere, source);
   KILN_CHECK(num_layers >= 0 && num_single_layers >= 0, kWhere, source, ": block counts must be >= 0, got ",
              num_layers, " and ", num_single_layers);
-  positive(attention_head_dim, "attention_head_dim");
-  positive(num_attention_heads, "num_attention_heads");
-  positive(joint_attention_dim, "joint_attention_dim");
-  positive(mlp_hidden(), "mlp_ratio");
+  nn::check_positive(mlp_hidden(), "mlp_ratio", kWhere, source);
   KILN_CHECK(timestep_guidance_channels > 0 && timestep_guidance_channels % 2 == 0, kWhere, source,
              ": 'timestep_guidance_channels' must be even and positive, got ", timestep_guidance_channels);
   KILN_CHECK(eps == 1e-6, kWhere, source, ": eps ", eps, " is not supported (FLUX.2's norms use 1e-6)");
-  flux::check_axes_dims_rope(axes_dims_rope, attention_head_dim, kWhere, source);
+  nn::check_axes_dims_rope(axes_dims_rope, attention_head_dim, kWhere, source);
 }
 
 // ---- class data ----
-
-const std::vector<std::string>& Flux2Transformer2DModel::repeated_blocks() {
-  static const std::vector<std::string> names{flux2::Flux2TransformerBlock::kClassName,
-                                              flux2::Flux2SingleTransformerBlock::kClassName};
-  return names;
-}
 
 std::vector<TensorParallelEntry> Flux2Transformer2DModel::tp_plan(const Flux2TransformerConfig& c,
                                                                   bool shard_modulation) {
@@ -94,33 +74,16 @@ std::vector<TensorParallelEntry> Flux2Transformer2DModel::tp_plan(const Flux2Tra
 
 // ---- construction ----
 
-Flux2Transformer2DModel Flux2Transformer2DModel::from_pretrained(const std::filesystem::path& dir,
-                                                                 std::optional<DType> dtype) {
-  return Flux2Transformer2DModel(Flux2TransformerConfig::from_json(io::JsonConfig(dir / "config.json")),
-                                 nn::Weights(dir).with_dtype(dtype));
-}
-
-Flux2Transformer2DModel Flux2Transformer2DModel::from_pretrained(const std::filesystem::path& dir,
-                                                                 const TensorParallelConfig& tp,
-                                                                 std::optional<DType> dtype) {
-  Flux2TransformerConfig config = Flux2TransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
-  check_heads_divide(tp, config.num_attention_heads, dir / "config.json");
-  auto plan = ShardPlan::make(tp_plan(config, tp.shard_modulation), tp.mesh);
-  return Flux2Transformer2DModel(std::move(config), nn::Weights(dir).with_dtype(dtype).with_plan(std::move(plan)));
-}
-
 Flux2Transformer2DModel::Flux2Transformer2DModel(Flux2TransformerConfig config, const nn::Weights& w)
     : config_(std::move(config)) {
   const Flux2TransformerConfig& c = config_;
   c.validate();
   const int64_t D = c.inner_dim();
-  const auto extra = [&](const std::string& key, const std::string& what) { refuse_extra(w, key, what); };
   if (!c.guidance_embeds)
-    extra("time_guidance_embed.guidance_embedder.linear_1.weight", "the config has guidance_embeds=false");
-  extra("transformer_blocks." + std::to_string(c.num_layers) + ".attn.to_q.weight",
-        "the config has num_layers=" + std::to_string(c.num_layers));
-  extra("single_transformer_blocks." + std::to_string(c.num_single_layers) + ".attn.to_qkv_mlp_proj.weight",
-        "the config has num_single_layers=" + std::to_string(c.num_single_layers));
+    refuse_extra(w, "time_guidance_embed.guidance_embedder.linear_1.weight", "the config has guidance_embeds=false");
+  refuse_more_blocks(w, "transformer_blocks", c.num_layers, "attn.to_q.weight", "num_layers");
+  refuse_more_blocks(w, "single_transformer_blocks", c.num_single_layers, "attn.to_qkv_mlp_proj.weight",
+                     "num_single_layers");
 
   Core& m = core_;
   nn::ParameterRecorder recorded;
@@ -141,9 +104,8 @@ Flux2Transformer2DModel::Flux2Transformer2DModel(Flux2TransformerConfig config, 
   m.norm_out = nn::AdaLayerNormContinuous(w.sub("norm_out"), D, /*bias=*/false);
   m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features(), false);
   set_named_parameters(recorded.named(w.path()));
+  rope_ = nn::JointRotaryEmbedding(c.axes_dims_rope, c.rope_theta, kClassName);
 }
-
-DType Flux2Transformer2DModel::dtype() const { return core_.x_embedder.dtype; }
 
 // ---- forward ----
 
@@ -170,7 +132,7 @@ Flux2Transformer2DModel::Modulations Flux2Transformer2DModel::Core::modulations(
 }
 
 Tensor Flux2Transformer2DModel::Core::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
-                                              const Tensor& timestep, const flux::RotaryTables& rope,
+                                              const Tensor& timestep, const nn::RotaryTables& rope,
                                               const std::optional<Tensor>& guidance) const {
   const Tensor temb = time_embedding(timestep, guidance);
   const Modulations mod = modulations(temb);  // once per forward, shared by every block
@@ -192,9 +154,9 @@ Tensor Flux2Transformer2DModel::Core::forward(const Tensor& hidden_states, const
 
 std::vector<Tensor> Flux2Transformer2DModel::compiled_args(const Tensor& hidden_states,
                                                            const Tensor& encoder_hidden_states,
-                                                           const Tensor& timestep, const flux::RotaryTables& rope,
+                                                           const Tensor& timestep, const nn::RotaryTables& rope,
                                                            const std::optional<Tensor>& guidance) {
-  std::vector<Tensor> a{hidden_states, encoder_hidden_states, timestep, rope.cos, rope.sin, rope.pair_sign};
+  std::vector<Tensor> a = rope.args({hidden_states, encoder_hidden_states, timestep});
   if (guidance) a.push_back(*guidance);
   return a;
 }
@@ -203,7 +165,7 @@ Flux2Transformer2DModel::Traced Flux2Transformer2DModel::traced() const {
   return [core = core_](const std::vector<Tensor>& a) {
     std::optional<Tensor> guidance;
     if (a.size() > 6) guidance = a[6];
-    return std::vector<Tensor>{core.forward(a[0], a[1], a[2], flux::RotaryTables{a[3], a[4], a[5]}, guidance)};
+    return std::vector<Tensor>{core.forward(a[0], a[1], a[2], nn::RotaryTables::from_args(a, 3), guidance)};
   };
 }
 
@@ -216,11 +178,6 @@ void Flux2Transformer2DModel::for_each_block(const std::function<void(nn::Compil
   for (auto& b : core_.single_transformer_blocks) f(b);
 }
 
-void Flux2Transformer2DModel::for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const {
-  for (const auto& b : core_.transformer_blocks) f(b);
-  for (const auto& b : core_.single_transformer_blocks) f(b);
-}
-
 std::vector<Tensor> Flux2Transformer2DModel::placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt,
                                                               bool with_guidance) const {
   const Flux2TransformerConfig& c = config_;
@@ -228,8 +185,7 @@ std::vector<Tensor> Flux2Transformer2DModel::placeholder_args(int64_t batch, int
              " L_txt=", l_txt);
   const DType dt = dtype();
   const int64_t hd = c.attention_head_dim;
-  const flux::RotaryTables rope = flux::RotaryTables::of(placeholder_tensor({l_txt + l_img, hd}, DType::f32),
-                                                         placeholder_tensor({l_txt + l_img, hd}, DType::f32));
+  const nn::RotaryTables rope = nn::JointRotaryEmbedding::placeholder(l_txt + l_img, hd);
   std::optional<Tensor> guidance;
   if (with_guidance && c.guidance_embeds) guidance = placeholder_tensor({batch}, DType::f32);
   return compiled_args(placeholder_tensor({batch, l_img, c.in_channels}, dt),
@@ -237,48 +193,17 @@ std::vector<Tensor> Flux2Transformer2DModel::placeholder_args(int64_t batch, int
                        placeholder_tensor({batch}, DType::f32), rope, guidance);
 }
 
-void Flux2Transformer2DModel::warmup(int64_t batch, int64_t l_img, int64_t l_txt, bool with_guidance) const {
-  warmup_with(placeholder_args(batch, l_img, l_txt, with_guidance));
-}
-
-size_t Flux2Transformer2DModel::activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const {
-  return activation_bytes_with(placeholder_args(batch, l_img, l_txt, true));
-}
-
-flux::RotaryTables Flux2Transformer2DModel::pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
-  return flux::flux_pos_embed(concat({ids_2d(txt_ids, "txt_ids"), ids_2d(img_ids, "img_ids")}, 0),
-                              config_.axes_dims_rope, config_.rope_theta);
-}
-
-flux::RotaryTables Flux2Transformer2DModel::cached_pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const {
-  return rope_cache_.get(img_ids, txt_ids, [&] { return pos_embed(img_ids, txt_ids); });
-}
-
 Tensor Flux2Transformer2DModel::forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
                                         const Tensor& timestep, const Tensor& img_ids, const Tensor& txt_ids,
                                         std::optional<Tensor> guidance) const {
   const Flux2TransformerConfig& c = config_;
-  KILN_CHECK(hidden_states.rank() == 3 && hidden_states.dim(2) == c.in_channels, kWhere,
-             "hidden_states must be [B, L_img, ", c.in_channels, "], got ", to_string(hidden_states.shape()));
-  const int64_t B = hidden_states.dim(0);
-  KILN_CHECK(encoder_hidden_states.rank() == 3 && encoder_hidden_states.dim(0) == B &&
-                 encoder_hidden_states.dim(2) == c.joint_attention_dim,
-             kWhere, "encoder_hidden_states must be [", B, ", L_txt, ", c.joint_attention_dim, "], got ",
-             to_string(encoder_hidden_states.shape()));
-  KILN_CHECK(timestep.rank() == 1 && (timestep.dim(0) == B || timestep.dim(0) == 1), kWhere, "timestep must be [",
-             B, "], got ", to_string(timestep.shape()));
+  const int64_t B = check_image_tokens(hidden_states, c.in_channels);
+  check_text_states(encoder_hidden_states, B, c.joint_attention_dim);
+  check_per_sample(timestep, B, "timestep");
   if (!c.guidance_embeds) guidance.reset();  // Diffusers has no guidance embedder to give it to
-  if (guidance)
-    KILN_CHECK(guidance->rank() == 1 && (guidance->dim(0) == B || guidance->dim(0) == 1), kWhere,
-               "guidance must be [", B, "], got ", to_string(guidance->shape()));
-  const Tensor img = ids_2d(img_ids, "img_ids"), txt = ids_2d(txt_ids, "txt_ids");
-  const int64_t n_axes = int64_t(c.axes_dims_rope.size());
-  KILN_CHECK(img.dim(0) == hidden_states.dim(1) && txt.dim(0) == encoder_hidden_states.dim(1) &&
-                 img.dim(1) == n_axes && txt.dim(1) == n_axes,
-             kWhere, "img_ids ", to_string(img.shape()), " / txt_ids ", to_string(txt.shape()), " must be [",
-             hidden_states.dim(1), ", ", n_axes, "] / [", encoder_hidden_states.dim(1), ", ", n_axes, "]");
-
-  const flux::RotaryTables rope = cached_pos_embed(img_ids, txt_ids);  // text rows first
+  if (guidance) check_per_sample(*guidance, B, "guidance");
+  const nn::RotaryTables rope =  // text rows first
+      rope_.for_step(img_ids, txt_ids, hidden_states.dim(1), encoder_hidden_states.dim(1));
   if (is_compiled()) return run_compiled(compiled_args(hidden_states, encoder_hidden_states, timestep, rope, guidance))[0];
   return core_.forward(hidden_states, encoder_hidden_states, timestep, rope, guidance);
 }

@@ -48,8 +48,13 @@ class Flux2Transformer2DModel : public nn::DiffusionTransformer {
  public:
   static constexpr const char* kClassName = "Flux2Transformer2DModel";
   const char* class_name() const override { return kClassName; }
+  // Diffusers' _repeated_blocks: the block classes compile_repeated_blocks compiles one by one.
+  static const std::vector<std::string>& repeated_blocks() {
+    static const std::vector<std::string> names{flux2::Flux2TransformerBlock::kClassName,
+                                                flux2::Flux2SingleTransformerBlock::kClassName};
+    return names;
+  }
   const std::vector<std::string>& repeated_block_classes() const override { return repeated_blocks(); }
-  static const std::vector<std::string>& repeated_blocks();
   // Diffusers' _tp_plan for this config's widths; every Linear not listed is
   // replicated. With shard_modulation the three shared modulation Linears and norm_out.linear
   // are added as colwise_gather (each rank computes a slice, all gather it).
@@ -58,11 +63,15 @@ class Flux2Transformer2DModel : public nn::DiffusionTransformer {
   static std::vector<std::string> checkpoint_keys_not_loaded() { return {}; }
   // `dtype`: torch_dtype (std::nullopt: "auto", the checkpoint's).
   static Flux2Transformer2DModel from_pretrained(const std::filesystem::path& dir,
-                                                 std::optional<DType> dtype = DType::f32);
+                                                 std::optional<DType> dtype = DType::f32) {
+    return load_pretrained<Flux2Transformer2DModel>(dir, dtype);
+  }
   // Tensor parallel: this rank reads only its shard of every planned weight. Errors before any
   // load when the mesh does not divide the heads or a planned block.
   static Flux2Transformer2DModel from_pretrained(const std::filesystem::path& dir, const TensorParallelConfig& tp,
-                                                 std::optional<DType> dtype = DType::f32);
+                                                 std::optional<DType> dtype = DType::f32) {
+    return load_pretrained<Flux2Transformer2DModel>(dir, dtype, &tp);
+  }
   Flux2Transformer2DModel(Flux2TransformerConfig config, const nn::Weights& weights);
 
   // hidden_states [B, L_img, in_ch], encoder_hidden_states [B, L_txt, joint_dim], timestep [B]
@@ -72,11 +81,15 @@ class Flux2Transformer2DModel : public nn::DiffusionTransformer {
                  const Tensor& img_ids, const Tensor& txt_ids, std::optional<Tensor> guidance = std::nullopt) const;
 
   const Flux2TransformerConfig& config() const { return config_; }
-  DType dtype() const;
+  DType dtype() const { return core_.x_embedder.dtype; }  // torch_dtype it was loaded in
 
   // ---- compiled mode (nn::DiffusionTransformer) ----
-  void warmup(int64_t batch, int64_t l_img, int64_t l_txt, bool with_guidance) const;
-  size_t activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const;
+  void warmup(int64_t batch, int64_t l_img, int64_t l_txt, bool with_guidance) const {
+    warmup_with(placeholder_args(batch, l_img, l_txt, with_guidance));
+  }
+  size_t activation_bytes(int64_t batch, int64_t l_img, int64_t l_txt) const {
+    return activation_bytes_with(placeholder_args(batch, l_img, l_txt, true));
+  }
 
   // ---- sub-steps of forward (public so tests can compare them with Diffusers' modules) ----
   Tensor x_embedder(const Tensor& hidden_states) const { return core_.x_embedder(hidden_states); }
@@ -89,7 +102,7 @@ class Flux2Transformer2DModel : public nn::DiffusionTransformer {
     Tensor img, txt, single;  // [B, 6D], [B, 6D], [B, 3D]
   };
   Modulations modulations(const Tensor& temb) const { return core_.modulations(temb); }
-  flux::RotaryTables pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const;
+  nn::RotaryTables pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const { return rope_(img_ids, txt_ids); }
   const std::vector<flux2::Flux2TransformerBlock>& transformer_blocks() const { return core_.transformer_blocks; }
   const std::vector<flux2::Flux2SingleTransformerBlock>& single_transformer_blocks() const {
     return core_.single_transformer_blocks;
@@ -110,24 +123,22 @@ class Flux2Transformer2DModel : public nn::DiffusionTransformer {
     Tensor time_embedding(const Tensor& timestep, const std::optional<Tensor>& guidance) const;
     Modulations modulations(const Tensor& temb) const;
     Tensor forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states, const Tensor& timestep,
-                   const flux::RotaryTables& rope, const std::optional<Tensor>& guidance) const;
+                   const nn::RotaryTables& rope, const std::optional<Tensor>& guidance) const;
   };
   // Executable args: hidden_states, encoder_hidden_states, timestep, rope.cos, rope.sin,
   // rope.pair_sign[, guidance].
   static std::vector<Tensor> compiled_args(const Tensor& hidden_states, const Tensor& encoder_hidden_states,
-                                           const Tensor& timestep, const flux::RotaryTables& rope,
+                                           const Tensor& timestep, const nn::RotaryTables& rope,
                                            const std::optional<Tensor>& guidance);
   std::vector<Tensor> placeholder_args(int64_t batch, int64_t l_img, int64_t l_txt, bool with_guidance) const;
-  flux::RotaryTables cached_pos_embed(const Tensor& img_ids, const Tensor& txt_ids) const;
 
   Traced traced() const override;
   std::vector<std::string> arg_names() const override;
   void for_each_block(const std::function<void(nn::CompilableBlock&)>& f) override;
-  void for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const override;
 
   Flux2TransformerConfig config_;
   Core core_;
-  flux::RotaryCache rope_cache_;
+  nn::JointRotaryEmbedding rope_;
 };
 
 }  // namespace kiln

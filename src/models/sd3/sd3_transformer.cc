@@ -17,13 +17,8 @@ constexpr const char* kWhere = "SD3Transformer2DModel";
 
 SD3TransformerConfig SD3TransformerConfig::from_json(const io::JsonConfig& j) {
   SD3TransformerConfig c;
+  nn::read_transformer_fields(j, c);
   c.sample_size = j.get_int("sample_size", c.sample_size);
-  c.patch_size = j.get_int("patch_size", c.patch_size);
-  c.in_channels = j.get_int("in_channels", c.in_channels);
-  c.num_layers = j.get_int("num_layers", c.num_layers);
-  c.attention_head_dim = j.get_int("attention_head_dim", c.attention_head_dim);
-  c.num_attention_heads = j.get_int("num_attention_heads", c.num_attention_heads);
-  c.joint_attention_dim = j.get_int("joint_attention_dim", c.joint_attention_dim);
   c.caption_projection_dim = j.get_int("caption_projection_dim", c.caption_projection_dim);
   c.pooled_projection_dim = j.get_int("pooled_projection_dim", c.pooled_projection_dim);
   // JsonConfig reads null as absent, but here they differ: an absent out_channels is the class
@@ -43,20 +38,13 @@ SD3TransformerConfig SD3TransformerConfig::from_json(const io::JsonConfig& j) {
 }
 
 void SD3TransformerConfig::validate(const std::string& source) const {
-  const auto positive = [&](int64_t v, const char* field) {
-    KILN_CHECK(v > 0, kWhere, source, ": '", field, "' must be positive, got ", v);
-  };
-  positive(sample_size, "sample_size");
-  positive(patch_size, "patch_size");
-  positive(in_channels, "in_channels");
-  positive(out_channels, "out_channels");
+  nn::check_transformer_fields(*this, kWhere, source);
   KILN_CHECK(num_layers >= 0, kWhere, source, ": 'num_layers' must be >= 0, got ", num_layers);
-  positive(attention_head_dim, "attention_head_dim");
-  positive(num_attention_heads, "num_attention_heads");
-  positive(joint_attention_dim, "joint_attention_dim");
-  positive(caption_projection_dim, "caption_projection_dim");
-  positive(pooled_projection_dim, "pooled_projection_dim");
-  positive(pos_embed_max_size, "pos_embed_max_size");
+  for (const auto& [v, field] : {std::pair{sample_size, "sample_size"}, {out_channels, "out_channels"},
+                                 {caption_projection_dim, "caption_projection_dim"},
+                                 {pooled_projection_dim, "pooled_projection_dim"},
+                                 {pos_embed_max_size, "pos_embed_max_size"}})
+    nn::check_positive(v, field, kWhere, source);
   // The blocks run the text stream at the image stream's width (every released config).
   KILN_CHECK(caption_projection_dim == inner_dim(), kWhere, source, ": 'caption_projection_dim' (",
              caption_projection_dim, ") must equal num_attention_heads * attention_head_dim = ", num_attention_heads,
@@ -79,12 +67,7 @@ sd3::JointBlockStructure SD3TransformerConfig::block_structure(int64_t i) const 
 
 // ---- class data ----
 
-const std::vector<std::string>& SD3Transformer2DModel::repeated_blocks() {
-  static const std::vector<std::string> names{sd3::JointTransformerBlock::kClassName};
-  return names;
-}
-
-std::vector<TensorParallelEntry> SD3Transformer2DModel::tp_plan(bool shard_modulation) {
+std::vector<TensorParallelEntry> SD3Transformer2DModel::tp_plan(const SD3TransformerConfig&, bool shard_modulation) {
   // Colwise producers feed rowwise consumers (one all-reduce per rowwise Linear). Q/K/V are
   // split by whole heads (the per-head RMSNorm weights stay replicated); the last block has no
   // to_add_out / ff_context, so those entries simply match nothing there.
@@ -115,21 +98,6 @@ std::vector<TensorParallelEntry> SD3Transformer2DModel::tp_plan(bool shard_modul
 
 // ---- construction ----
 
-SD3Transformer2DModel SD3Transformer2DModel::from_pretrained(const std::filesystem::path& dir,
-                                                             std::optional<DType> dtype) {
-  return SD3Transformer2DModel(SD3TransformerConfig::from_json(io::JsonConfig(dir / "config.json")),
-                               nn::Weights(dir).with_dtype(dtype));
-}
-
-SD3Transformer2DModel SD3Transformer2DModel::from_pretrained(const std::filesystem::path& dir,
-                                                             const TensorParallelConfig& tp,
-                                                             std::optional<DType> dtype) {
-  SD3TransformerConfig config = SD3TransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
-  check_heads_divide(tp, config.num_attention_heads, dir / "config.json");
-  return SD3Transformer2DModel(std::move(config), nn::Weights(dir).with_dtype(dtype).with_plan(
-                                                      ShardPlan::make(tp_plan(tp.shard_modulation), tp.mesh)));
-}
-
 SD3Transformer2DModel::SD3Transformer2DModel(SD3TransformerConfig config, const nn::Weights& w)
     : config_(std::move(config)) {
   const SD3TransformerConfig& c = config_;
@@ -138,15 +106,13 @@ SD3Transformer2DModel::SD3Transformer2DModel(SD3TransformerConfig config, const 
   // A checkpoint with more blocks, or tensors of a variant the config does not name, would load
   // "fine" and compute another model, so those disagreements are errors too. (The opposite
   // cases fail on a missing tensor or on norm1's shape.)
-  const auto extra = [&](const std::string& key, const std::string& what) { refuse_extra(w, key, what); };
-  extra("transformer_blocks." + std::to_string(c.num_layers) + ".norm1.linear.weight",
-        "the config has num_layers=" + std::to_string(c.num_layers));
+  refuse_more_blocks(w, "transformer_blocks", c.num_layers, "norm1.linear.weight", "num_layers");
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string block = "transformer_blocks." + std::to_string(i);
     if (!c.block_structure(i).dual_attention)
-      extra(block + ".attn2.to_q.weight",
-            "the config's dual_attention_layers does not list block " + std::to_string(i));
-    if (!c.qk_norm) extra(block + ".attn.norm_q.weight", "the config has qk_norm=null");
+      refuse_extra(w, block + ".attn2.to_q.weight",
+                   "the config's dual_attention_layers does not list block " + std::to_string(i));
+    if (!c.qk_norm) refuse_extra(w, block + ".attn.norm_q.weight", "the config has qk_norm=null");
   }
 
   Core& m = core_;
@@ -164,8 +130,6 @@ SD3Transformer2DModel::SD3Transformer2DModel(SD3TransformerConfig config, const 
   m.proj_out = nn::Linear(w.sub("proj_out"), D, c.out_features());
   set_named_parameters(recorded.named(w.path()));
 }
-
-DType SD3Transformer2DModel::dtype() const { return core_.context_embedder.dtype; }
 
 // ---- forward ----
 
@@ -225,14 +189,9 @@ Tensor SD3Transformer2DModel::forward(const Tensor& hidden_states, const Tensor&
              ") must be multiples of patch_size = ", p);
   KILN_CHECK(h / p <= c.pos_embed_max_size && w / p <= c.pos_embed_max_size, kWhere, "a latent of ", h, "x", w, " is ",
              h / p, "x", w / p, " patches, more than pos_embed_max_size = ", c.pos_embed_max_size, " in a dimension");
-  KILN_CHECK(encoder_hidden_states.rank() == 3 && encoder_hidden_states.dim(0) == B &&
-                 encoder_hidden_states.dim(2) == c.joint_attention_dim,
-             kWhere, "encoder_hidden_states must be [", B, ", L_txt, ", c.joint_attention_dim, "], got ",
-             to_string(encoder_hidden_states.shape()));
-  KILN_CHECK(pooled_projections.shape() == Shape({B, c.pooled_projection_dim}), kWhere, "pooled_projections must be [",
-             B, ", ", c.pooled_projection_dim, "], got ", to_string(pooled_projections.shape()));
-  KILN_CHECK(timestep.rank() == 1 && (timestep.dim(0) == B || timestep.dim(0) == 1), kWhere, "timestep must be [", B,
-             "], got ", to_string(timestep.shape()));
+  check_text_states(encoder_hidden_states, B, c.joint_attention_dim);
+  check_pooled(pooled_projections, B, c.pooled_projection_dim);
+  check_per_sample(timestep, B, "timestep");
   const std::vector<int64_t> skip = checked_skip_layers(skip_layers);
 
   if (is_compiled())
@@ -257,10 +216,6 @@ void SD3Transformer2DModel::for_each_block(const std::function<void(nn::Compilab
   for (auto& b : core_.transformer_blocks) f(b);
 }
 
-void SD3Transformer2DModel::for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const {
-  for (const auto& b : core_.transformer_blocks) f(b);
-}
-
 std::vector<Tensor> SD3Transformer2DModel::placeholder_args(int64_t batch, int64_t height, int64_t width,
                                                             int64_t l_txt) const {
   const SD3TransformerConfig& c = config_;
@@ -273,14 +228,6 @@ std::vector<Tensor> SD3Transformer2DModel::placeholder_args(int64_t batch, int64
   return {placeholder({batch, c.in_channels, height, width}, dt),
           placeholder({batch, l_txt, c.joint_attention_dim}, dt), placeholder({batch, c.pooled_projection_dim}, dt),
           placeholder({batch}, DType::f32)};
-}
-
-void SD3Transformer2DModel::warmup(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const {
-  warmup_with(placeholder_args(batch, height, width, l_txt));
-}
-
-size_t SD3Transformer2DModel::activation_bytes(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const {
-  return activation_bytes_with(placeholder_args(batch, height, width, l_txt));
 }
 
 }  // namespace kiln

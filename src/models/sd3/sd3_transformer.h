@@ -49,14 +49,18 @@ class SD3Transformer2DModel : public nn::DiffusionTransformer {
  public:
   static constexpr const char* kClassName = "SD3Transformer2DModel";
   const char* class_name() const override { return kClassName; }
+  // Diffusers' _repeated_blocks: the block classes compile_repeated_blocks compiles one by one.
+  static const std::vector<std::string>& repeated_blocks() {
+    static const std::vector<std::string> names{sd3::JointTransformerBlock::kClassName};
+    return names;
+  }
   const std::vector<std::string>& repeated_block_classes() const override { return repeated_blocks(); }
-  // Class names of the repeated blocks (what compile_repeated_blocks compiles separately).
-  static const std::vector<std::string>& repeated_blocks();
   // A tensor-parallel plan in the style of FLUX's (Diffusers has none for SD3): heads
   // colwise for every Q/K/V projection, rowwise for the attention output projections, the
   // feed-forwards colwise then rowwise; everything else replicated. With shard_modulation the
   // AdaLN modulation linears are added as colwise_gather.
-  static std::vector<TensorParallelEntry> tp_plan(bool shard_modulation = false);
+  static std::vector<TensorParallelEntry> tp_plan(const SD3TransformerConfig& config = {},
+                                                  bool shard_modulation = false);
 
   // Checkpoint keys this model leaves unread on purpose: none.
   static std::vector<std::string> checkpoint_keys_not_loaded() { return {}; }
@@ -64,11 +68,15 @@ class SD3Transformer2DModel : public nn::DiffusionTransformer {
   // `dtype`: torch_dtype, the dtype its weights (and the positional table) are held and computed
   // in (std::nullopt: "auto", the checkpoint's).
   static SD3Transformer2DModel from_pretrained(const std::filesystem::path& dir,
-                                               std::optional<DType> dtype = DType::f32);
+                                               std::optional<DType> dtype = DType::f32) {
+    return load_pretrained<SD3Transformer2DModel>(dir, dtype);
+  }
   // Tensor parallel: this rank loads (and reads from disk) only its shard of every planned
   // weight. Errors before any load when the mesh does not divide the heads or a planned width.
   static SD3Transformer2DModel from_pretrained(const std::filesystem::path& dir, const TensorParallelConfig& tp,
-                                               std::optional<DType> dtype = DType::f32);
+                                               std::optional<DType> dtype = DType::f32) {
+    return load_pretrained<SD3Transformer2DModel>(dir, dtype, &tp);
+  }
   // Builds from an explicit config and checkpoint (shapes checked against the config).
   SD3Transformer2DModel(SD3TransformerConfig config, const nn::Weights& weights);
 
@@ -80,7 +88,7 @@ class SD3Transformer2DModel : public nn::DiffusionTransformer {
                  const Tensor& timestep, const std::vector<int64_t>& skip_layers = {}) const;
 
   const SD3TransformerConfig& config() const { return config_; }
-  DType dtype() const;  // torch_dtype it was loaded in
+  DType dtype() const { return core_.context_embedder.dtype; }  // torch_dtype it was loaded in
 
   // ---- compiled mode (nn::DiffusionTransformer) ----
   // Whole-model compile: one executable per input signature and skip_layers set (a different set
@@ -89,10 +97,14 @@ class SD3Transformer2DModel : public nn::DiffusionTransformer {
   // SD3.0 / 3.5 Large: 2).
   // Traces and compiles the executables a call with these shapes would use (no skip_layers),
   // without running anything: batch B, latent height × width, l_txt text tokens.
-  void warmup(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const;
+  void warmup(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const {
+    warmup_with(placeholder_args(batch, height, width, l_txt));
+  }
   // Peak activation bytes of one forward at these sizes run op by op (the traced graph's
   // liveness, exec/memory_plan.h): model offload's fail-fast estimate. Runs nothing.
-  size_t activation_bytes(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const;
+  size_t activation_bytes(int64_t batch, int64_t height, int64_t width, int64_t l_txt) const {
+    return activation_bytes_with(placeholder_args(batch, height, width, l_txt));
+  }
 
   // ---- sub-steps of forward (public so tests can compare them with Diffusers' modules) ----
   // PatchEmbed: latents [B, C, h, w] -> tokens with the cropped positional table added.
@@ -131,7 +143,6 @@ class SD3Transformer2DModel : public nn::DiffusionTransformer {
   Traced traced_skipping(const std::vector<int64_t>& skip) const;
   std::vector<std::string> arg_names() const override;
   void for_each_block(const std::function<void(nn::CompilableBlock&)>& f) override;
-  void for_each_block(const std::function<void(const nn::CompilableBlock&)>& f) const override;
 
   // Inputs with the right shapes and dtypes whose contents are never read (warmup, estimates):
   // hidden_states, encoder_hidden_states, pooled_projections, timestep.

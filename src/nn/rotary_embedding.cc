@@ -1,11 +1,12 @@
-#include "models/flux/flux_embeddings.h"
+#include "nn/rotary_embedding.h"
 
 #include <cmath>
 
 #include "core/error.h"
+#include "exec/capture.h"
 #include "exec/host.h"
 
-namespace kiln::flux {
+namespace kiln::nn {
 
 RotaryTables RotaryTables::of(Tensor cos, Tensor sin) {
   // A whole head row of (-1, 1) pairs rather than one pair, so kernels read it in long runs.
@@ -14,6 +15,20 @@ RotaryTables RotaryTables::of(Tensor cos, Tensor sin) {
   for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = i % 2 == 0 ? -1.0f : 1.0f;
   Tensor sign = from_vector(pattern, {hd / 2, 2}, DType::f32, cos.device());
   return RotaryTables{std::move(cos), std::move(sin), std::move(sign)};
+}
+
+std::vector<Tensor> RotaryTables::args(std::vector<Tensor> before) const {
+  before.insert(before.end(), {cos, sin, pair_sign});
+  return before;
+}
+
+std::vector<std::string> RotaryTables::arg_names(std::vector<std::string> before) {
+  before.insert(before.end(), {"rope.cos", "rope.sin", "rope.pair_sign"});
+  return before;
+}
+
+RotaryTables RotaryTables::from_args(const std::vector<Tensor>& args, size_t first) {
+  return RotaryTables{args.at(first), args.at(first + 1), args.at(first + 2)};
 }
 
 RotaryTables flux_pos_embed(const Tensor& ids, const std::vector<int64_t>& axes_dim, double theta) {
@@ -74,6 +89,15 @@ Tensor apply_rotary_emb(const Tensor& x, const RotaryTables& rope) {
   return cast(reshape(pairs * c + rotated * s, {B, S, H, hd}), x.dtype());
 }
 
+Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RotaryTables& rope) {
+  const int64_t hd = q.dim(3);
+  // SDPA wants [B, H, S, hd].
+  const Tensor qh = transpose(apply_rotary_emb(q, rope), 1, 2);
+  const Tensor kh = transpose(apply_rotary_emb(k, rope), 1, 2);
+  const Tensor o = scaled_dot_product_attention(qh, kh, transpose(v, 1, 2), Tensor(), 1.0 / std::sqrt(double(hd)));
+  return flatten(transpose(o, 1, 2), 2);
+}
+
 Tensor ids_2d(const Tensor& ids, const char* model, const char* name) {
   if (ids.rank() == 3) return squeeze(slice(ids, 0, 0, 1), 0);
   KILN_CHECK(ids.rank() == 2, model, name, " must be [L, n_axes], got ", to_string(ids.shape()));
@@ -96,4 +120,27 @@ RotaryTables RotaryCache::get(const Tensor& img_ids, const Tensor& txt_ids,
   return slot_->entry->tables;
 }
 
-}  // namespace kiln::flux
+JointRotaryEmbedding::JointRotaryEmbedding(std::vector<int64_t> axes_dim, double theta, const char* model)
+    : axes_dim_(std::move(axes_dim)), theta_(theta), model_(model) {}
+
+RotaryTables JointRotaryEmbedding::operator()(const Tensor& img_ids, const Tensor& txt_ids) const {
+  return flux_pos_embed(concat({ids_2d(txt_ids, model_, "txt_ids"), ids_2d(img_ids, model_, "img_ids")}, 0), axes_dim_,
+                        theta_);
+}
+
+RotaryTables JointRotaryEmbedding::for_step(const Tensor& img_ids, const Tensor& txt_ids, int64_t l_img,
+                                            int64_t l_txt) const {
+  const Tensor img = ids_2d(img_ids, model_, "img_ids"), txt = ids_2d(txt_ids, model_, "txt_ids");
+  const int64_t n_axes = int64_t(axes_dim_.size());
+  KILN_CHECK(img.dim(0) == l_img && txt.dim(0) == l_txt && img.dim(1) == n_axes && txt.dim(1) == n_axes, model_,
+             "img_ids ", to_string(img.shape()), " / txt_ids ", to_string(txt.shape()), " must be [", l_img, ", ",
+             n_axes, "] / [", l_txt, ", ", n_axes, "] (the image / text sequence lengths)");
+  return cache_.get(img_ids, txt_ids, [&] { return (*this)(img_ids, txt_ids); });
+}
+
+RotaryTables JointRotaryEmbedding::placeholder(int64_t rows, int64_t head_dim) {
+  return RotaryTables::of(placeholder_tensor({rows, head_dim}, DType::f32),
+                          placeholder_tensor({rows, head_dim}, DType::f32));
+}
+
+}  // namespace kiln::nn
