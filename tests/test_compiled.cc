@@ -529,6 +529,46 @@ DoubleBlockInputs double_block_inputs(const FluxTransformer2DModel& model) {
                                  from_vector(test::random_values(S * hd, 5), {S, hd}))};
 }
 
+// A double block's RoPE reads the per-head RMSNorm's rows through the pair-reversed view. On a
+// device whose fused tiles hold whole rows (the CPU) it runs as the norm's in-place epilogue; on
+// one that gives each thread one element that read would race, so partition keeps RoPE in
+// launches of its own. Both partitions compute the same bits, and compile_graph asks the device.
+TEST_F(CompiledMode, RowLocalEpiloguesOnlyWhereTheDeviceTilesWholeRows) {
+  const FluxTransformer2DModel model =
+      FluxTransformer2DModel::from_pretrained(test::pipeline_dir("flux1_tiny_arch") / "transformer");
+  const auto [x, c, temb, rope] = double_block_inputs(model);
+  const flux::FluxTransformerBlock& block = model.transformer_blocks()[0];
+  const detail::Captured cap = detail::capture("block", [&] {
+    const auto [co, xo] = block.forward(x, c, temb, rope);
+    return std::vector<Tensor>{co, xo};
+  });
+  const auto row_local = [](const std::vector<LaunchGroup>& groups) {
+    int n = 0;
+    for (const LaunchGroup& grp : groups) n += grp.kind == LaunchGroup::Kind::epilogue && grp.slice_axis >= 0;
+    return n;
+  };
+  const auto launches = [](const std::vector<LaunchGroup>& groups) {
+    int n = 0;
+    for (const LaunchGroup& grp : groups) n += grp.launches();
+    return n;
+  };
+  const std::vector<LaunchGroup> whole = partition(cap.graph, FusionLimits{.whole_row_tiles = true});
+  const std::vector<LaunchGroup> element = partition(cap.graph, FusionLimits{.whole_row_tiles = false});
+  EXPECT_GT(row_local(whole), 0) << "q and k of both streams take RoPE in place";
+  EXPECT_EQ(row_local(element), 0);
+  EXPECT_GT(launches(element), launches(whole));
+  ASSERT_TRUE(runtime(Device::cpu()).fused_tiles_hold_whole_rows());
+  EXPECT_EQ(row_local(compile_graph(cap.graph)->groups), row_local(whole));
+
+  const std::vector<Tensor> inputs = cap.inputs;
+  const auto run = [&](const std::vector<LaunchGroup>& groups) {
+    return run_graph(finish_compiled_graph(cap.graph, groups, /*plan_memory=*/false), inputs);
+  };
+  const std::vector<Tensor> a = run(whole), b = run(element);
+  ASSERT_EQ(a.size(), 2u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i], b[i])) << "output " << i;
+}
+
 // A block's intermediates live in one arena whose bytes are reused by values with disjoint
 // lifetimes; a call allocates that arena and the outputs, nothing per launch.
 TEST_F(CompiledMode, IntermediatesLiveInOnePlannedArena) {

@@ -297,11 +297,11 @@ TEST(Bf16Attention, StridedViewsGiveTheBitsOfDenseTensors) {
   for (DType out_dtype : {DType::bf16, DType::f32}) {
     const size_t es = dtype_size(out_dtype);
     std::vector<char> out_dense(s.o_size() * es), out_strided(s.o_size() * es);
-    table.at("sdpa")({{dense(q.data(), DType::bf16, s.Lq, s.D), dense(k.data(), DType::bf16, s.Lk, s.D),
+    table.at("sdpa").run({{dense(q.data(), DType::bf16, s.Lq, s.D), dense(k.data(), DType::bf16, s.Lk, s.D),
                        dense(v.data(), DType::bf16, s.Lk, s.Dv)},
                       dense(out_dense.data(), out_dtype, s.Lq, s.Dv),
                       &attrs});
-    table.at("sdpa")({{view(qt.data(), DType::bf16, s.Lq, s.D), view(kt.data(), DType::bf16, s.Lk, s.D),
+    table.at("sdpa").run({{view(qt.data(), DType::bf16, s.Lq, s.D), view(kt.data(), DType::bf16, s.Lk, s.D),
                        view(vt.data(), DType::bf16, s.Lk, s.Dv)},
                       view(out_strided.data(), out_dtype, s.Lq, s.Dv),
                       &attrs});
@@ -478,7 +478,7 @@ TEST(Bf16Conv, KernelTakesBf16TensorsDirectly) {
   add_contraction_kernels(table);
   const Attrs attrs{{"stride", std::vector<int64_t>{1, 1}}, {"padding", std::vector<int64_t>{1, 1}}};
   Bits x = c.x.bits, w = c.w.bits, b = c.b.bits, y(s.y_size());
-  table.at("conv2d")({{TensorView{x.data(), {s.N, s.C, s.H, s.W}, contiguous_strides({s.N, s.C, s.H, s.W}), DType::bf16},
+  table.at("conv2d").run({{TensorView{x.data(), {s.N, s.C, s.H, s.W}, contiguous_strides({s.N, s.C, s.H, s.W}), DType::bf16},
                        TensorView{w.data(), {s.O, s.C, s.K, s.K}, contiguous_strides({s.O, s.C, s.K, s.K}), DType::bf16},
                        TensorView{b.data(), {s.O}, {1}, DType::bf16}},
                       TensorView{y.data(), {s.N, s.O, s.OH(), s.OW()}, contiguous_strides({s.N, s.O, s.OH(), s.OW()}),

@@ -116,9 +116,16 @@ class DeviceRuntime {
 
   // ---- launches of deferred and compiled mode beyond one op (called from queued work) ----
   // A fused elementwise program (graph/fused_program.h) over the output's index space; `out` is
-  // dense and overlaps no input. Throws "[fused] ..." for an invalid program.
+  // dense and overlaps no input. Throws "[fused] ..." for an invalid program. (An epilogue's
+  // program runs over its chain's output in place: each element reads that element of the output,
+  // or, only where fused_tiles_hold_whole_rows(), a view that reorders elements within a row.)
   virtual void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs,
                                  const TensorView& out) const = 0;
+  // Whether this device's fused kernels compute whole rows of the last dim in one tile, so a
+  // program may read a row-local view (RoPE's pair swap) of the rows it rewrites in place
+  // (graph/fusion.h, FusionLimits::whole_row_tiles). A kernel that gives each thread one element
+  // would race there, so the default is no: partition then keeps such consumers in their own launch.
+  virtual bool fused_tiles_hold_whole_rows() const { return false; }
   // Several one-row linears reading the same row, as one launch: each element is one linear's
   // arguments (x, w[, bias]) -> out.
   virtual void grouped_linear_rows(const std::vector<KernelArgs>& linears) const = 0;

@@ -30,7 +30,10 @@ int CompiledGraph::buffers() const {
 
 std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const FusionLimits& limits, bool plan_memory) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<LaunchGroup> groups = partition(canonical, limits);
+  // What the graph's device allows: an in-place row-local read only where its tiles hold whole rows.
+  FusionLimits device_limits = limits;
+  device_limits.whole_row_tiles = limits.whole_row_tiles && runtime(canonical.device).fused_tiles_hold_whole_rows();
+  std::vector<LaunchGroup> groups = partition(canonical, device_limits);
   auto out = finish_compiled_graph(std::move(canonical), std::move(groups), plan_memory);
   std::const_pointer_cast<CompiledGraph>(out)->compile_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -30,6 +30,8 @@ struct CompiledGraph {
                          // write into a concat's buffer, plus those concat buffers
 };
 
+// Partitions under `limits` as far as the graph's device allows (DeviceRuntime::
+// fused_tiles_hold_whole_rows), then finishes as below.
 std::shared_ptr<const CompiledGraph> compile_graph(Graph canonical, const FusionLimits& limits = {},
                                                    bool plan_memory = false);
 // The part of compile_graph after partitioning (kernel checks, liveness, the memory plan): also

@@ -273,7 +273,7 @@ std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits) {
     grp.program = build_program(g, grp);
     groups.push_back(std::move(grp));
   }
-  merge_launches(g, groups, consumers, is_out);
+  merge_launches(g, groups, consumers, is_out, limits.whole_row_tiles);
   // A group reads only results of nodes below its own result, so ascending results is a valid
   // execution order (an epilogue's producer is below its group's result too).
   std::sort(groups.begin(), groups.end(), [](const LaunchGroup& a, const LaunchGroup& b) { return a.result < b.result; });

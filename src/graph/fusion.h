@@ -59,10 +59,16 @@
 
 namespace kiln {
 
+// What partition may do: the sizes a fused kernel takes, and what the device's kernels allow.
 struct FusionLimits {
   int max_inputs = 24;  // ~24 kernel inputs
   int max_depth = 11;   // ~11 levels (nesting levels, see above)
   int max_nodes = 64;   // ops per group, keeps the per-thread register tiles bounded
+  // The device's fused kernels compute whole rows of the last dim in one tile
+  // (DeviceRuntime::fused_tiles_hold_whole_rows): only then may a fused program read a row-local
+  // view of the buffer it rewrites in place (the row-local consumers above). A kernel that gives
+  // each thread one element would read an element another thread has already rewritten.
+  bool whole_row_tiles = true;
 };
 
 struct LaunchGroup {
@@ -120,7 +126,8 @@ bool can_take_epilogue(const std::string& op);
 // of the very buffer it rewrites in place.
 bool is_row_local_view(const GraphNode& v, const Shape& shape);
 
-// Groups in an executable order (every group after the groups whose results it reads).
+// Groups in an executable order (every group after the groups whose results it reads). Row-local
+// consumers are merged only under limits.whole_row_tiles.
 std::vector<LaunchGroup> partition(const Graph& g, const FusionLimits& limits = {});
 
 }  // namespace kiln

@@ -45,8 +45,8 @@ bool is_plain_reshape(const Graph& g, const GraphNode& v) {
 class Merger {
  public:
   Merger(const Graph& g, std::vector<LaunchGroup>& groups, const std::vector<std::vector<int>>& consumers,
-         const std::vector<char>& is_out)
-      : g_(g), groups_(groups), consumers_(consumers), is_out_(is_out) {}
+         const std::vector<char>& is_out, bool whole_row_tiles)
+      : g_(g), groups_(groups), consumers_(consumers), is_out_(is_out), whole_row_tiles_(whole_row_tiles) {}
 
   void run() {
     alias_adjacent_views();
@@ -54,7 +54,7 @@ class Merger {
     absorb_elementwise_epilogues();
     write_transposed();
     eliminate_concats();
-    absorb_row_local_consumers();
+    if (whole_row_tiles_) absorb_row_local_consumers();  // reads rows it rewrites: whole-row tiles only
     group_row_linears();
   }
 
@@ -435,13 +435,14 @@ class Merger {
   std::vector<LaunchGroup>& groups_;
   const std::vector<std::vector<int>>& consumers_;
   const std::vector<char>& is_out_;
+  const bool whole_row_tiles_;
 };
 
 }  // namespace
 
 void merge_launches(const Graph& g, std::vector<LaunchGroup>& groups, const std::vector<std::vector<int>>& consumers,
-                    const std::vector<char>& is_out) {
-  Merger(g, groups, consumers, is_out).run();
+                    const std::vector<char>& is_out, bool whole_row_tiles) {
+  Merger(g, groups, consumers, is_out, whole_row_tiles).run();
 }
 
 }  // namespace kiln

@@ -9,6 +9,7 @@ namespace kiln {
 
 // `consumers[v]`: distinct nodes reading value v; `is_out[v]`: v is a graph output.
 void merge_launches(const Graph& g, std::vector<LaunchGroup>& groups,
-                    const std::vector<std::vector<int>>& consumers, const std::vector<char>& is_out);
+                    const std::vector<std::vector<int>>& consumers, const std::vector<char>& is_out,
+                    bool whole_row_tiles);
 
 }  // namespace kiln

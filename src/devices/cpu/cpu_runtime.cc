@@ -138,9 +138,9 @@ class CpuRuntime final : public DeviceRuntime {
   }
   void reset_kernel_times() override { queue_.reset_time_by_name(); }
 
-  KernelFn kernel(const std::string& op) const override {
-    auto it = kernels_.find(op);
-    return it == kernels_.end() ? nullptr : it->second;
+  KernelFn kernel(const std::string& op) const override { return find_kernel(kernels_, op); }
+  bool supports(const std::string& op, const std::vector<OperandMeta>& inputs) const override {
+    return table_supports(kernels_, op, inputs);
   }
 
   void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs,
@@ -150,6 +150,9 @@ class CpuRuntime final : public DeviceRuntime {
   void grouped_linear_rows(const std::vector<KernelArgs>& linears) const override {
     cpu::grouped_linear_rows(linears);
   }
+  // A tile of short rows is several whole rows (kernels/tiles.h): every element a row-local view
+  // reads is loaded before the tile's row is stored.
+  bool fused_tiles_hold_whole_rows() const override { return true; }
   bool linear_reads_prepared_weight(int64_t rows, DType x, DType w) const override {
     return linear_reads_packed_weight(rows, x, w);
   }

@@ -166,13 +166,9 @@ class CudaRuntime final : public DeviceRuntime {
     times_.clear();
   }
 
-  KernelFn kernel(const std::string& op) const override {
-    auto it = kernels_.find(op);
-    return it == kernels_.end() ? nullptr : it->second.run;
-  }
+  KernelFn kernel(const std::string& op) const override { return find_kernel(kernels_, op); }
   bool supports(const std::string& op, const std::vector<OperandMeta>& inputs) const override {
-    auto it = kernels_.find(op);
-    return it != kernels_.end() && (!it->second.takes || it->second.takes(inputs));
+    return table_supports(kernels_, op, inputs);
   }
 
   void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs,

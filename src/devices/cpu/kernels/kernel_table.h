@@ -1,13 +1,8 @@
-// The CPU device's op -> kernel table; each kernel family file adds its entries.
+// The CPU device's kernel families, each adding its entries to the table (devices/kernel_table.h).
 #pragma once
-#include <string>
-#include <unordered_map>
-
-#include "devices/runtime.h"
+#include "devices/kernel_table.h"
 
 namespace kiln::cpu {
-
-using KernelTable = std::unordered_map<std::string, KernelFn>;
 
 void add_elementwise_kernels(KernelTable& table);
 void add_reduction_kernels(KernelTable& table);

@@ -1,20 +1,9 @@
-// The CUDA device's kernels by op name, and what each takes (DeviceRuntime::supports).
+// The CUDA device's kernels by op name (devices/kernel_table.h); a kernel without `takes` takes
+// any input whose dtype generated code loads.
 #pragma once
-#include <functional>
-#include <string>
-#include <unordered_map>
-#include <vector>
-
-#include "devices/runtime.h"
+#include "devices/kernel_table.h"
 
 namespace kiln::cuda {
-
-struct CudaKernel {
-  KernelFn run = nullptr;
-  // Whether it takes inputs like these; null: any input whose dtype generated code loads.
-  std::function<bool(const std::vector<OperandMeta>&)> takes;
-};
-using KernelTable = std::unordered_map<std::string, CudaKernel>;
 
 // Every CUDA kernel (built once; needs no GPU).
 const KernelTable& cuda_kernels();
