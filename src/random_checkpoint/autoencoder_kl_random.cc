@@ -91,9 +91,7 @@ RandomComponent autoencoder_kl_random(const AutoencoderKlRandomConfig& config_fi
   rules.present = {"encoder.conv_in.weight"};  // the pipelines decode only, but the Hub's files hold the encoder
   // BatchNorm2d's step count (AutoencoderKLFlux2's latent statistics), which no forward reads.
   if (config_fields.is_flux2()) rules.unread = {{"bn.num_batches_tracked", {}, Init::constant(0), DType::i64}};
-  c.tensors = tensors_read(
-      [&](const nn::Weights& w) { AutoencoderKL(VaeConfig::from_json(io::JsonConfig(c.config, "make-random")), w); },
-      rules);
+  c.tensors = tensors_read_by<AutoencoderKL, VaeConfig>(c, rules);
   return c;
 }
 

@@ -101,11 +101,7 @@ RandomComponent causal_lm_random(const CausalLmRandomConfig& c, DType dtype) {
   ReadRules rules;
   rules.present = {c.key_prefix() + "embed_tokens.weight"};
   rules.gains = residual_gains({"self_attn.o_proj", "mlp.down_proj"}, 2 * c.num_hidden_layers);
-  out.tensors = tensors_read(
-      [&](const nn::Weights& w) {
-        CausalLMTextEncoder(DecoderLMConfig::from_json(io::JsonConfig(out.config, "make-random")), w);
-      },
-      rules);
+  out.tensors = tensors_read_by<CausalLMTextEncoder, DecoderLMConfig>(out, rules);
   return out;
 }
 

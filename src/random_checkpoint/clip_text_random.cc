@@ -68,11 +68,7 @@ RandomComponent clip_text_random(const ClipTextRandomConfig& cfg, DType dtype) {
   RandomComponent c{cfg.folder, config(cfg, dtype), "model", kTransformersShardBytes, {}};
   ReadRules rules;  // two residual branches a layer
   rules.gains = residual_gains({"self_attn.out_proj", "mlp.fc2"}, 2 * cfg.num_hidden_layers);
-  c.tensors = tensors_read(
-      [&](const nn::Weights& w) {
-        ClipTextModel(ClipTextModel::Config::from_json(io::JsonConfig(c.config, "make-random")), w);
-      },
-      rules);
+  c.tensors = tensors_read_by<ClipTextModel, ClipTextModel::Config>(c, rules);
   return c;
 }
 

@@ -58,11 +58,7 @@ RandomComponent flux2_transformer_random(const Flux2TransformerRandomConfig& cfg
   rules.gains = residual_gains(
       {"attn.to_out.0", "attn.to_add_out", "ff.linear_out", "ff_context.linear_out", "attn.to_out"},
       2 * cfg.num_layers + cfg.num_single_layers);
-  c.tensors = tensors_read(
-      [&](const nn::Weights& w) {
-        Flux2Transformer2DModel(Flux2TransformerConfig::from_json(io::JsonConfig(c.config, "make-random")), w);
-      },
-      rules);
+  c.tensors = tensors_read_by<Flux2Transformer2DModel, Flux2TransformerConfig>(c, rules);
   return c;
 }
 

@@ -42,11 +42,7 @@ RandomComponent flux_transformer_random(Flux1Variant variant, int64_t num_layers
   ReadRules rules;
   rules.gains = residual_gains({"attn.to_out.0", "attn.to_add_out", "ff.net.2", "ff_context.net.2", "proj_out"},
                                2 * num_layers + num_single_layers);
-  c.tensors = tensors_read(
-      [&](const nn::Weights& w) {
-        FluxTransformer2DModel(FluxTransformerConfig::from_json(io::JsonConfig(c.config, "make-random")), w);
-      },
-      rules);
+  c.tensors = tensors_read_by<FluxTransformer2DModel, FluxTransformerConfig>(c, rules);
   return c;
 }
 

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/json_config.h"
 #include "nn/weights.h"
 #include "random_checkpoint/random_component.h"
 
@@ -35,6 +36,13 @@ struct ReadRules {
 // it reads them, each once.
 std::vector<RandomTensor> tensors_read(const std::function<void(const nn::Weights& weights)>& build,
                                        const ReadRules& rules);
+
+// What `Model`, built from the component's config.json (read as `Config`), reads.
+template <typename Model, typename Config>
+std::vector<RandomTensor> tensors_read_by(const RandomComponent& c, const ReadRules& rules) {
+  return tensors_read([&](const nn::Weights& w) { Model(Config::from_json(io::JsonConfig(c.config, "make-random")), w); },
+                      rules);
+}
 
 // One residual-branch gain for every suffix: 1/sqrt(max(1, branches)).
 std::vector<std::pair<std::string, double>> residual_gains(const std::vector<std::string>& suffixes,

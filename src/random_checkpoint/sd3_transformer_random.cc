@@ -64,11 +64,7 @@ RandomComponent sd3_transformer_random(Sd3Variant variant, int64_t num_layers) {
                                2 * num_layers + int64_t(sd3_dual_attention_layers(variant, num_layers).size()));
   const int64_t M = pos_embed_max_size(variant);
   rules.inits = {{"pos_embed.pos_embed", Init::sincos_2d(M, kD, kSampleSize / kPatch)}};
-  c.tensors = tensors_read(
-      [&](const nn::Weights& w) {
-        SD3Transformer2DModel(SD3TransformerConfig::from_json(io::JsonConfig(c.config, "make-random")), w);
-      },
-      rules);
+  c.tensors = tensors_read_by<SD3Transformer2DModel, SD3TransformerConfig>(c, rules);
   return c;
 }
 

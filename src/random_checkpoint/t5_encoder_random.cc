@@ -58,11 +58,7 @@ RandomComponent t5_encoder_random(int64_t num_layers, DType dtype, const std::st
   rules.gains.emplace_back("SelfAttention.q", 1 / std::sqrt(double(kHeadDim)));
   // Small next to the O(1) scores, so position only nudges attention.
   rules.inits = {{"relative_attention_bias.weight", Init::uniform(0.1)}};
-  c.tensors = tensors_read(
-      [&](const nn::Weights& w) {
-        T5EncoderModel(T5EncoderModel::Config::from_json(io::JsonConfig(c.config, "make-random")), w);
-      },
-      rules);
+  c.tensors = tensors_read_by<T5EncoderModel, T5EncoderModel::Config>(c, rules);
   return c;
 }
 
