@@ -13,6 +13,7 @@
 #include "exec/ops.h"
 #include "golden.h"
 #include "io/safetensors.h"
+#include "models/flux/flux_transformer.h"
 #include "pipelines/flux_pipeline.h"
 #include "pipelines/stable_diffusion_3_pipeline.h"
 #include "test_util.h"
@@ -148,6 +149,26 @@ TEST(CallArguments, FluxTrueCfgMatchesDiffusers) {
               std::string::npos)
         << out.warnings[0];
   }
+}
+
+// The memory plan counts what true CFG keeps: the negative prompt's T5 and pooled embeddings,
+// carried across the components like the prompt's (f32).
+TEST(CallArguments, FluxTrueCfgIsInTheMemoryEstimate) {
+  const std::string set = "flux1_tiny_arch";
+  const FluxPipeline pipe = FluxPipeline::from_pretrained(test::pipeline_dir(set));
+  const PipelineCallArgs plain = test::fixture_call_args(set);
+  PipelineCallArgs cfg = plain;
+  cfg.negative_prompt = "blurry";
+  cfg.true_cfg_scale = 4.0;
+  const MemoryEstimate a = pipe.estimate_memory(plain), b = pipe.estimate_memory(cfg);
+  const FluxTransformerConfig tc =
+      FluxTransformerConfig::from_json(io::JsonConfig(test::pipeline_dir(set) / "transformer" / "config.json"));
+  const size_t negative = size_t(*plain.max_sequence_length * tc.joint_attention_dim + tc.pooled_projection_dim) * 4;
+  EXPECT_EQ(b.carried_bytes, a.carried_bytes + negative);
+  EXPECT_EQ(b.required, a.required + negative);
+  PipelineCallArgs unused = plain;  // a negative prompt without true_cfg_scale > 1 keeps nothing
+  unused.negative_prompt = "blurry";
+  EXPECT_EQ(pipe.estimate_memory(unused).carried_bytes, a.carried_bytes);
 }
 
 }  // namespace

@@ -161,8 +161,10 @@ class DiffusionPipeline {
   // by component name, traced without running anything (trace_peak_bytes).
   virtual ComponentActivations trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
                                                  int64_t vae_tile_size) const = 0;
-  // Bytes the pipeline keeps across components (embeddings, latents, ids, tables).
-  virtual size_t carried_bytes(int64_t h, int64_t w, int64_t max_sequence_length) const = 0;
+  // Bytes the pipeline keeps across components (embeddings, latents, ids, tables) for this call
+  // (`args`: a negative prompt's embeddings are kept too when guidance needs them).
+  virtual size_t carried_bytes(const PipelineCallArgs& args, int64_t h, int64_t w,
+                               int64_t max_sequence_length) const = 0;
   // Host bytes a call needs whatever the placement (noise, latents, tables, the image).
   virtual double host_floor_bytes(int64_t height, int64_t width, int64_t max_sequence_length) const = 0;
   virtual void warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const = 0;

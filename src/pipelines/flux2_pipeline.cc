@@ -261,10 +261,12 @@ ComponentActivations Flux2Pipeline::trace_activations(int64_t h, int64_t w, int6
 
 // Carried from stage to stage (f32 bound): prompt embeddings (twice with CFG), latents and the
 // step's velocities, text/image ids, and the RoPE tables (cos, sin).
-size_t Flux2Pipeline::carried_bytes(int64_t h, int64_t w, int64_t max_sequence_length) const {
+size_t Flux2Pipeline::carried_bytes(const PipelineCallArgs& args, int64_t h, int64_t w,
+                                    int64_t max_sequence_length) const {
   const auto& tc = m_->transformer.config();
   const int64_t l_img = (h / 2) * (w / 2), S = max_sequence_length + l_img;
-  const int64_t carried = 2 * max_sequence_length * tc.joint_attention_dim + 3 * l_img * tc.in_channels +
+  const int64_t prompts = real_cfg(args) ? 2 : 1;
+  const int64_t carried = prompts * max_sequence_length * tc.joint_attention_dim + 3 * l_img * tc.in_channels +
                           4 * S * 2 + 2 * 2 * S * tc.attention_head_dim;
   return size_t(carried) * 4;
 }

@@ -151,10 +151,12 @@ ComponentActivations FluxPipeline::trace_activations(int64_t h, int64_t w, int64
 
 // Carried from stage to stage (f32): prompt embeddings, pooled embedding, latents and the
 // step's velocity, text/image ids, and the RoPE tables (cos, sin).
-size_t FluxPipeline::carried_bytes(int64_t h, int64_t w, int64_t max_sequence_length) const {
+size_t FluxPipeline::carried_bytes(const PipelineCallArgs& args, int64_t h, int64_t w,
+                                   int64_t max_sequence_length) const {
   const auto& tc = m_->transformer.config();
   const int64_t l_img = (h / 2) * (w / 2), S = max_sequence_length + l_img;
-  const int64_t carried = max_sequence_length * tc.joint_attention_dim + tc.pooled_projection_dim +
+  const int64_t prompts = true_cfg_on(args) ? 2 : 1;  // the negative prompt's embeddings under true CFG
+  const int64_t carried = prompts * (max_sequence_length * tc.joint_attention_dim + tc.pooled_projection_dim) +
                           2 * l_img * tc.in_channels + 3 * S + 2 * S * tc.attention_head_dim;
   return size_t(carried) * 4;
 }

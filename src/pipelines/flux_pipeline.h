@@ -41,7 +41,8 @@ class FluxPipeline : public DiffusionPipeline {
   void check_call(const PipelineCallArgs& args, int64_t height, int64_t width, PipelineOutput& out) const override;
   ComponentActivations trace_activations(int64_t h, int64_t w, int64_t max_sequence_length,
                                          int64_t vae_tile_size) const override;
-  size_t carried_bytes(int64_t h, int64_t w, int64_t max_sequence_length) const override;
+  size_t carried_bytes(const PipelineCallArgs& args, int64_t h, int64_t w,
+                       int64_t max_sequence_length) const override;
   double host_floor_bytes(int64_t height, int64_t width, int64_t max_sequence_length) const override;
   nn::DiffusionTransformer& denoiser() override;
   void warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const override;

@@ -162,7 +162,7 @@ MemoryEstimate DiffusionPipeline::estimate_memory(const PipelineCallArgs& args, 
     max_act = std::max(max_act, act[i]);
     max_component = std::max(max_component, wb + act[i]);
   }
-  e.carried_bytes = carried_bytes(h, w, msl);
+  e.carried_bytes = carried_bytes(args, h, w, msl);
   switch (s_->placement) {
     case Placement::host: e.placement = "host"; e.required = max_act; break;
     case Placement::device: e.placement = "device"; e.required = all_weights + max_act; break;

@@ -232,7 +232,8 @@ ComponentActivations StableDiffusion3Pipeline::trace_activations(int64_t h, int6
 
 // Carried from stage to stage (f32 at most): the conditional and unconditional embeddings and
 // pooled embeddings, the latents, the guided batch's input and velocities.
-size_t StableDiffusion3Pipeline::carried_bytes(int64_t h, int64_t w, int64_t max_sequence_length) const {
+size_t StableDiffusion3Pipeline::carried_bytes(const PipelineCallArgs&, int64_t h, int64_t w,
+                                               int64_t max_sequence_length) const {
   const auto& tc = m_->transformer.config();
   const int64_t tokens = m_->tokenizer.model_max_length() + max_sequence_length;
   const int64_t carried =
