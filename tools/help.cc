@@ -2,6 +2,7 @@
 
 #include "core/env.h"
 #include "pipelines/call_arguments.h"
+#include "random_checkpoint/like_names.h"
 
 namespace kiln::cli {
 
@@ -17,6 +18,7 @@ std::vector<FlagDoc> with_call_arguments(std::vector<FlagDoc> before, const std:
 }  // namespace
 
 const std::vector<CommandDoc>& commands() {
+  static const std::string likes = random_weights::like_names_joined("|");  // --like's values
   static const std::vector<CommandDoc> docs = {
       {"generate",
        "Text to image with a checkpoint in Diffusers layout: the pipeline class its model_index.json names "
@@ -143,7 +145,7 @@ const std::vector<CommandDoc>& commands() {
        "speed and memory without the download. Weights are streamed to disk; DIR must be new or empty and is only "
        "created once every file is written.",
        {
-           {"--like", "flux1-schnell|flux1-dev|sd3-medium|sd3.5-medium|flux2-dev|flux2-klein-4b|flux2-klein-9b",
+           {"--like", likes.c_str(),
             "required",
             "the checkpoint to imitate (flux1-dev adds the guidance embedding and the scheduler's dynamic shifting; "
             "sd3.5-medium adds dual attention in blocks 0-12, QK RMSNorm and a 384x384 positional table to "
@@ -171,7 +173,7 @@ const std::vector<CommandDoc>& commands() {
        "the chosen placement does not fit.",
        {
            {"--model", "DIR", "", "a Diffusers folder (its weights are never read)"},
-           {"--like", "flux1-schnell|flux1-dev|sd3-medium|sd3.5-medium|flux2-dev|flux2-klein-4b|flux2-klein-9b", "",
+           {"--like", likes.c_str(), "",
             "a configuration make-random knows, planned from a layout-only folder (no weights needed)"},
            {"--height", "H", "the pipeline's default (1024)", "image height"},
            {"--width", "W", "the pipeline's default (1024)", "image width"},

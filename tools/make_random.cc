@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/terminal.h"
 #include "random_checkpoint/flux1_random_folder.h"
+#include "random_checkpoint/like_names.h"
 #include "random_checkpoint/flux2_random_folder.h"
 #include "random_checkpoint/sd3_random_folder.h"
 #include "random_checkpoint/sd3_transformer_random.h"
@@ -104,9 +105,7 @@ void print_component(const rw::WrittenComponent& c, double seconds) {
 
 }  // namespace
 
-bool known_like(const std::string& like) {
-  return rw::parse_flux1_variant(like) || rw::parse_sd3_variant(like) || rw::parse_flux2_variant(like);
-}
+bool known_like(const std::string& like) { return rw::is_like_name(like); }
 
 rw::RandomFolder write_random_like(const RandomLike& s, const rw::RandomFolderProgress& progress, std::string* what,
                                    std::string* note) {
@@ -181,10 +180,7 @@ int make_random(const std::vector<std::string>& args) {
     };
     if (flag == "--like") {
       const std::string& v = value();
-      KILN_CHECK(known_like(v), "cli",
-                 "--like ", v,
-                 ": expected flux1-schnell or flux1-dev (FLUX.1), sd3-medium or sd3.5-medium (Stable Diffusion 3), "
-                 "flux2-dev, flux2-klein-4b or flux2-klein-9b (FLUX.2)");
+      KILN_CHECK(known_like(v), "cli", "--like ", v, ": expected ", rw::like_names_by_family());
       like = v;
     } else if (flag == "--blocks") {
       blocks = value();  // read once --like is known: D+S for FLUX.1 and FLUX.2, N for SD3
@@ -214,9 +210,7 @@ int make_random(const std::vector<std::string>& args) {
   }
   KILN_CHECK(dir, "cli",
              "make-random needs the folder to write, e.g. kiln make-random /tmp/flux1 --like flux1-schnell");
-  KILN_CHECK(like, "cli",
-             "make-random needs --like flux1-schnell, --like flux1-dev, --like sd3-medium, --like sd3.5-medium, "
-             "--like flux2-dev, --like flux2-klein-4b or --like flux2-klein-9b");
+  KILN_CHECK(like, "cli", "make-random needs --like NAME: ", rw::like_names_by_family());
   const std::optional<rw::Flux2Variant> flux2 = rw::parse_flux2_variant(*like);
   KILN_CHECK(!flux2 || !t5_layers, "cli", "--t5-layers: ", *like,
              " has no T5 encoder (its text encoder's depth is --text-encoder-layers)");

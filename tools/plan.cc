@@ -33,6 +33,7 @@
 #include "nn/shapes_only_load.h"
 #include "pipelines/diffusion_pipeline.h"
 #include "random_like.h"
+#include "random_checkpoint/like_names.h"
 
 namespace kiln::cli {
 
@@ -80,11 +81,10 @@ PlanFlags parse_flags(const std::vector<std::string>& args) {
     else fail("cli", "unknown flag '", flag, "' for plan (see kiln plan --help)");
   }
   KILN_CHECK(f.model.has_value() != f.like.has_value(), "cli",
-             "plan needs one of --model DIR (a Diffusers folder) or --like NAME (flux1-schnell, flux1-dev, sd3-medium, "
-             "sd3.5-medium, flux2-dev, flux2-klein-4b, flux2-klein-9b: no weights needed)");
-  KILN_CHECK(!f.like || known_like(*f.like), "cli", "--like ", *f.like,
-             ": expected flux1-schnell, flux1-dev, sd3-medium, sd3.5-medium, flux2-dev, flux2-klein-4b or "
-             "flux2-klein-9b");
+             "plan needs one of --model DIR (a Diffusers folder) or --like NAME (", random_weights::like_names_joined(", "),
+             ": no weights needed)");
+  KILN_CHECK(!f.like || known_like(*f.like), "cli", "--like ", *f.like, ": expected ",
+             random_weights::like_names_by_family());
   KILN_CHECK(f.offload == "none" || f.offload == "model", "cli", "--offload ", f.offload,
              ": expected none (every component's weights on the device) or model (model CPU offload)");
   KILN_CHECK(f.tp >= 1 && f.tp <= 64, "cli", "--tp ", f.tp, ": expected the tensor-parallel degree, 1 to 64");
