@@ -4,10 +4,8 @@
 // to disk (random_component.h). flux1_random_folder.h, sd3_random_folder.h and
 // flux2_random_folder.h say what goes in.
 //
-// The folder is written as a hidden temporary `.NAME.make-random.PID` next to DIR and renamed
-// onto it at the end, so a failed run leaves no DIR. SIGINT, SIGTERM or SIGHUP removes the
-// temporary before the signal ends the process; one that SIGKILL (or a crash) left is removed by
-// the next run writing next to it, once its PID is no longer alive.
+// The folder is written whole or not at all (io/staged_folder.h): a hidden temporary
+// `.NAME.make-random.PID` next to DIR, renamed onto it at the end; a signal removes it.
 #pragma once
 #include <cstdint>
 #include <filesystem>
