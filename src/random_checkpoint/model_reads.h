@@ -40,8 +40,8 @@ std::vector<RandomTensor> tensors_read(const std::function<void(const nn::Weight
 // What `Model`, built from the component's config.json (read as `Config`), reads.
 template <typename Model, typename Config>
 std::vector<RandomTensor> tensors_read_by(const RandomComponent& c, const ReadRules& rules) {
-  return tensors_read([&](const nn::Weights& w) { Model(Config::from_json(io::JsonConfig(c.config, "make-random")), w); },
-                      rules);
+  const auto build = [&](const nn::Weights& w) { Model(Config::from_json(io::JsonConfig(c.config, "make-random")), w); };
+  return tensors_read(build, rules);
 }
 
 // One residual-branch gain for every suffix: 1/sqrt(max(1, branches)).
