@@ -105,8 +105,6 @@ void print_component(const rw::WrittenComponent& c, double seconds) {
 
 }  // namespace
 
-bool known_like(const std::string& like) { return rw::is_like_name(like); }
-
 rw::RandomFolder write_random_like(const RandomLike& s, const rw::RandomFolderProgress& progress, std::string* what,
                                    std::string* note) {
   const std::optional<rw::Flux2Variant> flux2 = rw::parse_flux2_variant(s.like);
@@ -180,7 +178,7 @@ int make_random(const std::vector<std::string>& args) {
     };
     if (flag == "--like") {
       const std::string& v = value();
-      KILN_CHECK(known_like(v), "cli", "--like ", v, ": expected ", rw::like_names_by_family());
+      KILN_CHECK(rw::is_like_name(v), "cli", "--like ", v, ": expected ", rw::like_names_by_family());
       like = v;
     } else if (flag == "--blocks") {
       blocks = value();  // read once --like is known: D+S for FLUX.1 and FLUX.2, N for SD3

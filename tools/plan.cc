@@ -83,7 +83,7 @@ PlanFlags parse_flags(const std::vector<std::string>& args) {
   KILN_CHECK(f.model.has_value() != f.like.has_value(), "cli",
              "plan needs one of --model DIR (a Diffusers folder) or --like NAME (", random_weights::like_names_joined(", "),
              ": no weights needed)");
-  KILN_CHECK(!f.like || known_like(*f.like), "cli", "--like ", *f.like, ": expected ",
+  KILN_CHECK(!f.like || random_weights::is_like_name(*f.like), "cli", "--like ", *f.like, ": expected ",
              random_weights::like_names_by_family());
   KILN_CHECK(f.offload == "none" || f.offload == "model", "cli", "--offload ", f.offload,
              ": expected none (every component's weights on the device) or model (model CPU offload)");

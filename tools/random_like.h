@@ -25,7 +25,5 @@ struct RandomLike {
 // (empty when none is needed).
 random_weights::RandomFolder write_random_like(const RandomLike& spec, const random_weights::RandomFolderProgress& progress,
                                                std::string* what, std::string* note);
-// Whether `like` names a configuration make-random knows.
-bool known_like(const std::string& like);
 
 }  // namespace kiln::cli
