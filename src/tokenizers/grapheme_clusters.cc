@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tokenizers/unicode_text.h"
+
 namespace kiln::tokenizers {
 namespace {
 using grapheme_tables::Gcb;
@@ -24,15 +26,6 @@ Props props(char32_t cp) {
   return {Gcb(r.gcb), (r.flags & 1) != 0, InCB((r.flags >> 1) & 3)};
 }
 
-size_t decode(std::string_view s, size_t i, char32_t& cp) {
-  const auto b = static_cast<unsigned char>(s[i]);
-  size_t n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-  n = std::min(n, s.size() - i);
-  cp = n == 1 ? b : char32_t(b & (0xFF >> (n + 1)));
-  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-  return n;
-}
-
 bool is_control(Gcb g) { return g == Gcb::kControl || g == Gcb::kCR || g == Gcb::kLF; }
 
 }  // namespace
@@ -41,7 +34,7 @@ std::vector<std::pair<size_t, size_t>> grapheme_clusters(std::string_view text) 
   std::vector<std::pair<size_t, size_t>> out;
   if (text.empty()) return out;
   char32_t cp;
-  size_t pos = decode(text, 0, cp);
+  size_t pos = utf8_char(text, 0, cp);
   Props prev = props(cp);
   size_t start = 0;
   // Context of the characters since the last break that the multi-character rules look back on.
@@ -49,7 +42,7 @@ std::vector<std::pair<size_t, size_t>> grapheme_clusters(std::string_view text) 
   bool emoji = prev.pictographic, emoji_zwj = false;            // GB11: ExtPict Extend* (ZWJ)
   bool conjunct = prev.incb == InCB::kConsonant, linker = false;  // GB9c: Consonant [Extend Linker]* with a Linker
   while (pos < text.size()) {
-    const size_t n = decode(text, pos, cp);
+    const size_t n = utf8_char(text, pos, cp);
     const Props cur = props(cp);
     const Gcb a = prev.gcb, b = cur.gcb;
     bool join;

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "tokenizers/hf_tokenizer_state.h"
 #include "tokenizers/tokenizer_files.h"
+#include "tokenizers/unicode_text.h"
 
 namespace kiln::tokenizers {
 namespace fs = std::filesystem;
@@ -28,15 +29,6 @@ constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}
 constexpr size_t kCacheMaxLength = 256;
 constexpr size_t kCacheCapacity = 10000;
 
-// Decodes the UTF-8 character at text[i] (valid UTF-8 assumed); returns its length in bytes.
-size_t utf8_char(std::string_view text, size_t i, char32_t& cp) {
-  const auto b = static_cast<unsigned char>(text[i]);
-  size_t n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-  n = std::min(n, text.size() - i);
-  cp = n == 1 ? b : char32_t(b & (0xFF >> (n + 1)));
-  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
-  return n;
-}
 size_t utf8_len_at(std::string_view text, size_t i) {
   char32_t cp;
   return utf8_char(text, i, cp);
