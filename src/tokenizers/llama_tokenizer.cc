@@ -19,24 +19,6 @@ struct LlamaTokenizer::State {
 
 namespace {
 
-// A boolean setting of tokenizer_config.json: absent or null gives `fallback`, anything but a bool is an error.
-bool config_flag(const TokenizerConfig& c, const std::string& key, bool fallback) {
-  const auto it = c.config.find(key);
-  if (it == c.config.end() || it->is_null()) return fallback;
-  KILN_CHECK(it->is_boolean(), "tokenizer", (c.dir / "tokenizer_config.json").string(), ": ", key, " is ",
-             io::json_kind(*it), ", expected true or false");
-  return it->get<bool>();
-}
-
-// A special token's text: the file's value, nullopt when the file sets it to null, else LlamaTokenizer's default.
-std::optional<std::string> special_text(const TokenizerConfig& c, const std::string& key,
-                                        std::optional<std::string> fallback) {
-  if (auto t = c.special_token(key)) return t;
-  for (const auto* j : {&c.special_map, &c.config})
-    if (j->contains(key)) return std::nullopt;  // explicitly null
-  return fallback;
-}
-
 // Texts of a list of tokens given as strings or {"content": ...} objects.
 std::vector<std::string> token_list(const nlohmann::json& v, const fs::path& file, const std::string& key) {
   std::vector<std::string> out;
@@ -64,9 +46,9 @@ void check_supported(const TokenizerConfig& c) {
   if (const auto it = c.config.find("sp_model_kwargs"); it != c.config.end() && !it->is_null())
     KILN_CHECK(it->is_object() && it->empty(), "tokenizer", where, ": sp_model_kwargs ", it->dump(),
                " is not supported (kiln runs SentencePiece with its defaults: no sampling)");
-  KILN_CHECK(!config_flag(c, "do_lower_case", false), "tokenizer", where,
+  KILN_CHECK(!c.flag("do_lower_case", false), "tokenizer", where,
              ": do_lower_case true is not supported by kiln's LlamaTokenizer");
-  KILN_CHECK(!config_flag(c, "split_special_tokens", false), "tokenizer", where,
+  KILN_CHECK(!c.flag("split_special_tokens", false), "tokenizer", where,
              ": split_special_tokens true is not supported by kiln's LlamaTokenizer");
   if (const auto it = c.config.find("added_tokens_decoder"); it != c.config.end() && it->is_object())
     for (const auto& [id, t] : it->items())
@@ -84,12 +66,12 @@ LlamaTokenizer LlamaTokenizer::from_pretrained(const fs::path& dir) {
   s->dir = dir;
   const fs::path model_path = dir / "tokenizer.model";
   // LlamaTokenizer: legacy unset means legacy (with a warning in transformers).
-  const bool legacy = config_flag(config, "legacy", true);
+  const bool legacy = config.flag("legacy", true);
   s->sp.emplace(model_path, "SentencePiece model (tokenizer.model)", legacy,
-                config_flag(config, "add_prefix_space", true));
+                config.flag("add_prefix_space", true));
   SlowSentencePiece& sp = *s->sp;
-  s->add_bos = config_flag(config, "add_bos_token", true);
-  s->add_eos = config_flag(config, "add_eos_token", false);
+  s->add_bos = config.flag("add_bos_token", true);
+  s->add_eos = config.flag("add_eos_token", false);
 
   for (auto& t : config.added_tokens()) sp.add_token(std::move(t));
 
@@ -104,7 +86,7 @@ LlamaTokenizer LlamaTokenizer::from_pretrained(const fs::path& dir) {
     return *id;
   };
   auto named = [&](const std::string& key, std::optional<std::string> fallback) -> std::optional<int64_t> {
-    const auto text = special_text(config, key, std::move(fallback));
+    const auto text = config.special_token(key, std::move(fallback));
     if (!text) return std::nullopt;
     return special(key, *text);
   };
@@ -130,7 +112,7 @@ LlamaTokenizer LlamaTokenizer::from_pretrained(const fs::path& dir) {
   KILN_CHECK(s->bos || !s->add_bos, "tokenizer", where, ": add_bos_token is true but there is no bos_token");
   KILN_CHECK(s->eos || !s->add_eos, "tokenizer", where, ": add_eos_token is true but there is no eos_token");
   if (!legacy) {
-    const auto unk = special_text(config, "unk_token", "<unk>");
+    const auto unk = config.special_token("unk_token", "<unk>");
     KILN_CHECK(unk.has_value(), "tokenizer", where, ": legacy false needs an unk_token (its encoding rule uses it)");
     sp.set_unk_token(*unk);
   }

@@ -48,15 +48,6 @@ struct PromptTokenizer::State {
 
 namespace {
 
-// A special token's text: special_tokens_map.json over tokenizer_config.json; nullopt when unset or null.
-std::optional<std::string> special_text(const TokenizerConfig& c, const std::string& key,
-                                        std::optional<std::string> fallback) {
-  if (auto t = c.special_token(key)) return t;
-  for (const auto* j : {&c.special_map, &c.config})
-    if (j->contains(key)) return std::nullopt;  // explicitly null
-  return fallback;
-}
-
 PromptTokenizer::Side parse_side(const nlohmann::json& v, const std::string& where, const std::string& key) {
   KILN_CHECK(v.is_string(), "tokenizer", where, ": ", key, " is ", io::json_kind(v), ", expected \"left\" or \"right\"");
   std::string s = v.get<std::string>();
@@ -71,14 +62,6 @@ PromptTokenizer::Side config_side(const TokenizerConfig& c, const std::string& k
   const auto it = c.config.find(key);
   if (it == c.config.end() || it->is_null()) return fallback;
   return parse_side(*it, (c.dir / "tokenizer_config.json").string(), key);
-}
-
-bool config_flag(const TokenizerConfig& c, const std::string& key, bool fallback) {
-  const auto it = c.config.find(key);
-  if (it == c.config.end() || it->is_null()) return fallback;
-  KILN_CHECK(it->is_boolean(), "tokenizer", (c.dir / "tokenizer_config.json").string(), ": ", key, " is ",
-             io::json_kind(*it), ", expected true or false");
-  return it->get<bool>();
 }
 
 // Every special token of the config (bos, eos, ..., additional_special_tokens) must be one added token of
@@ -111,7 +94,7 @@ PromptTokenizer PromptTokenizer::from_pretrained(const fs::path& dir, bool prefe
   s->dir = dir;
   const auto config = TokenizerConfig::load(dir);
   const std::string where = s->config_file();
-  KILN_CHECK(!config_flag(config, "split_special_tokens", false), "tokenizer", where,
+  KILN_CHECK(!config.flag("split_special_tokens", false), "tokenizer", where,
              ": split_special_tokens true is not supported by kiln");
 
   Side padding_default = Side::right, truncation_default = Side::right;
@@ -145,8 +128,8 @@ PromptTokenizer PromptTokenizer::from_pretrained(const fs::path& dir, bool prefe
                  ": add_prefix_space with tokenizer_class LlamaTokenizerFast is not supported (transformers rebuilds "
                  "that tokenizer from tokenizer.model; kiln reads tokenizer.json)");
       s->flag_specials = true;
-      s->add_bos = config_flag(config, "add_bos_token", true);
-      s->add_eos = config_flag(config, "add_eos_token", false);
+      s->add_bos = config.flag("add_bos_token", true);
+      s->add_eos = config.flag("add_eos_token", false);
     }
   } else if (fs::exists(model_path, ec)) {
     s->kind = Kind::sentencepiece;
@@ -158,9 +141,9 @@ PromptTokenizer PromptTokenizer::from_pretrained(const fs::path& dir, bool prefe
 
   // Special tokens by name; LlamaTokenizer's defaults for a tokenizer.model folder.
   const bool spm = s->kind == Kind::sentencepiece;
-  s->bos_token = special_text(config, "bos_token", spm ? std::optional<std::string>("<s>") : std::nullopt);
-  s->eos_token = special_text(config, "eos_token", spm ? std::optional<std::string>("</s>") : std::nullopt);
-  s->pad_token = special_text(config, "pad_token", pad_default);
+  s->bos_token = config.special_token("bos_token", spm ? std::optional<std::string>("<s>") : std::nullopt);
+  s->eos_token = config.special_token("eos_token", spm ? std::optional<std::string>("</s>") : std::nullopt);
+  s->pad_token = config.special_token("pad_token", pad_default);
   auto id = [&](const std::optional<std::string>& text, const char* key) -> std::optional<int64_t> {
     if (!text) return std::nullopt;
     const auto i = s->llama ? s->llama->id_of(*text) : s->hf->id_of(*text);

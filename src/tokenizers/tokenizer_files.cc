@@ -61,6 +61,14 @@ std::optional<std::string> TokenizerConfig::special_token(const std::string& key
   return std::nullopt;
 }
 
+std::optional<std::string> TokenizerConfig::special_token(const std::string& key,
+                                                          std::optional<std::string> fallback) const {
+  if (auto t = special_token(key)) return t;
+  for (const auto* j : {&special_map, &config})
+    if (j->contains(key)) return std::nullopt;  // explicitly null
+  return fallback;
+}
+
 std::vector<AddedToken> TokenizerConfig::added_tokens() const {
   std::vector<AddedToken> out;
   const auto where = (dir / "tokenizer_config.json").string();
@@ -100,6 +108,14 @@ int64_t TokenizerConfig::model_max_length(int64_t fallback) const {
   const double v = it->get<double>();
   // transformers writes 1e30 ("no limit") when the model has none.
   return v >= 1 && v < 1e9 ? static_cast<int64_t>(v) : fallback;
+}
+
+bool TokenizerConfig::flag(const std::string& key, bool fallback) const {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  KILN_CHECK(it->is_boolean(), "tokenizer", (dir / "tokenizer_config.json").string(), ": ", key, " is ",
+             io::json_kind(*it), ", expected true or false");
+  return it->get<bool>();
 }
 
 bool json_flag(const nlohmann::json& obj, const std::string& key, bool fallback) {

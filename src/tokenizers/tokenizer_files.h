@@ -38,10 +38,16 @@ struct TokenizerConfig {
   // A special token's text ("bos_token", ...): special_tokens_map.json wins over
   // tokenizer_config.json, as in transformers; a value may be a string or {"content": ...}.
   std::optional<std::string> special_token(const std::string& key) const;
+  // As special_token(key), but `fallback` (the tokenizer class's default) when neither file has
+  // the key; a key set to null still gives nullopt.
+  std::optional<std::string> special_token(const std::string& key, std::optional<std::string> fallback) const;
   // tokenizer_config.json's "added_tokens_decoder" (id -> token), else added_tokens.json.
   std::vector<AddedToken> added_tokens() const;
   // tokenizer_config.json's model_max_length, or `fallback` when absent or not a sane integer.
   int64_t model_max_length(int64_t fallback) const;
+  // A boolean setting of tokenizer_config.json: absent or null gives `fallback`, anything but a
+  // bool is an error naming the file and key.
+  bool flag(const std::string& key, bool fallback) const;
 };
 
 // One piece of text after splitting on added tokens: either plain text (id < 0) or a token.
