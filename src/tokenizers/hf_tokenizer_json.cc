@@ -108,6 +108,23 @@ struct Reader {
   [[noreturn]] void unsupported(const std::string& path, const std::string& what) const {
     error(path, " '", what, "' is not supported");
   }
+  // obj.pattern of a Replace normalizer or a Split pre-tokenizer: {"Regex": "..."} compiled into
+  // `regex`, or {"String": "..."} into `literal` (regex left null).
+  void pattern_field(const json& obj, const std::string& path, std::shared_ptr<const Regex>& regex,
+                     std::string& literal) const {
+    const json& pattern = field(obj, "pattern", path);
+    if (pattern.is_object() && pattern.size() == 1 && pattern.contains("Regex") && pattern["Regex"].is_string()) {
+      try {
+        regex = std::make_shared<const Regex>(oniguruma_spaces(pattern["Regex"].get<std::string>()));
+      } catch (const Error& e) {
+        error(path + ".pattern.Regex", " cannot be compiled: ", e.what());
+      }
+    } else if (pattern.is_object() && pattern.size() == 1 && pattern.contains("String") && pattern["String"].is_string()) {
+      literal = pattern["String"].get<std::string>();
+    } else {
+      error(path + ".pattern", " is ", pattern.dump(), ", expected {\"Regex\": \"...\"} or {\"String\": \"...\"}");
+    }
+  }
 };
 
 
@@ -226,18 +243,7 @@ std::shared_ptr<HfTokenizer::State> parse_tokenizer_json(const json& j, const st
           PrecompiledCharsmap::base64_decode(r.string_field(n, "precompiled_charsmap", path), what), what);
     } else if (type == "Replace") {
       step.kind = NormalizerStep::Kind::kReplace;
-      const json& pattern = r.field(n, "pattern", path);
-      if (pattern.is_object() && pattern.size() == 1 && pattern.contains("Regex") && pattern["Regex"].is_string()) {
-        try {
-          step.regex = std::make_shared<const Regex>(oniguruma_spaces(pattern["Regex"].get<std::string>()));
-        } catch (const Error& e) {
-          r.error(path + ".pattern.Regex", " cannot be compiled: ", e.what());
-        }
-      } else if (pattern.is_object() && pattern.size() == 1 && pattern.contains("String") && pattern["String"].is_string()) {
-        step.literal = pattern["String"].get<std::string>();
-      } else {
-        r.error(path + ".pattern", " is ", pattern.dump(), ", expected {\"Regex\": \"...\"} or {\"String\": \"...\"}");
-      }
+      r.pattern_field(n, path, step.regex, step.literal);
       step.content = r.string_field(n, "content", path);
     } else if (type == "Strip") {
       step.kind = NormalizerStep::Kind::kStrip;
@@ -288,19 +294,7 @@ std::shared_ptr<HfTokenizer::State> parse_tokenizer_json(const json& j, const st
       s->pre_steps.push_back(std::move(st));
     } else if (type == "Split") {
       PreStep st;
-      const json& pattern = r.field(p, "pattern", path);
-      if (pattern.is_object() && pattern.size() == 1 && pattern.contains("Regex") && pattern["Regex"].is_string()) {
-        const std::string re = pattern["Regex"].get<std::string>();
-        try {
-          st.regex = std::make_shared<const Regex>(oniguruma_spaces(re));
-        } catch (const Error& e) {
-          r.error(path + ".pattern.Regex", " cannot be compiled: ", e.what());
-        }
-      } else if (pattern.is_object() && pattern.size() == 1 && pattern.contains("String") && pattern["String"].is_string()) {
-        st.literal = pattern["String"].get<std::string>();
-      } else {
-        r.error(path + ".pattern", " is ", pattern.dump(), ", expected {\"Regex\": \"...\"} or {\"String\": \"...\"}");
-      }
+      r.pattern_field(p, path, st.regex, st.literal);
       const std::string behavior = r.string_field(p, "behavior", path);
       static const std::pair<const char*, Behavior> kBehaviors[] = {
           {"Removed", Behavior::kRemoved},
