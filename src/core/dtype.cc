@@ -173,34 +173,25 @@ void store_from_double(void* data, DType t, int64_t i, double v) {
   }
 }
 
+// dst[i] = f(src[i]) for n elements of type S at src, written as D at dst: the loop of each of
+// convert_to_f32's and convert_from_f32's element types.
+namespace {
+template <class S, class D = float, class F>
+void convert_each(const void* src, void* dst, int64_t n, F f) {
+  const auto* s = static_cast<const S*>(src);
+  auto* d = static_cast<D*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = f(s[i]);
+}
+}  // namespace
+
 void convert_to_f32(const void* src, DType t, float* dst, int64_t n) {
   switch (t) {
     case DType::f32: std::memcpy(dst, src, size_t(n) * 4); return;
-    case DType::bf16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
-      return;
-    }
-    case DType::f16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
-      return;
-    }
-    case DType::i32: {
-      auto* s = static_cast<const int32_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = float(s[i]);
-      return;
-    }
-    case DType::i64: {
-      auto* s = static_cast<const int64_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = float(s[i]);
-      return;
-    }
-    case DType::boolean: {
-      auto* s = static_cast<const uint8_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = s[i] ? 1.0f : 0.0f;
-      return;
-    }
+    case DType::bf16: convert_each<uint16_t>(src, dst, n, [](uint16_t v) { return bf16_to_f32(v); }); return;
+    case DType::f16: convert_each<uint16_t>(src, dst, n, [](uint16_t v) { return f16_to_f32(v); }); return;
+    case DType::i32: convert_each<int32_t>(src, dst, n, [](int32_t v) { return float(v); }); return;
+    case DType::i64: convert_each<int64_t>(src, dst, n, [](int64_t v) { return float(v); }); return;
+    case DType::boolean: convert_each<uint8_t>(src, dst, n, [](uint8_t v) { return v ? 1.0f : 0.0f; }); return;
     default: dequantize_to_f32(t, src, dst, n); return;
   }
 }
@@ -208,31 +199,11 @@ void convert_to_f32(const void* src, DType t, float* dst, int64_t n) {
 void convert_from_f32(const float* src, void* dst, DType t, int64_t n) {
   switch (t) {
     case DType::f32: std::memcpy(dst, src, size_t(n) * 4); return;
-    case DType::bf16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
-      return;
-    }
-    case DType::f16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
-      return;
-    }
-    case DType::i32: {
-      auto* d = static_cast<int32_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = int32_t(src[i]);
-      return;
-    }
-    case DType::i64: {
-      auto* d = static_cast<int64_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = int64_t(src[i]);
-      return;
-    }
-    case DType::boolean: {
-      auto* d = static_cast<uint8_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = src[i] != 0.0f;
-      return;
-    }
+    case DType::bf16: convert_each<float, uint16_t>(src, dst, n, [](float v) { return f32_to_bf16(v); }); return;
+    case DType::f16: convert_each<float, uint16_t>(src, dst, n, [](float v) { return f32_to_f16(v); }); return;
+    case DType::i32: convert_each<float, int32_t>(src, dst, n, [](float v) { return int32_t(v); }); return;
+    case DType::i64: convert_each<float, int64_t>(src, dst, n, [](float v) { return int64_t(v); }); return;
+    case DType::boolean: convert_each<float, uint8_t>(src, dst, n, [](float v) { return v != 0.0f; }); return;
     default: quantize_from_f32(t, src, dst, n); return;
   }
 }
