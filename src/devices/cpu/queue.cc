@@ -86,11 +86,7 @@ void Queue::run() {
     item.work = nullptr;  // drop buffer references before reporting completion
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!skip) {
-        auto& [seconds, count] = time_by_name_[item.what];
-        seconds += std::chrono::duration<double>(t1 - t0).count();
-        ++count;
-      }
+      if (!skip) time_by_name_.add(item.what, t1 - t0);
       if (!failure.empty() && error_.empty()) error_ = std::move(failure);
       completed_ = item.seq;
       pending_bytes_ -= item.output_bytes;
@@ -100,14 +96,8 @@ void Queue::run() {
   }
 }
 
-std::map<std::string, std::pair<double, uint64_t>> Queue::time_by_name() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return time_by_name_;
-}
+std::map<std::string, std::pair<double, uint64_t>> Queue::time_by_name() const { return time_by_name_.snapshot(); }
 
-void Queue::reset_time_by_name() {
-  std::lock_guard<std::mutex> lock(mu_);
-  time_by_name_.clear();
-}
+void Queue::reset_time_by_name() { time_by_name_.reset(); }
 
 }  // namespace kiln::cpu

@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include "devices/kernel_times.h"
+
 namespace kiln::cpu {
 
 class Queue {
@@ -53,7 +55,7 @@ class Queue {
   mutable std::mutex mu_;
   std::condition_variable cv_work_, cv_done_, cv_space_;
   std::deque<Item> items_;
-  std::map<std::string, std::pair<double, uint64_t>> time_by_name_;
+  KernelTimes time_by_name_;
   uint64_t next_seq_ = 1;
   uint64_t completed_ = 0;
   std::string error_;  // first asynchronous failure, cleared when reported

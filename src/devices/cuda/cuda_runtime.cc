@@ -21,6 +21,7 @@
 #include "devices/cuda/kernels/kernel_table.h"
 #include "devices/cuda/launch.h"
 #include "devices/cuda/libraries.h"
+#include "devices/kernel_times.h"
 #include "devices/pool_allocator.h"
 
 namespace kiln::cuda {
@@ -99,9 +100,7 @@ class CudaRuntime final : public DeviceRuntime {
       LaunchScope scope(&context_);
       work();
     }
-    auto& [seconds, count] = times_[what];
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ++count;
+    times_.add(what, std::chrono::steady_clock::now() - t0);
     return record_locked({});
   }
 
@@ -115,7 +114,7 @@ class CudaRuntime final : public DeviceRuntime {
     if (bytes)
       KILN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst->data()) + dst_offset,
                                       static_cast<const char*>(src->data()) + src_offset, bytes, kind, context_.stream));
-    ++times_["transfer"].second;
+    times_.count("transfer");
     return record_locked({src, dst});
   }
 
@@ -157,14 +156,8 @@ class CudaRuntime final : public DeviceRuntime {
   size_t max_in_flight_bytes() const override { return ~size_t{0}; }
   size_t allocation_size(size_t bytes) const override { return PoolAllocator::round_size(bytes); }
   // Host seconds spent issuing each kind of work (launches are asynchronous: not kernel time).
-  std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override {
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    return times_;
-  }
-  void reset_kernel_times() override {
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    times_.clear();
-  }
+  std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override { return times_.snapshot(); }
+  void reset_kernel_times() override { times_.reset(); }
 
   KernelFn kernel(const std::string& op) const override { return find_kernel(kernels_, op); }
   bool supports(const std::string& op, const std::vector<OperandMeta>& inputs) const override {
@@ -219,7 +212,7 @@ class CudaRuntime final : public DeviceRuntime {
   mutable uint64_t completed_ = 0;
   mutable std::deque<Pending> pending_;
   mutable std::vector<cudaEvent_t> free_events_;
-  std::map<std::string, std::pair<double, uint64_t>> times_;
+  KernelTimes times_;
 };
 
 }  // namespace

@@ -36,6 +36,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "devices/copy_check.h"
+#include "devices/kernel_times.h"
 #include "devices/pjrt/disk_cache.h"
 #include "devices/pjrt/lower_ops.h"
 #include "devices/pjrt/plugin.h"
@@ -175,9 +176,7 @@ class PjrtRuntime final : public DeviceRuntime {
     }
     t_current = previous;
     std::swap(events, item_events_);
-    auto& [seconds, count] = times_[what];
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ++count;
+    times_.add(what, std::chrono::steady_clock::now() - t0);
     return record_locked(std::move(events), {});
   }
   void wait_for(uint64_t seq) override {
@@ -214,7 +213,7 @@ class PjrtRuntime final : public DeviceRuntime {
                 size_t bytes) override {
     const auto [from_host, to_host] = check_copy(device(), src, src_offset, dst, dst_offset, bytes);
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    ++times_["transfer"].second;
+    times_.count("transfer");
     std::vector<Event> events;
     std::vector<std::shared_ptr<void>> held{src, dst};
     if (bytes == 0) return record_locked({}, std::move(held));
@@ -255,14 +254,8 @@ class PjrtRuntime final : public DeviceRuntime {
     return record_locked(std::move(events), std::move(held));
   }
 
-  std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override {
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    return times_;
-  }
-  void reset_kernel_times() override {
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    times_.clear();
-  }
+  std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override { return times_.snapshot(); }
+  void reset_kernel_times() override { times_.reset(); }
 
   // ---- kernels: one program per op, shapes, dtypes and layouts ----
   KernelFn kernel(const std::string& op) const override {
@@ -575,7 +568,7 @@ class PjrtRuntime final : public DeviceRuntime {
   uint64_t last_ = 0;
   mutable uint64_t completed_ = 0;
   mutable std::deque<Pending> pending_;
-  std::map<std::string, std::pair<double, uint64_t>> times_;
+  KernelTimes times_;
 };
 
 void run_on_current(size_t op, const KernelArgs& args) {
