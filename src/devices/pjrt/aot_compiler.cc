@@ -92,9 +92,7 @@ CompiledMemory AotCompiler::compile(const std::string& name, const std::string& 
   auto stats = KILN_PJRT_ARGS(PJRT_Executable_GetCompiledMemoryStats_Args);
   stats.executable = a.executable;
   PJRT_Error* e = api_->PJRT_Executable_GetCompiledMemoryStats(&stats);
-  auto destroy = KILN_PJRT_ARGS(PJRT_Executable_Destroy_Args);
-  destroy.executable = a.executable;
-  api_->PJRT_Executable_Destroy(&destroy);
+  destroy_executable(api_, a.executable);
   if (e) fail("pjrt", "reading the memory of ", name, " compiled for ", topology_, ": ", error_text(api_, e));
   return CompiledMemory{stats.generated_code_size_in_bytes, stats.argument_size_in_bytes, stats.output_size_in_bytes,
                         stats.alias_size_in_bytes, stats.temp_size_in_bytes};

@@ -28,4 +28,12 @@ inline PJRT_Program mlir_program(const std::string& mlir) {
   return program;
 }
 
+// Destroys an executable the plugin handed out (PJRT_LoadedExecutable_GetExecutable, PJRT_Compile)
+// once what was asked of it has been read.
+inline void destroy_executable(const PJRT_Api* api, PJRT_Executable* executable) {
+  auto a = KILN_PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  a.executable = executable;
+  api->PJRT_Executable_Destroy(&a);
+}
+
 }  // namespace kiln::pjrt

@@ -158,9 +158,7 @@ std::shared_ptr<Executable> Client::adopt(PJRT_LoadedExecutable* loaded, const s
   auto outs = KILN_PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
   outs.executable = get.executable;
   PJRT_Error* e = api_->PJRT_Executable_NumOutputs(&outs);
-  auto destroy = KILN_PJRT_ARGS(PJRT_Executable_Destroy_Args);
-  destroy.executable = get.executable;
-  api_->PJRT_Executable_Destroy(&destroy);
+  destroy_executable(api_, get.executable);
   check(e, "counting a program's outputs");
   exe->outputs = outs.num_outputs;
   return exe;
@@ -191,9 +189,7 @@ std::string Client::serialize(const Executable& exe) const {
   std::string bytes;
   if (!e) bytes.assign(a.serialized_bytes, a.serialized_bytes_size);
   if (!e && a.serialized_executable_deleter) a.serialized_executable_deleter(a.serialized_executable);
-  auto destroy = KILN_PJRT_ARGS(PJRT_Executable_Destroy_Args);
-  destroy.executable = get.executable;
-  api_->PJRT_Executable_Destroy(&destroy);
+  destroy_executable(api_, get.executable);
   check(e, "serializing " + exe.name);
   return bytes;
 }
