@@ -17,12 +17,7 @@ using Kind = FusedInstr::Kind;
 // Loads of every input, then `last` reading them.
 void run_program(const KernelArgs& args, FusedInstr last) {
   FusedProgram p;
-  for (size_t k = 0; k < args.in.size(); ++k) {
-    FusedInstr load;
-    load.kind = Kind::load;
-    load.input = int(k);
-    p.instrs.push_back(load);
-  }
+  for (size_t k = 0; k < args.in.size(); ++k) p.instrs.push_back({.kind = Kind::load, .input = int(k)});
   if (last.kind != Kind::load) p.instrs.push_back(last);
   p.result = int(p.instrs.size()) - 1;
   launch_fused(p, args.in, args.out);
@@ -30,33 +25,19 @@ void run_program(const KernelArgs& args, FusedInstr last) {
 
 template <UnaryOp Op>
 void unary_kernel(const KernelArgs& args) {
-  FusedInstr u;
-  u.kind = Kind::unary;
-  u.unary = Op;
-  u.a = 0;
-  u.lo = float(args.attrs->get_float("min", -std::numeric_limits<double>::infinity()));
-  u.hi = float(args.attrs->get_float("max", std::numeric_limits<double>::infinity()));
-  run_program(args, u);
+  run_program(args, {.kind = Kind::unary,
+                     .unary = Op,
+                     .lo = float(args.attrs->get_float("min", -std::numeric_limits<double>::infinity())),
+                     .hi = float(args.attrs->get_float("max", std::numeric_limits<double>::infinity())),
+                     .a = 0});
 }
 
 template <BinaryOp Op>
 void binary_kernel(const KernelArgs& args) {
-  FusedInstr b;
-  b.kind = Kind::binary;
-  b.binary = Op;
-  b.a = 0;
-  b.b = 1;
-  run_program(args, b);
+  run_program(args, {.kind = Kind::binary, .binary = Op, .a = 0, .b = 1});
 }
 
-void where_kernel(const KernelArgs& args) {
-  FusedInstr w;
-  w.kind = Kind::where;
-  w.a = 0;
-  w.b = 1;
-  w.c = 2;
-  run_program(args, w);
-}
+void where_kernel(const KernelArgs& args) { run_program(args, {.kind = Kind::where, .a = 0, .b = 1, .c = 2}); }
 
 // Float casts go through f32 as on the CPU (a float to an integer truncates toward zero, which
 // the store's conversion does); integer to integer is exact.
