@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -107,52 +108,50 @@ void softmax_kernel(const KernelArgs& args) {
     }
 }
 
-const float* optional_param(const KernelArgs& args, size_t i, std::vector<F32In>& keep) {
-  if (args.in.size() <= i) return nullptr;
-  keep.emplace_back(args.in[i]);
-  return keep.back().get();
-}
+// Input i (a normalisation's optional weight or bias) as f32, or null when the op has fewer inputs.
+class OptionalParam {
+ public:
+  OptionalParam(const KernelArgs& args, size_t i) {
+    if (i < args.in.size()) in_.emplace(args.in[i]);
+  }
+  const float* get() const { return in_ ? in_->get() : nullptr; }
+
+ private:
+  std::optional<F32In> in_;
+};
 
 void layer_norm_kernel(const KernelArgs& args) {
   const TensorView& x = args.in[0];
-  std::vector<F32In> params;
-  params.reserve(2);
-  const float* w = optional_param(args, 1, params);
-  const float* b = optional_param(args, 2, params);
+  const OptionalParam w(args, 1), b(args, 2);
   const int64_t c = x.shape.back();
-  layer_norm_rows(x.data, x.dtype, w, b, args.out.data, args.out.dtype, c ? x.numel() / c : 0, c,
+  layer_norm_rows(x.data, x.dtype, w.get(), b.get(), args.out.data, args.out.dtype, c ? x.numel() / c : 0, c,
                   float(args.attrs->get_float("eps")));
 }
 
 void rms_norm_kernel(const KernelArgs& args) {
   const TensorView& x = args.in[0];
-  std::vector<F32In> params;
-  params.reserve(1);
-  const float* w = optional_param(args, 1, params);
+  const OptionalParam w(args, 1);
   const int64_t c = x.shape.back();
-  rms_norm_rows(x.data, x.dtype, w, args.out.data, args.out.dtype, c ? x.numel() / c : 0, c,
+  rms_norm_rows(x.data, x.dtype, w.get(), args.out.data, args.out.dtype, c ? x.numel() / c : 0, c,
                 float(args.attrs->get_float("eps")));
 }
 
 void group_norm_kernel(const KernelArgs& args) {
   const TensorView& x = args.in[0];
-  std::vector<F32In> params;
-  params.reserve(2);
-  const float* w = optional_param(args, 1, params);
-  const float* b = optional_param(args, 2, params);
+  const OptionalParam w(args, 1), b(args, 2);
   const int64_t groups = args.attrs->get_int("groups");
   const float eps = float(args.attrs->get_float("eps"));
   const bool silu = args.attrs->get_string("activation", "") == "silu";
   if (args.attrs->get_int("channels_last", 0)) {  // x [N, H, W, C], read and written in its dtype
-    group_norm_nhwc(x.data, x.dtype, w, b, args.out.data, args.out.dtype, x.shape[0], x.shape[1] * x.shape[2],
-                    x.shape[3], groups, eps, silu);
+    group_norm_nhwc(x.data, x.dtype, w.get(), b.get(), args.out.data, args.out.dtype, x.shape[0],
+                    x.shape[1] * x.shape[2], x.shape[3], groups, eps, silu);
     return;
   }
   F32In in(x);
   F32Out out(args.out);
   const int64_t n = x.shape[0], c = x.shape[1];
-  group_norm_nchw(in.get(), w, b, out.get(), n, c, n * c != 0 ? x.numel() / (n * c) : 0, groups, eps, silu,
-                  group_norm_math_for(x.dtype));
+  group_norm_nchw(in.get(), w.get(), b.get(), out.get(), n, c, n * c != 0 ? x.numel() / (n * c) : 0, groups, eps,
+                  silu, group_norm_math_for(x.dtype));
 }
 
 }  // namespace
