@@ -110,32 +110,41 @@ void dequantize_k(const uint8_t* HWY_RESTRICT src, Out* HWY_RESTRICT dst, int64_
 
 // fp8 bytes as f32 lanes, computed as the reference's tables are (torch's values and NaN bits): a
 // normal value's exponent and mantissa move into place and are rebiased, a subnormal one is its
-// integer mantissa times the smallest subnormal.
+// integer mantissa times the smallest subnormal. The two formats differ in their field widths and
+// in which codes are NaN or infinite.
+template <int kMantissaBits, int kBias>
+HWY_INLINE hn::Vec<DU> fp8_finite_bits(hn::Vec<DU> magnitude) {
+  const DU du;
+  const auto normal =
+      hn::Add(hn::ShiftLeft<23 - kMantissaBits>(magnitude), hn::Set(du, uint32_t(127 - kBias) << 23));
+  const float smallest_subnormal = 1.0f / float(1 << (kBias + kMantissaBits - 1));  // 2^-9, 2^-16
+  const auto subnormal =
+      hn::BitCast(du, hn::Mul(hn::ConvertTo(DF(), hn::BitCast(DI(), magnitude)), hn::Set(DF(), smallest_subnormal)));
+  return hn::IfThenElse(hn::Lt(magnitude, hn::Set(du, 1u << kMantissaBits)), subnormal, normal);
+}
+
+// `bits` (an f32 magnitude) with the sign of fp8 byte u.
+HWY_INLINE VF with_fp8_sign(hn::Vec<DU> u, hn::Vec<DU> bits) {
+  return hn::BitCast(DF(), hn::Or(bits, hn::ShiftLeft<24>(hn::And(u, hn::Set(DU(), 0x80u)))));
+}
+
 HWY_INLINE VF e4m3_lanes(hn::Vec<DU8> v) {
   const DU du;
   const auto u = hn::PromoteTo(du, v);
   const auto magnitude = hn::And(u, hn::Set(du, 0x7fu));
-  const auto normal = hn::Add(hn::ShiftLeft<20>(magnitude), hn::Set(du, uint32_t(127 - 7) << 23));
-  const auto subnormal =
-      hn::BitCast(du, hn::Mul(hn::ConvertTo(DF(), hn::BitCast(DI(), magnitude)), hn::Set(DF(), 1.0f / 512.0f)));
-  auto r = hn::IfThenElse(hn::Lt(magnitude, hn::Set(du, 8u)), subnormal, normal);
-  r = hn::IfThenElse(hn::Eq(magnitude, hn::Set(du, 0x7fu)), hn::Set(du, 0x7ff00000u), r);  // NaN
-  return hn::BitCast(DF(), hn::Or(r, hn::ShiftLeft<24>(hn::And(u, hn::Set(du, 0x80u)))));
+  const auto is_nan = hn::Eq(magnitude, hn::Set(du, 0x7fu));
+  return with_fp8_sign(u, hn::IfThenElse(is_nan, hn::Set(du, 0x7ff00000u), fp8_finite_bits<3, 7>(magnitude)));
 }
 
 HWY_INLINE VF e5m2_lanes(hn::Vec<DU8> v) {
   const DU du;
   const auto u = hn::PromoteTo(du, v);
   const auto magnitude = hn::And(u, hn::Set(du, 0x7fu));
-  const auto normal = hn::Add(hn::ShiftLeft<21>(magnitude), hn::Set(du, uint32_t(127 - 15) << 23));
-  const auto subnormal =
-      hn::BitCast(du, hn::Mul(hn::ConvertTo(DF(), hn::BitCast(DI(), magnitude)), hn::Set(DF(), 1.0f / 65536.0f)));
   const auto mant = hn::And(u, hn::Set(du, 3u));
   const auto quiet = hn::IfThenElseZero(hn::Ne(mant, hn::Zero(du)), hn::Set(du, 0x00400000u));
   const auto inf_nan = hn::Or(hn::Set(du, 0x7f800000u), hn::Or(hn::ShiftLeft<21>(mant), quiet));
-  auto r = hn::IfThenElse(hn::Lt(magnitude, hn::Set(du, 4u)), subnormal, normal);
-  r = hn::IfThenElse(hn::Gt(magnitude, hn::Set(du, 0x7bu)), inf_nan, r);
-  return hn::BitCast(DF(), hn::Or(r, hn::ShiftLeft<24>(hn::And(u, hn::Set(du, 0x80u)))));
+  return with_fp8_sign(
+      u, hn::IfThenElse(hn::Gt(magnitude, hn::Set(du, 0x7bu)), inf_nan, fp8_finite_bits<2, 15>(magnitude)));
 }
 
 template <bool kIsE5m2, class Out>
