@@ -28,11 +28,7 @@
 #include "io/safetensors_stream_writer.h"
 #include "models/clip/clip_text_model.h"
 #include "models/flux/flux_transformer.h"
-#include "random_checkpoint/autoencoder_kl_random.h"
-#include "random_checkpoint/clip_text_random.h"
-#include "random_checkpoint/flux1_random_folder.h"
-#include "random_checkpoint/flux_transformer_random.h"
-#include "random_checkpoint/t5_encoder_random.h"
+#include "random_checkpoint/like_recipe.h"
 #include "models/t5/t5_encoder.h"
 #include "models/vae/autoencoder_kl.h"
 #include "nn/weight_source.h"
@@ -78,6 +74,9 @@ std::vector<std::string> entries(const fs::path& dir) {
   return out;
 }
 
+// FLUX.1's VAE (also SD3's but for its latent scaling).
+rw::RandomComponent flux1_vae() { return rw::like_component({"flux1-schnell"}, "vae"); }
+
 // ---- the parameter counts of spec flux1.md Appendix B, as formulas in the block counts ----
 
 struct Count {
@@ -117,12 +116,12 @@ TEST(MakeRandomCounts, FormulasGiveTheSpecsFullSizeCounts) {
   EXPECT_EQ(flux_transformer_count(true, 19, 38).parameters, 11'901'408'320);
   EXPECT_EQ(t5_count(24).parameters, 4'762'310'656);
   // And the declared components at full size agree with them.
-  const rw::RandomComponent schnell = rw::flux_transformer_random(rw::Flux1Variant::schnell, 19, 38);
+  const rw::RandomComponent schnell = rw::like_component({"flux1-schnell"}, "transformer");
   EXPECT_EQ(int64_t(schnell.tensors.size()), 1156);
   EXPECT_EQ(schnell.parameters(), 11'891'178'560);
-  EXPECT_EQ(rw::flux_transformer_random(rw::Flux1Variant::dev, 19, 38).parameters(), 11'901'408'320);
-  EXPECT_EQ(rw::t5_encoder_random(24, DType::bf16).parameters(), 4'762'310'656);
-  const rw::RandomComponent vae = rw::autoencoder_kl_random();
+  EXPECT_EQ(rw::like_component({"flux1-dev"}, "transformer").parameters(), 11'901'408'320);
+  EXPECT_EQ(rw::like_component({"flux1-schnell"}, "text_encoder_2").parameters(), 4'762'310'656);
+  const rw::RandomComponent vae = flux1_vae();
   EXPECT_EQ(vae.tensors.size(), 244u);
   EXPECT_EQ(vae.parameters(), 83'819'683);
 }
@@ -131,8 +130,7 @@ TEST(MakeRandomCounts, FormulasGiveTheSpecsFullSizeCounts) {
 // 10 GB, 2 T5 shards at transformers' 5 GB, the rest single files; total_size is 2 bytes a
 // parameter in bf16.
 TEST(MakeRandomCounts, FullSizeFilesAreShardedAsOnTheHub) {
-  const rw::Flux1RandomOptions full;
-  const std::vector<rw::RandomComponent> components = rw::flux1_random_components(full);
+  const std::vector<rw::RandomComponent> components = rw::like_components({"flux1-schnell"});
   std::map<std::string, std::vector<std::string>> files;
   for (const rw::RandomComponent& c : components) files[c.folder] = rw::plan_random_component(c, DType::bf16).files;
   EXPECT_EQ(files["transformer"],
@@ -175,9 +173,10 @@ std::vector<float> generated(const rw::RandomComponent& c, const std::string& na
 // error over the >= 18K values looked at is below 0.35% (0.03% for the 4M of the large weights);
 // the mean within 4 of its standard errors.
 TEST(MakeRandomScales, WeightsHaveTheDeclaredScales) {
-  const rw::RandomComponent tr = rw::flux_transformer_random(rw::Flux1Variant::dev, 1, 1),
-                            t5 = rw::t5_encoder_random(1, DType::bf16), clip = rw::clip_text_random(DType::bf16),
-                            vae = rw::autoencoder_kl_random();
+  const rw::RandomLikeOptions shallow{"flux1-dev", {{"--blocks", {1, 1}}, {"--t5-layers", {1}}}};
+  const rw::RandomComponent tr = rw::like_component(shallow, "transformer"),
+                            t5 = rw::like_component(shallow, "text_encoder_2"),
+                            clip = rw::like_component(shallow, "text_encoder"), vae = flux1_vae();
   const auto check = [](const rw::RandomComponent& c, const std::string& name, double want_std) {
     const std::vector<float> v = generated(c, name);
     double sum = 0, sq = 0, largest = 0;
@@ -404,7 +403,7 @@ TEST_F(MakeRandomCli, WritesAFolderKilnLoadsAndRuns) {
     SCOPED_TRACE("--seed 0 is the library's seed 0, byte for byte");
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
-    rw::write_random_component(dir_ / "library", rw::autoencoder_kl_random(), DType::bf16, 0);
+    rw::write_random_component(dir_ / "library", flux1_vae(), DType::bf16, 0);
     omp_set_num_threads(threads);
     EXPECT_EQ(file_bytes(dir_ / "library" / "vae" / "diffusion_pytorch_model.safetensors"),
               file_bytes(dir / "vae" / "diffusion_pytorch_model.safetensors"));
@@ -422,9 +421,9 @@ TEST_F(MakeRandomCli, BadInputFailsBeforeWriting) {
            {out + " --like flux1-dev --blocks 1+2+3", "--blocks 1+2+3: expected D+S"},
            {out + " --like flux1-dev --blocks -1+2", "--blocks -1+2: expected D+S"},
            {out + " --like flux1-dev --blocks +2", "--blocks +2: expected D+S"},
-           {out + " --like flux1-dev --t5-layers 0", "--t5-layers must be at least 1"},
-           {out + " --like flux1-dev --blocks 1001+0", "--blocks 1001+0: expected D+S with each count from 0 to 1000"},
-           {out + " --like flux1-dev --t5-layers 1001", "--t5-layers must be at most 1000"},
+           {out + " --like flux1-dev --t5-layers 0", "--t5-layers 0: flux1-dev needs at least 1 T5 layer (block 0 holds"},
+           {out + " --like flux1-dev --blocks 1001+0", "--blocks 1001+0: at most 1000 blocks each"},
+           {out + " --like flux1-dev --t5-layers 1001", "--t5-layers 1001: at most 1000 T5 layers"},
            {out + " --like flux1-dev --dtype f64", "--dtype f64: expected bf16, f16 or f32"},
            {out + " --like flux1-dev --seed x", "flag --seed expects an integer"},
            {out + " --like flux1-dev --shards 2", "unknown flag '--shards'"},
@@ -562,7 +561,7 @@ TEST_F(MakeRandomWriter, FailedWriteLeavesNoFile) {
 
 // The same seed writes the same bytes whatever the thread count; another seed other values.
 TEST_F(MakeRandomWriter, SameSeedSameBytesAnyThreadCount) {
-  const rw::RandomComponent vae = rw::autoencoder_kl_random();
+  const rw::RandomComponent vae = flux1_vae();
   const int threads = omp_get_max_threads();
   for (const auto& [name, n, seed] : {std::tuple{"one", 1, 0}, std::tuple{"all", std::max(2, threads), 0},
                                       std::tuple{"seed1", std::max(2, threads), 1}}) {
@@ -592,7 +591,7 @@ TEST_F(MakeRandomWriter, ShardsSplitAsHuggingFaceDoes) {
   EXPECT_EQ(io::shard_file_name("model", 1, 12), "model-00002-of-00012.safetensors");
 
   // A VAE split at 40 MB: shards plus an index that kiln's loader follows to the same values.
-  rw::RandomComponent vae = rw::autoencoder_kl_random();
+  rw::RandomComponent vae = flux1_vae();
   vae.max_shard_bytes = 40'000'000;
   const rw::WrittenComponent w = rw::write_random_component(dir_, vae, DType::bf16, 0);
   ASSERT_EQ(w.files.size(), 1u + 5u + 1u) << testing::PrintToString(w.files);  // config, 5 shards, index
@@ -608,7 +607,7 @@ TEST_F(MakeRandomWriter, ShardsSplitAsHuggingFaceDoes) {
     EXPECT_EQ(audit.unused({}), std::vector<std::string>{});
   }
   const rw::WrittenComponent single =
-      rw::write_random_component(dir_ / "single", rw::autoencoder_kl_random(), DType::bf16, 0);
+      rw::write_random_component(dir_ / "single", flux1_vae(), DType::bf16, 0);
   const io::SafetensorsIndex sharded(dir_ / "vae"), one(dir_ / "single" / "vae");
   EXPECT_EQ(sharded.names(), one.names());
   for (const char* name :

@@ -27,8 +27,9 @@
 #include "io/safetensors.h"
 #include "models/flux2/flux2_transformer.h"
 #include "models/llm/causal_lm_text_encoder.h"
-#include "random_checkpoint/autoencoder_kl_random.h"
-#include "random_checkpoint/flux2_random_folder.h"
+#include "random_checkpoint/component_reads.h"
+#include "random_checkpoint/like_recipe.h"
+#include "random_checkpoint/random_folder.h"
 #include "models/vae/autoencoder_kl.h"
 #include "nn/weight_source.h"
 #include "pipelines/flux2_pipeline.h"
@@ -42,9 +43,10 @@ namespace fs = std::filesystem;
 namespace rw = random_weights;
 
 using Shapes = std::map<std::string, Shape>;
-using rw::Flux2Variant;
 
-const std::vector<Flux2Variant> kVariants{Flux2Variant::dev, Flux2Variant::klein_4b, Flux2Variant::klein_9b};
+// The --like names of FLUX.2, typed here.
+const std::vector<std::string> kLikes{"flux2-dev", "flux2-klein-4b", "flux2-klein-9b"};
+bool is_dev(const std::string& like) { return like == "flux2-dev"; }
 
 // ---- spec flux2.md §1.2, §2.1, §7.3, §8, typed from the spec ----
 
@@ -52,12 +54,11 @@ struct TransformerSpec {
   int64_t heads, joint, double_blocks, single_blocks;
   bool guidance;
 };
-TransformerSpec transformer_spec(Flux2Variant v) {
-  switch (v) {
-    case Flux2Variant::klein_4b: return {24, 7680, 5, 20, false};
-    case Flux2Variant::klein_9b: return {32, 12288, 8, 24, false};
-    default: return {48, 15360, 8, 48, true};
-  }
+TransformerSpec transformer_spec(const std::string& like) {
+  if (like == "flux2-klein-4b") return {24, 7680, 5, 20, false};
+  if (like == "flux2-klein-9b") return {32, 12288, 8, 24, false};
+  EXPECT_EQ(like, "flux2-dev");
+  return {48, 15360, 8, 48, true};
 }
 
 // Every tensor of Flux2Transformer2DModel: no biases, D = heads x 128, F = 3D.
@@ -101,12 +102,17 @@ struct LmSpec {
   int64_t hidden, intermediate, vocab, layers;
   bool qk_norm;
 };
-LmSpec lm_spec(Flux2Variant v) {
-  switch (v) {
-    case Flux2Variant::klein_4b: return {"model.", 2560, 9728, 151936, 36, true};
-    case Flux2Variant::klein_9b: return {"model.", 4096, 12288, 151936, 36, true};
-    default: return {"model.language_model.", 5120, 32768, 131072, 40, false};
-  }
+LmSpec lm_spec(const std::string& like) {
+  if (like == "flux2-klein-4b") return {"model.", 2560, 9728, 151936, 36, true};
+  if (like == "flux2-klein-9b") return {"model.", 4096, 12288, 151936, 36, true};
+  EXPECT_EQ(like, "flux2-dev");
+  return {"model.language_model.", 5120, 32768, 131072, 40, false};
+}
+
+// The pipeline's default text_encoder_out_layers (§7.3): the language model's hidden states
+// 10, 20, 30 (dev) or 9, 18, 27 (klein).
+std::vector<int64_t> default_out_layers(const std::string& like) {
+  return is_dev(like) ? std::vector<int64_t>{10, 20, 30} : std::vector<int64_t>{9, 18, 27};
 }
 
 // The language model's tensors (32 query heads and 8 KV heads of 128), without lm_head.
@@ -144,16 +150,17 @@ int64_t parameters(const Shapes& s) {
   return n;
 }
 
-rw::Flux2RandomOptions options_for(Flux2Variant v) {
-  rw::Flux2RandomOptions o;
-  o.variant = v;
+// The folder --like `like` writes at the Hub's depths (bf16, seed 0).
+rw::RandomLikeOptions options_for(const std::string& like) {
+  rw::RandomLikeOptions o;
+  o.like = like;
   return o;
 }
 
 TEST(MakeRandomFlux2Counts, TransformerAndTextEncoderHaveEveryKeyAndShapeOfTheSpec) {
-  for (const Flux2Variant v : kVariants) {
-    SCOPED_TRACE(rw::flux2_variant_name(v));
-    const std::vector<rw::RandomComponent> c = rw::flux2_random_components(options_for(v));
+  for (const std::string& v : kLikes) {
+    SCOPED_TRACE(v);
+    const std::vector<rw::RandomComponent> c = rw::like_components(options_for(v));
     ASSERT_EQ(c.size(), 3u);
     EXPECT_EQ(c[0].folder, "text_encoder");
     EXPECT_EQ(c[1].folder, "transformer");
@@ -166,20 +173,19 @@ TEST(MakeRandomFlux2Counts, TransformerAndTextEncoderHaveEveryKeyAndShapeOfTheSp
   // lm_head and vision tower, Qwen3-4B's 4.02 B (tied), Qwen3-8B's 8.19 B less its 0.62 B lm_head).
   const std::vector<int64_t> transformer{32'223'281'152, 3'875'544'576, 9'078'581'248},
       text_encoder{22'901'314'560, 4'022'468'096, 7'568'405'504};
-  for (size_t i = 0; i < kVariants.size(); ++i) {
-    const std::vector<rw::RandomComponent> c = rw::flux2_random_components(options_for(kVariants[i]));
-    EXPECT_EQ(c[1].parameters(), transformer[i]) << rw::flux2_variant_name(kVariants[i]);
-    EXPECT_EQ(c[0].parameters(), text_encoder[i]) << rw::flux2_variant_name(kVariants[i]);
-    EXPECT_EQ(parameters(flux2_transformer_shapes(transformer_spec(kVariants[i]))), transformer[i]);
-    EXPECT_EQ(parameters(lm_shapes(lm_spec(kVariants[i]))), text_encoder[i]);
+  for (size_t i = 0; i < kLikes.size(); ++i) {
+    const std::vector<rw::RandomComponent> c = rw::like_components(options_for(kLikes[i]));
+    ASSERT_EQ(c.size(), 3u) << kLikes[i];
+    EXPECT_EQ(c[1].parameters(), transformer[i]) << kLikes[i];
+    EXPECT_EQ(c[0].parameters(), text_encoder[i]) << kLikes[i];
+    EXPECT_EQ(parameters(flux2_transformer_shapes(transformer_spec(kLikes[i]))), transformer[i]);
+    EXPECT_EQ(parameters(lm_shapes(lm_spec(kLikes[i]))), text_encoder[i]);
   }
 
   // Depths: the first blocks and layers of the real model.
-  rw::Flux2RandomOptions o = options_for(Flux2Variant::klein_9b);
-  o.num_layers = 2;
-  o.num_single_layers = 0;
-  o.text_encoder_layers = 3;
-  const std::vector<rw::RandomComponent> c = rw::flux2_random_components(o);
+  const rw::RandomLikeOptions o{"flux2-klein-9b", {{"--blocks", {2, 0}}, {"--text-encoder-layers", {3}}}};
+  const std::vector<rw::RandomComponent> c = rw::like_components(o);
+  ASSERT_EQ(c.size(), 3u);
   EXPECT_EQ(declared_shapes(c[1]), flux2_transformer_shapes({32, 12288, 2, 0, false}));
   EXPECT_EQ(declared_shapes(c[0]), lm_shapes({"model.", 4096, 12288, 151936, 3, true}));
   EXPECT_EQ(c[0].config["num_hidden_layers"], 3);
@@ -190,7 +196,7 @@ TEST(MakeRandomFlux2Counts, TransformerAndTextEncoderHaveEveryKeyAndShapeOfTheSp
 // AutoencoderKLFlux2: the FLUX.1 VAE with 32 latent channels, quant_conv, post_quant_conv and
 // the latent BatchNorm's buffers (num_batches_tracked int64, whatever the weights' dtype).
 TEST(MakeRandomFlux2Counts, VaeIsAutoencoderKLFlux2) {
-  const rw::RandomComponent vae = rw::autoencoder_kl_random(rw::AutoencoderKlRandomConfig::flux2());
+  const rw::RandomComponent vae = rw::like_component(options_for("flux2-dev"), "vae");
   const Shapes s = declared_shapes(vae);
   EXPECT_EQ(s.size(), 251u);  // FLUX.1's 244 + 2 convs x 2 + 3 buffers
   EXPECT_EQ(vae.parameters(), 84'046'372);
@@ -204,21 +210,26 @@ TEST(MakeRandomFlux2Counts, VaeIsAutoencoderKLFlux2) {
   EXPECT_EQ(s.at("bn.num_batches_tracked"), (Shape{}));
   for (const io::StreamedTensor& t : rw::streamed_tensors(vae, DType::bf16, 0))
     EXPECT_EQ(t.dtype, t.name == "bn.num_batches_tracked" ? DType::i64 : DType::bf16) << t.name;
-  // FLUX.1's and SD3's VAE are unchanged.
-  EXPECT_EQ(rw::autoencoder_kl_random().parameters(), 83'819'683);
-  EXPECT_EQ(rw::autoencoder_kl_random().tensors.size(), 244u);
+  // Every FLUX.2 checkpoint has this VAE; FLUX.1's and SD3's are unchanged.
+  for (const char* v : {"flux2-klein-4b", "flux2-klein-9b"})
+    EXPECT_EQ(declared_shapes(rw::like_component(options_for(v), "vae")), s) << v;
+  for (const char* v : {"flux1-schnell", "flux1-dev", "sd3-medium", "sd3.5-medium"}) {
+    const rw::RandomComponent other = rw::like_component(options_for(v), "vae");
+    EXPECT_EQ(other.parameters(), 83'819'683) << v;
+    EXPECT_EQ(other.tensors.size(), 244u) << v;
+  }
 }
 
 // The whole folder at full depth, planned (not written): the files save_pretrained would shard
 // into (10 GB Diffusers shards, 5 GB transformers shards) and their sizes in bf16.
 TEST(MakeRandomFlux2Counts, FullSizeFilesAreShardedAsSavePretrainedDoes) {
   // {text_encoder, transformer, vae} files: config.json + shards (+ index when more than one).
-  const std::map<Flux2Variant, std::array<size_t, 3>> files{{Flux2Variant::dev, {12, 9, 2}},
-                                                            {Flux2Variant::klein_4b, {4, 2, 2}},
-                                                            {Flux2Variant::klein_9b, {6, 4, 2}}};
-  for (const Flux2Variant v : kVariants) {
-    SCOPED_TRACE(rw::flux2_variant_name(v));
-    const std::vector<rw::RandomComponent> c = rw::flux2_random_components(options_for(v));
+  const std::map<std::string, std::array<size_t, 3>> files{
+      {"flux2-dev", {12, 9, 2}}, {"flux2-klein-4b", {4, 2, 2}}, {"flux2-klein-9b", {6, 4, 2}}};
+  for (const std::string& v : kLikes) {
+    SCOPED_TRACE(v);
+    const std::vector<rw::RandomComponent> c = rw::like_components(options_for(v));
+    ASSERT_EQ(c.size(), 3u);
     for (size_t i = 0; i < 3; ++i) {
       const rw::WrittenComponent plan = rw::plan_random_component(c[i], DType::bf16);
       EXPECT_EQ(plan.files.size(), files.at(v)[i]) << c[i].folder;
@@ -248,11 +259,10 @@ std::vector<float> generated(const rw::RandomComponent& c, const std::string& na
 // 2 x 8 + 48 = 64; Mistral's 2 x 40 = 80); norms are the identity, the BatchNorm's statistics
 // mean 0 and variance 1. Tolerances as test_make_random.cc's (1% on the standard deviation).
 TEST(MakeRandomFlux2Scales, WeightsHaveTheDeclaredScales) {
-  rw::Flux2RandomOptions o = options_for(Flux2Variant::dev);
-  o.num_layers = 1;  // the scales of the full depth, on fewer blocks: written out below
-  o.num_single_layers = 1;
-  o.text_encoder_layers = 1;
-  const std::vector<rw::RandomComponent> c = rw::flux2_random_components(o);
+  // The scales of the full depth, on fewer blocks: written out below.
+  const rw::RandomLikeOptions o{"flux2-dev", {{"--blocks", {1, 1}}, {"--text-encoder-layers", {1}}}};
+  const std::vector<rw::RandomComponent> c = rw::like_components(o);
+  ASSERT_EQ(c.size(), 3u);
   const auto check = [](const rw::RandomComponent& c, const std::string& name, double want_std) {
     const std::vector<float> v = generated(c, name);
     double sum = 0, sq = 0, largest = 0;
@@ -276,8 +286,7 @@ TEST(MakeRandomFlux2Scales, WeightsHaveTheDeclaredScales) {
   check(te, "model.language_model.layers.0.self_attn.o_proj.weight", 1 / std::sqrt(4096.0 * 2));
   check(te, "model.language_model.layers.0.mlp.down_proj.weight", 1 / std::sqrt(32768.0 * 2));
   check(te, "model.language_model.embed_tokens.weight", 1.0);
-  const rw::RandomComponent full = rw::flux2_transformer_random(rw::Flux2TransformerRandomConfig::for_variant(
-      Flux2Variant::dev));
+  const rw::RandomComponent full = rw::like_component(options_for("flux2-dev"), "transformer");
   check(full, "single_transformer_blocks.47.attn.to_out.weight", 1 / std::sqrt((D + F) * 64));
   for (const auto& [comp, name, value] :
        {std::tuple{&tr, "transformer_blocks.0.attn.norm_added_k.weight", 1.0f},
@@ -289,10 +298,11 @@ TEST(MakeRandomFlux2Scales, WeightsHaveTheDeclaredScales) {
 
 // The configs are the ones kiln reads for FLUX.2 (every field it takes has the spec's value).
 TEST(MakeRandomFlux2Counts, ConfigsReadAsTheSpecSays) {
-  for (const Flux2Variant v : kVariants) {
-    SCOPED_TRACE(rw::flux2_variant_name(v));
-    const bool klein = v != Flux2Variant::dev;
-    const std::vector<rw::RandomComponent> c = rw::flux2_random_components(options_for(v));
+  for (const std::string& v : kLikes) {
+    SCOPED_TRACE(v);
+    const bool klein = !is_dev(v);
+    const std::vector<rw::RandomComponent> c = rw::like_components(options_for(v));
+    ASSERT_EQ(c.size(), 3u);
 
     const Flux2TransformerConfig t =
         Flux2TransformerConfig::from_json(io::JsonConfig::from_string(c[1].config.dump(), "transformer"));
@@ -329,7 +339,7 @@ TEST(MakeRandomFlux2Counts, ConfigsReadAsTheSpecSays) {
     // 3 hidden states per token make the transformer's joint_attention_dim.
     EXPECT_EQ(3 * lm.hidden_size, t.joint_attention_dim);
     if (klein) {
-      EXPECT_EQ(c[0].config["tie_word_embeddings"], v == Flux2Variant::klein_4b);
+      EXPECT_EQ(c[0].config["tie_word_embeddings"], v == "flux2-klein-4b");
     } else {
       EXPECT_EQ(c[0].config["architectures"], nlohmann::json::array({"Mistral3ForConditionalGeneration"}));
       EXPECT_EQ(c[0].config["vision_config"]["model_type"], "pixtral");
@@ -343,7 +353,7 @@ TEST(MakeRandomFlux2Counts, ConfigsReadAsTheSpecSays) {
     EXPECT_TRUE(vae.use_post_quant_conv);
     EXPECT_EQ(vae.batch_norm_eps, 1e-4);
 
-    const nlohmann::json index = rw::flux2_model_index(v);
+    const nlohmann::json index = rw::like_recipe(v).hub_json("model_index.json");
     EXPECT_EQ(index["_class_name"], klein ? "Flux2KleinPipeline" : "Flux2Pipeline");
     EXPECT_EQ(index.value("is_distilled", false), klein);
     EXPECT_EQ(index["text_encoder"][1], klein ? "Qwen3ForCausalLM" : "Mistral3ForConditionalGeneration");
@@ -403,8 +413,31 @@ class MakeRandomFlux2 : public testing::Test {
   fs::path dir_;
 };
 
-fs::path tokenizers_of(Flux2Variant v) {
-  return fs::path(KILN_FIXTURES_DIR) / (v == Flux2Variant::dev ? "flux2_tiny" : "flux2_klein_tiny") / "pipeline";
+// The bundled tokenizers make-random copies (typed here: the FLUX.2 fixtures).
+fs::path tokenizers_of(const std::string& like) {
+  return fs::path(KILN_FIXTURES_DIR) / (is_dev(like) ? "flux2_tiny" : "flux2_klein_tiny") / "pipeline";
+}
+
+// A component made narrow (transformer 1 head of 128; language model 64 wide with 4 heads of 16,
+// 2 KV heads and MLP 128; depths and vocabulary kept) by editing its config, the tensors
+// rebuilt from it. Returns false for a component left as it is (the VAE).
+bool narrow(rw::RandomComponent& c) {
+  if (c.folder == "text_encoder") {
+    // Mistral3 keeps its language model's fields in text_config; Qwen3 at the top.
+    nlohmann::json& lm = c.config.contains("text_config") ? c.config["text_config"] : c.config;
+    lm["hidden_size"] = 64;
+    lm["intermediate_size"] = 128;
+    lm["num_attention_heads"] = 4;
+    lm["num_key_value_heads"] = 2;
+    lm["head_dim"] = 16;
+  } else if (c.folder == "transformer") {
+    c.config["num_attention_heads"] = 1;
+    c.config["joint_attention_dim"] = 3 * 64;
+  } else {
+    return false;
+  }
+  c.tensors = rw::component_tensors(c.folder, c.config);
+  return true;
 }
 
 // Root mean square of a finite tensor; fails on a non-finite value.
@@ -449,22 +482,13 @@ Tensor velocity(const Flux2Transformer2DModel& tr) {
 // model's layers 10/20/30 or 9/18/27) and the velocity after all transformer blocks are O(1) in
 // bf16; a 64x64 image is generated.
 TEST_F(MakeRandomFlux2, EveryVariantAtRealDepthLoadsAndRunsNarrowed) {
-  for (const Flux2Variant v : kVariants) {
-    SCOPED_TRACE(rw::flux2_variant_name(v));
-    const rw::Flux2RandomOptions o = options_for(v);
-    rw::CausalLmRandomConfig lm = rw::flux2_text_encoder_random_config(o);
-    lm.hidden_size = 64;
-    lm.intermediate_size = 128;
-    lm.num_attention_heads = 4;
-    lm.num_key_value_heads = 2;
-    lm.head_dim = 16;
-    rw::Flux2TransformerRandomConfig tc = rw::flux2_transformer_random_config(o);
-    tc.num_attention_heads = 1;
-    tc.joint_attention_dim = 3 * 64;
-    rw::RandomFolderContents contents = rw::flux2_random_contents(o, tokenizers_of(v));
-    contents.components[0] = rw::causal_lm_random(lm, o.dtype);
-    contents.components[1] = rw::flux2_transformer_random(tc);
-    const fs::path dir = dir_ / rw::flux2_variant_name(v);
+  for (const std::string& v : kLikes) {
+    SCOPED_TRACE(v);
+    rw::RandomFolderContents contents = rw::like_contents(options_for(v), KILN_FIXTURES_DIR);
+    int narrowed = 0;
+    for (rw::RandomComponent& c : contents.components) narrowed += narrow(c) ? 1 : 0;
+    ASSERT_EQ(narrowed, 2);
+    const fs::path dir = dir_ / v;
     rw::write_random_folder(dir, contents);
 
     PipelineOptions po;
@@ -472,14 +496,16 @@ TEST_F(MakeRandomFlux2, EveryVariantAtRealDepthLoadsAndRunsNarrowed) {
     const std::unique_ptr<DiffusionPipeline> loaded = DiffusionPipeline::from_pretrained(dir, po);
     auto* pipe = dynamic_cast<Flux2Pipeline*>(loaded.get());
     ASSERT_NE(pipe, nullptr);
-    EXPECT_STREQ(pipe->class_name(), v == Flux2Variant::dev ? "Flux2Pipeline" : "Flux2KleinPipeline");
+    EXPECT_STREQ(pipe->class_name(), is_dev(v) ? "Flux2Pipeline" : "Flux2KleinPipeline");
     EXPECT_TRUE(pipe->is_distilled());
-    EXPECT_EQ(pipe->default_text_encoder_out_layers(), rw::flux2_default_out_layers(v));
+    EXPECT_EQ(pipe->default_text_encoder_out_layers(), default_out_layers(v));
+    // make-random's own idea of them (its note on shallower text encoders) is the pipeline's.
+    EXPECT_EQ(rw::like_recipe(v).text_encoder_out_layers, default_out_layers(v));
     EXPECT_EQ(pipe->transformer().config().num_single_layers, transformer_spec(v).single_blocks);
     EXPECT_EQ(pipe->transformer().dtype(), DType::bf16);
 
     const Flux2Pipeline::EncodedPrompt e =
-        pipe->encode_prompt("a red fox in the snow", 64, rw::flux2_default_out_layers(v));
+        pipe->encode_prompt("a red fox in the snow", 64, default_out_layers(v));
     EXPECT_EQ(e.prompt_embeds.shape(), (Shape{1, 64, 3 * 64}));
     EXPECT_GT(std::count(e.attention_mask.begin(), e.attention_mask.end(), 1), 5);
     expect_unit(e.prompt_embeds, "prompt embeddings");
@@ -554,7 +580,7 @@ void expect_klein_4b_configs(const fs::path& dir) {
   EXPECT_EQ(te["tie_word_embeddings"], true);
   EXPECT_EQ(te["torch_dtype"], "bfloat16");
 
-  const fs::path bundled = tokenizers_of(Flux2Variant::klein_4b) / "tokenizer";
+  const fs::path bundled = tokenizers_of("flux2-klein-4b") / "tokenizer";
   EXPECT_EQ(entries(dir / "tokenizer"), entries(bundled));
   for (const auto& e : fs::directory_iterator(bundled))
     EXPECT_EQ(file_bytes(dir / "tokenizer" / e.path().filename()), file_bytes(e.path())) << e.path();
@@ -578,7 +604,7 @@ void expect_klein_4b_weights(const fs::path& dir) {
   EXPECT_EQ(written(dir / "transformer"), flux2_transformer_shapes({24, 7680, 1, 1, false}));
   EXPECT_EQ(written(dir / "text_encoder"), lm_shapes({"model.", 2560, 9728, 151936, 2, true}));
   const Shapes vae = written(dir / "vae", "bn.num_batches_tracked");
-  EXPECT_EQ(vae, declared_shapes(rw::autoencoder_kl_random(rw::AutoencoderKlRandomConfig::flux2())));
+  EXPECT_EQ(vae, declared_shapes(rw::like_component(options_for("flux2-klein-4b"), "vae")));
   const io::SafetensorsIndex vae_index(dir / "vae");
   EXPECT_EQ(vae_index.info("bn.num_batches_tracked").dtype_string, "I64");
   EXPECT_EQ(to_vector(vae_index.load("bn.num_batches_tracked")), std::vector<float>{0.f});
@@ -676,9 +702,12 @@ TEST_F(MakeRandomFlux2, BadInputFailsBeforeWriting) {
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {out + " --like flux2-pro", "flux2-dev, flux2-klein-4b or flux2-klein-9b (FLUX.2)"},
            {out + " --like flux2-dev --blocks 8", "--blocks 8: expected D+S"},
-           {out + " --like flux2-klein-4b --t5-layers 2", "--t5-layers: flux2-klein-4b has no T5 encoder"},
-           {out + " --like flux1-dev --text-encoder-layers 2", "--text-encoder-layers is for FLUX.2"},
-           {out + " --like flux2-klein-9b --text-encoder-layers 0", "--text-encoder-layers must be at least 1"},
+           {out + " --like flux2-klein-4b --t5-layers 2",
+            "--t5-layers: flux2-klein-4b has no such depth (its depths are --blocks, --text-encoder-layers)"},
+           {out + " --like flux1-dev --text-encoder-layers 2",
+            "--text-encoder-layers: flux1-dev has no such depth (its depths are --blocks, --t5-layers)"},
+           {out + " --like flux2-klein-9b --text-encoder-layers 0",
+            "--text-encoder-layers 0: flux2-klein-9b needs at least 1 text encoder layer"},
            {out + " --like flux2-dev --dtype i64", "--dtype i64: expected bf16, f16 or f32"},
        }) {
     const CliRun r = run_cli("make-random " + args);
@@ -688,8 +717,13 @@ TEST_F(MakeRandomFlux2, BadInputFailsBeforeWriting) {
   }
   EXPECT_EQ(entries(dir_), std::vector<std::string>{});
   // The library refuses a missing tokenizer folder before writing anything.
-  test::expect_error([&] { rw::write_flux2_random_folder(out, options_for(Flux2Variant::dev), dir_ / "none"); },
-                     {"tokenizer folder", "none/tokenizer", "is missing"});
+  test::expect_error([&] { rw::write_random_folder(out, rw::like_contents(options_for("flux2-dev"), dir_ / "none")); },
+                     {"tokenizer folder", "none/flux2_tiny/pipeline/tokenizer", "is missing"});
+  // And depths a FLUX.2 folder cannot have.
+  test::expect_error([&] { rw::like_components({"flux2-klein-4b", {{"--t5-layers", {2}}}}); },
+                     {"--t5-layers", "flux2-klein-4b has no such depth"});
+  test::expect_error([&] { rw::like_components({"flux2-klein-9b", {{"--text-encoder-layers", {0}}}}); },
+                     {"flux2-klein-9b needs at least 1 text encoder layer"});
   EXPECT_EQ(entries(dir_), std::vector<std::string>{});
 
   const CliRun help = run_cli("make-random --help");

@@ -8,21 +8,22 @@
 // sharding and seeding are shared with FLUX.1 and tested in test_make_random.cc.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
 #include "io/safetensors_shards.h"
 #include "models/clip/clip_text_model.h"
-#include "random_checkpoint/clip_text_random.h"
-#include "random_checkpoint/sd3_random_folder.h"
-#include "random_checkpoint/sd3_transformer_random.h"
+#include "random_checkpoint/like_recipe.h"
 #include "models/sd3/sd3_transformer.h"
 #include "models/t5/t5_encoder.h"
 #include "models/vae/autoencoder_kl.h"
@@ -99,6 +100,18 @@ int64_t parameters(const Shapes& s) {
   return n;
 }
 
+// The folder --like `like` writes, with `blocks` transformer blocks (0: the Hub's 24).
+rw::RandomLikeOptions options_for(const std::string& like, int64_t blocks = 0) {
+  rw::RandomLikeOptions o;
+  o.like = like;
+  if (blocks > 0) o.depths["--blocks"] = {blocks};
+  return o;
+}
+
+rw::RandomComponent transformer(const std::string& like, int64_t blocks = 0) {
+  return rw::like_component(options_for(like, blocks), "transformer");
+}
+
 // The tensors of `prefix` (a block), names relative to it.
 Shapes block(const Shapes& s, const std::string& prefix) {
   Shapes out;
@@ -109,16 +122,16 @@ Shapes block(const Shapes& s, const std::string& prefix) {
 
 TEST(MakeRandomSd3Counts, TransformerHasEveryKeyAndShapeOfTheSpec) {
   for (const bool v35 : {true, false}) {
-    SCOPED_TRACE(v35 ? "sd3.5-medium" : "sd3-medium");
-    const rw::Sd3Variant variant = v35 ? rw::Sd3Variant::sd35_medium : rw::Sd3Variant::sd3_medium;
-    const Shapes declared = declared_shapes(rw::sd3_transformer_random(variant, 24));
+    const std::string like = v35 ? "sd3.5-medium" : "sd3-medium";
+    SCOPED_TRACE(like);
+    const Shapes declared = declared_shapes(transformer(like));
     EXPECT_EQ(declared, sd3_transformer_shapes(v35, 24));
     // The Hub's transformer files: 4.94 GB (3.5 Medium) and 4.17 GB (3.0 Medium) in 16 bits.
     EXPECT_EQ(parameters(declared), v35 ? 2'469'663'936 : 2'084'951'104);
     EXPECT_EQ(declared.at("pos_embed.pos_embed"), (Shape{1, v35 ? 147456 : 36864, D}));
   }
   // The three block shapes of 3.5 Medium, spelled out: dual (0-12), plain (13-22), last (23).
-  const Shapes full = declared_shapes(rw::sd3_transformer_random(rw::Sd3Variant::sd35_medium, 24));
+  const Shapes full = declared_shapes(transformer("sd3.5-medium"));
   const Shapes dual = block(full, "transformer_blocks.0."), plain = block(full, "transformer_blocks.13."),
                last = block(full, "transformer_blocks.23.");
   EXPECT_EQ(dual, block(full, "transformer_blocks.12."));
@@ -142,19 +155,23 @@ TEST(MakeRandomSd3Counts, TransformerHasEveryKeyAndShapeOfTheSpec) {
   EXPECT_EQ(last.size(), 26u);   // no to_add_out, no ff_context
 
   // Fewer blocks: the first n, the last one context_pre_only; 3.5's dual blocks those below 13.
-  EXPECT_EQ(declared_shapes(rw::sd3_transformer_random(rw::Sd3Variant::sd35_medium, 2)),
-            sd3_transformer_shapes(true, 2));
-  EXPECT_EQ(declared_shapes(rw::sd3_transformer_random(rw::Sd3Variant::sd3_medium, 3)),
-            sd3_transformer_shapes(false, 3));
-  EXPECT_EQ(rw::sd3_dual_attention_layers(rw::Sd3Variant::sd35_medium, 2), (std::vector<int64_t>{0, 1}));
-  EXPECT_EQ(rw::sd3_dual_attention_layers(rw::Sd3Variant::sd35_medium, 24).size(), 13u);
-  EXPECT_EQ(rw::sd3_dual_attention_layers(rw::Sd3Variant::sd3_medium, 24), std::vector<int64_t>{});
+  const rw::RandomComponent two = transformer("sd3.5-medium", 2), three = transformer("sd3-medium", 3);
+  EXPECT_EQ(declared_shapes(two), sd3_transformer_shapes(true, 2));
+  EXPECT_EQ(declared_shapes(three), sd3_transformer_shapes(false, 3));
+  EXPECT_EQ(two.config["num_layers"], 2);
+  EXPECT_EQ(three.config["num_layers"], 3);
+  EXPECT_EQ(two.config["dual_attention_layers"], nlohmann::json::array({0, 1}));
+  EXPECT_EQ(transformer("sd3.5-medium").config["dual_attention_layers"],
+            nlohmann::json::array({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
+  EXPECT_EQ(transformer("sd3.5-medium", 20).config["dual_attention_layers"].size(), 13u);
+  EXPECT_FALSE(three.config.contains("dual_attention_layers"));
+  EXPECT_FALSE(transformer("sd3-medium").config.contains("dual_attention_layers"));
 }
 
 // The other components at full size: the Hub's file sizes (CLIP-L 247 MB, CLIP-G 1.39 GB, T5
 // 9.52 GB in two shards, VAE 168 MB), sharded as save_pretrained does.
 TEST(MakeRandomSd3Counts, FullSizeComponents) {
-  const std::vector<rw::RandomComponent> c = rw::sd3_random_components({});
+  const std::vector<rw::RandomComponent> c = rw::like_components(options_for("sd3.5-medium"));
   ASSERT_EQ(c.size(), 5u);
   const std::vector<std::string> folders{"text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae"};
   const std::vector<int64_t> params{123'650'304, 694'659'840, 4'762'310'656, 2'469'663'936, 83'819'683};
@@ -168,8 +185,17 @@ TEST(MakeRandomSd3Counts, FullSizeComponents) {
   EXPECT_EQ(declared_shapes(c[1]).at("text_projection.weight"), (Shape{1280, 1280}));
   EXPECT_EQ(declared_shapes(c[1]).at("text_model.encoder.layers.31.mlp.fc1.weight"), (Shape{5120, 1280}));
   EXPECT_EQ(declared_shapes(c[1]).count("text_projection.bias"), 0u);
+  // sd3-medium's are the same but for its transformer (2'084'951'104 parameters, 192 x 192 positions).
+  const std::vector<rw::RandomComponent> c30 = rw::like_components(options_for("sd3-medium"));
+  ASSERT_EQ(c30.size(), 5u);
+  for (size_t i = 0; i < c30.size(); ++i) {
+    EXPECT_EQ(c30[i].folder, folders[i]);
+    EXPECT_EQ(c30[i].parameters(), i == 3 ? 2'084'951'104 : params[i]) << folders[i];
+  }
   // FLUX.1's CLIP stays a CLIPTextModel without projection.
-  EXPECT_EQ(declared_shapes(rw::clip_text_random(DType::bf16)).count("text_projection.weight"), 0u);
+  EXPECT_EQ(declared_shapes(rw::like_component(options_for("flux1-schnell"), "text_encoder"))
+                .count("text_projection.weight"),
+            0u);
 }
 
 // §5.3 step 2 computed here in f64 for cell (row r, column c), channel ch.
@@ -184,8 +210,7 @@ double sincos_reference(int64_t M, int64_t r, int64_t c, int64_t ch) {
 TEST(MakeRandomSd3Counts, PositionalTableIsTheSincosFormula) {
   for (const bool v35 : {true, false}) {
     const int64_t M = v35 ? 384 : 192;
-    const rw::RandomComponent tr =
-        rw::sd3_transformer_random(v35 ? rw::Sd3Variant::sd35_medium : rw::Sd3Variant::sd3_medium, 1);
+    const rw::RandomComponent tr = transformer(v35 ? "sd3.5-medium" : "sd3-medium", 1);
     const auto table = [&](uint64_t seed) {
       for (const io::StreamedTensor& t : rw::streamed_tensors(tr, DType::f32, seed))
         if (t.name == "pos_embed.pos_embed") return t;
@@ -481,27 +506,29 @@ TEST_F(MakeRandomSd3Cli, WritesAnSd35MediumFolderKilnLoadsAndRuns) {
   }
 }
 
-// sd3-medium's transformer config (written by the library; 3.0 Medium has no dual attention or
-// QK norm and a 192 x 192 table) is what kiln reads.
+// sd3-medium's transformer config (make-random's, the Hub's file; 3.0 Medium has no dual attention
+// or QK norm and a 192 x 192 table) is what kiln reads.
 TEST(MakeRandomSd3Counts, Sd3MediumConfig) {
-  const nlohmann::json c = rw::sd3_transformer_config(rw::Sd3Variant::sd3_medium, 24);
+  const nlohmann::json c = transformer("sd3-medium").config;
   EXPECT_FALSE(c.contains("dual_attention_layers"));
   EXPECT_FALSE(c.contains("qk_norm"));
   EXPECT_EQ(c["pos_embed_max_size"], 192);
-  const SD3TransformerConfig parsed = SD3TransformerConfig::from_json(io::JsonConfig::from_string(c.dump(), "sd3-medium"));
+  const SD3TransformerConfig parsed =
+      SD3TransformerConfig::from_json(io::JsonConfig::from_string(c.dump(), "sd3-medium"));
   EXPECT_EQ(parsed.num_layers, 24);
   EXPECT_EQ(parsed.inner_dim(), D);
   EXPECT_EQ(parsed.caption_projection_dim, D);
   EXPECT_FALSE(parsed.qk_norm.has_value());
   EXPECT_TRUE(parsed.dual_attention_layers.empty());
-  const SD3TransformerConfig p35 = SD3TransformerConfig::from_json(io::JsonConfig::from_string(
-      rw::sd3_transformer_config(rw::Sd3Variant::sd35_medium, 24).dump(), "sd3.5-medium"));
+  const SD3TransformerConfig p35 = SD3TransformerConfig::from_json(
+      io::JsonConfig::from_string(transformer("sd3.5-medium").config.dump(), "sd3.5-medium"));
   EXPECT_EQ(p35.dual_attention_layers, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
   EXPECT_EQ(p35.qk_norm, std::optional<std::string>("rms_norm"));
   EXPECT_EQ(p35.pos_embed_max_size, 384);
-  const nlohmann::json index = rw::sd3_model_index(rw::Sd3Variant::sd3_medium);
-  EXPECT_EQ(index["_class_name"], "StableDiffusion3Pipeline");
-  EXPECT_EQ(rw::sd3_scheduler_config(rw::Sd3Variant::sd3_medium)["shift"], 3.0);
+  EXPECT_EQ(p35.num_layers, 24);
+  const rw::LikeRecipe& r = rw::like_recipe("sd3-medium");
+  EXPECT_EQ(r.hub_json("model_index.json")["_class_name"], "StableDiffusion3Pipeline");
+  EXPECT_EQ(r.hub_json("scheduler/scheduler_config.json")["shift"], 3.0);
 }
 
 // Bad input fails before any work, naming the flag, and leaves nothing behind; the help names
@@ -515,7 +542,7 @@ TEST_F(MakeRandomSd3Cli, BadInputFailsBeforeWriting) {
                                                          "blocks of sd3.5-medium"},
            {out + " --like sd3-medium --blocks 0", "--blocks 0: sd3-medium needs at least 1 transformer block"},
            {out + " --like sd3-medium --blocks x", "--blocks x: expected N"},
-           {out + " --like sd3.5-medium --t5-layers 0", "--t5-layers must be at least 1"},
+           {out + " --like sd3.5-medium --t5-layers 0", "--t5-layers 0: sd3.5-medium needs at least 1 T5 layer"},
            {out + " --like sd3.5-medium --dtype f64", "--dtype f64: expected bf16, f16 or f32"},
            {out + " --like flux1-dev --blocks 24", "--blocks 24: expected D+S"},
        }) {
@@ -529,6 +556,13 @@ TEST_F(MakeRandomSd3Cli, BadInputFailsBeforeWriting) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("--blocks 1+1: expected N"), std::string::npos) << r.output;
   EXPECT_EQ(entries(dir_), std::vector<std::string>{});
+  // The library refuses the same depths.
+  test::expect_error([] { rw::like_components({"sd3-medium", {{"--blocks", {0}}}}); },
+                     {"--blocks 0: sd3-medium needs at least 1 transformer block"});
+  test::expect_error([] { rw::like_components({"sd3.5-medium", {{"--t5-layers", {0}}}}); },
+                     {"--t5-layers 0: sd3.5-medium needs at least 1 T5 layer"});
+  test::expect_error([] { rw::like_components({"sd3-medium", {{"--blocks", {1, 1}}}}); },
+                     {"--blocks 1+1: sd3-medium takes N"});
 
   const CliRun help = make_random("--help");
   EXPECT_EQ(help.exit_code, 0) << help.output;

@@ -2,7 +2,7 @@
 
 #include "core/env.h"
 #include "pipelines/call_arguments.h"
-#include "random_checkpoint/like_names.h"
+#include "random_checkpoint/like_recipe.h"
 
 namespace kiln::cli {
 

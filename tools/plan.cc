@@ -33,7 +33,7 @@
 #include "nn/shapes_only_load.h"
 #include "pipelines/diffusion_pipeline.h"
 #include "random_like.h"
-#include "random_checkpoint/like_names.h"
+#include "random_checkpoint/like_recipe.h"
 
 namespace kiln::cli {
 

@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <optional>
+#include <map>
 #include <string>
 
 #include "core/dtype.h"
@@ -14,8 +14,8 @@ namespace kiln::cli {
 struct RandomLike {
   std::filesystem::path dir;
   std::string like;                   // flux1-schnell, sd3.5-medium, flux2-dev, ... (checked by the caller)
-  std::optional<std::string> blocks;  // --blocks: D+S (FLUX.1, FLUX.2) or N (SD3)
-  std::optional<int64_t> t5_layers, text_encoder_layers;
+  // Depth flags as written ("--blocks" -> "19+38"), read as the recipe says (like_recipe.h).
+  std::map<std::string, std::string> depths;
   DType dtype = DType::bf16;
   uint64_t seed = 0;
   bool layout_only = false;

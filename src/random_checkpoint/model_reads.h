@@ -37,10 +37,10 @@ struct ReadRules {
 std::vector<RandomTensor> tensors_read(const std::function<void(const nn::Weights& weights)>& build,
                                        const ReadRules& rules);
 
-// What `Model`, built from the component's config.json (read as `Config`), reads.
+// What `Model`, built from a config.json (read as `Config`), reads.
 template <typename Model, typename Config>
-std::vector<RandomTensor> tensors_read_by(const RandomComponent& c, const ReadRules& rules) {
-  const auto build = [&](const nn::Weights& w) { Model(Config::from_json(io::JsonConfig(c.config, "make-random")), w); };
+std::vector<RandomTensor> tensors_read_by(const nlohmann::json& config, const ReadRules& rules) {
+  const auto build = [&](const nn::Weights& w) { Model(Config::from_json(io::JsonConfig(config, "make-random")), w); };
   return tensors_read(build, rules);
 }
 

@@ -120,14 +120,14 @@ void add_bound_cases(Corpus& corpus) {
   const std::string dir = (corpus.out_dir() / "random").string();
   corpus.add(bounded("bounds/make-random-blocks-1000000+1",
                      {"make-random", dir, "--like", "flux1-schnell", "--blocks", "1000000+1"},
-                     {"[cli] --blocks 1000000+1: expected D+S with each count from 0 to 1000"}));
+                     {"[cli] --blocks 1000000+1: at most 1000 blocks each"}));
   corpus.add(bounded("bounds/make-random-sd3-blocks-5000", {"make-random", dir, "--like", "sd3-medium", "--blocks", "5000"},
-                     {"[cli] --blocks 5000: expected N from 1 to 1000"}));
+                     {"[cli] --blocks 5000: at most 1000 transformer blocks"}));
   corpus.add(bounded("bounds/make-random-t5-layers", {"make-random", dir, "--like", "flux1-dev", "--t5-layers", "1000000"},
-                     {"[cli] --t5-layers must be at most 1000", "got 1000000"}));
+                     {"[cli] --t5-layers 1000000: at most 1000 T5 layers"}));
   corpus.add(bounded("bounds/make-random-text-encoder-layers",
                      {"make-random", dir, "--like", "flux2-klein-4b", "--text-encoder-layers", "1000000"},
-                     {"[cli] --text-encoder-layers must be at most 1000", "got 1000000"}));
+                     {"[cli] --text-encoder-layers 1000000: at most 1000 text encoder layers"}));
 
   // compare: a PNG declaring 30000x30000 (a few bytes here; 2.6 MB when its pixels are all one
   // colour) is refused from its header, before 2.7 GB of pixels are allocated.
