@@ -11,14 +11,11 @@
 #include "io/json_config.h"
 #include "io/model_folder.h"
 #include "io/safetensors.h"
-#include "models/flux/flux_transformer.h"
-#include "models/flux2/flux2_transformer.h"
-#include "models/sd3/sd3_transformer.h"
+#include "models/transformer_families.h"
 #include "nn/component_load.h"
 #include "nn/key_mapped_source.h"
 #include "nn/tensor_map_source.h"
 #include "nn/weights.h"
-#include "pipelines/component_file.h"
 #include "pipelines/diffusion_pipeline.h"
 
 namespace kiln::cli {
@@ -27,30 +24,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The transformer classes kiln converts: how each is built and the original layout it has.
-struct TransformerClass {
-  const char* name;
-  io::Layout original;
-  nn::NamedParameters (*load)(const fs::path& dir, std::optional<DType> dtype);
-};
-
-const TransformerClass kTransformers[] = {
-    {"FluxTransformer2DModel", io::Layout::flux1_bfl,
-     [](const fs::path& d, std::optional<DType> t) { return FluxTransformer2DModel::from_pretrained(d, t).named_parameters(); }},
-    {"SD3Transformer2DModel", io::Layout::sd3_stability,
-     [](const fs::path& d, std::optional<DType> t) { return SD3Transformer2DModel::from_pretrained(d, t).named_parameters(); }},
-    {"Flux2Transformer2DModel", io::Layout::flux2_bfl,
-     [](const fs::path& d, std::optional<DType> t) { return Flux2Transformer2DModel::from_pretrained(d, t).named_parameters(); }},
-};
-
 // The class of the folder's transformer (its config.json's _class_name), checked before any load.
-const TransformerClass& transformer_class(const fs::path& dir) {
+const TransformerFamily& transformer_class(const fs::path& dir) {
   const fs::path config = dir / "transformer" / "config.json";
   const std::string name = io::JsonConfig(config).get_string("_class_name", "");
-  for (const TransformerClass& c : kTransformers)
-    if (name == c.name) return c;
-  fail("cli", config.string(), ": _class_name '", name,
-       "' is not a transformer kiln converts (FluxTransformer2DModel, SD3Transformer2DModel, Flux2Transformer2DModel)");
+  const TransformerFamily* family = transformer_family(name);
+  KILN_CHECK(family, "cli", config.string(), ": _class_name '", name, "' is not a transformer kiln converts (",
+             transformer_class_names(), ")");
+  return *family;
 }
 
 }  // namespace
@@ -90,7 +71,7 @@ int convert(const std::vector<std::string>& args) {
 
   KILN_CHECK(layout == "diffusers" || ext == ".gguf", "cli", "--layout original writes GGUF (.gguf)");
   const fs::path dir = io::resolve_model_folder(model);
-  const TransformerClass& cls = transformer_class(dir);
+  const TransformerFamily& cls = transformer_class(dir);
   const auto per = options.component_dtype.find("transformer");
   print_line(stderr, "kiln: loading %s/transformer quantized to %s", model.c_str(), dtype_name(type));
   // Built as a pipeline builds it under --quantize; only this component is loaded.
@@ -99,7 +80,7 @@ int convert(const std::vector<std::string>& args) {
       cls.load(dir / "transformer", per != options.component_dtype.end() ? per->second : options.dtype);
   uint64_t bytes = 0;
   io::GgufMetadata metadata{{"general.architecture", io::GgufValue{std::string("kiln")}},
-                            {"kiln.class_name", io::GgufValue{std::string(cls.name)}},
+                            {"kiln.class_name", io::GgufValue{std::string(cls.class_name)}},
                             {"kiln.component", io::GgufValue{std::string("transformer")}},
                             {"kiln.quantization", io::GgufValue{std::string(dtype_name(type))}},
                             {"kiln.layout", io::GgufValue{layout}}};

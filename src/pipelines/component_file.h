@@ -1,6 +1,5 @@
 // A component's weights from one file whatever layout it uses (--transformer FILE, --vae FILE,
-// ...): the families' key maps (models/*/..._original_keys.h) put behind nn::KeyMappedSource.
-// Lives with the pipelines because it knows every model family; nn and io know none.
+// ...): the families' key maps (models/transformer_families.h) put behind nn::KeyMappedSource.
 #pragma once
 #include <filesystem>
 #include <memory>
@@ -10,9 +9,6 @@
 #include "nn/weight_source.h"
 
 namespace kiln {
-
-// The key map of an original layout (not diffusers).
-const io::KeyMap& original_key_map(io::Layout layout);
 
 // Opens `file` (nn::open_checkpoint: safetensors or GGUF), detects its layout for `component`
 // ("transformer", "vae", "text_encoder", ...) and returns a KeyMappedSource over it, or the

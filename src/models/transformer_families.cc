@@ -1,0 +1,54 @@
+#include "models/transformer_families.h"
+
+#include "core/error.h"
+#include "models/flux/flux_original_keys.h"
+#include "models/flux/flux_transformer.h"
+#include "models/flux2/flux2_original_keys.h"
+#include "models/flux2/flux2_transformer.h"
+#include "models/sd3/sd3_original_keys.h"
+#include "models/sd3/sd3_transformer.h"
+#include "models/vae/ldm_vae_keys.h"
+
+namespace kiln {
+
+namespace {
+
+template <typename Model>
+nn::NamedParameters load_named(const std::filesystem::path& dir, std::optional<DType> dtype) {
+  return Model::from_pretrained(dir, dtype).named_parameters();
+}
+
+}  // namespace
+
+const std::vector<TransformerFamily>& transformer_families() {
+  static const std::vector<TransformerFamily> families = {
+      {"FluxTransformer2DModel", io::Layout::flux1_bfl, flux1_original_key_map, load_named<FluxTransformer2DModel>},
+      {"SD3Transformer2DModel", io::Layout::sd3_stability, sd3_original_key_map, load_named<SD3Transformer2DModel>},
+      {"Flux2Transformer2DModel", io::Layout::flux2_bfl, flux2_original_key_map, load_named<Flux2Transformer2DModel>},
+  };
+  return families;
+}
+
+const TransformerFamily* transformer_family(const std::string& class_name) {
+  for (const TransformerFamily& f : transformer_families())
+    if (class_name == f.class_name) return &f;
+  return nullptr;
+}
+
+std::string transformer_class_names() {
+  std::string out;
+  for (const TransformerFamily& f : transformer_families()) {
+    if (!out.empty()) out += ", ";
+    out += f.class_name;
+  }
+  return out;
+}
+
+const io::KeyMap& original_key_map(io::Layout layout) {
+  if (layout == io::Layout::ldm_vae) return ldm_vae_key_map();
+  for (const TransformerFamily& f : transformer_families())
+    if (f.original == layout) return f.key_map();
+  fail("key map", "the ", io::layout_name(layout), " layout has no key map (its names are read as they are)");
+}
+
+}  // namespace kiln

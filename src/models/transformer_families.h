@@ -1,0 +1,34 @@
+// The diffusion-transformer families kiln runs, each registered once: its Diffusers class name,
+// the single-file layout its original checkpoints use (BFL's, Stability's) with that layout's
+// key map, and how to load it from a Diffusers folder for its named parameters. kiln convert and
+// the single-file loaders (pipelines/component_file.h) read this table; a new family adds a row.
+#pragma once
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "io/key_map.h"
+#include "nn/diffusion_transformer.h"
+
+namespace kiln {
+
+struct TransformerFamily {
+  const char* class_name;  // config.json's _class_name: "FluxTransformer2DModel"
+  io::Layout original;     // its original checkpoints' layout
+  const io::KeyMap& (*key_map)();
+  // from_pretrained(dir, dtype).named_parameters(): the checkpoint's keys, as loaded.
+  nn::NamedParameters (*load)(const std::filesystem::path& dir, std::optional<DType> dtype);
+};
+
+const std::vector<TransformerFamily>& transformer_families();
+// The family of `class_name`, or nullptr.
+const TransformerFamily* transformer_family(const std::string& class_name);
+// "FluxTransformer2DModel, SD3Transformer2DModel, Flux2Transformer2DModel": what an error expects.
+std::string transformer_class_names();
+
+// The key map of an original layout (not diffusers): a transformer family's, or the LDM VAE's.
+const io::KeyMap& original_key_map(io::Layout layout);
+
+}  // namespace kiln
