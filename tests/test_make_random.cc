@@ -427,6 +427,7 @@ TEST_F(MakeRandomCli, BadInputFailsBeforeWriting) {
            {out + " --like flux1-dev --dtype f64", "--dtype f64: expected bf16, f16 or f32"},
            {out + " --like flux1-dev --seed x", "flag --seed expects an integer"},
            {out + " --like flux1-dev --shards 2", "unknown flag '--shards'"},
+           {out + " --like flux1-dev --t5-layers 2 --t5-layers 3", "--t5-layers is given twice"},
        }) {
     const CliRun r = make_random(args);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // The class of the folder's transformer (its config.json's _class_name), checked before any load.
-const TransformerFamily& transformer_class(const fs::path& dir) {
+const TransformerFamily& transformer_family_of(const fs::path& dir) {
   const fs::path config = dir / "transformer" / "config.json";
   const std::string name = io::JsonConfig(config).get_string("_class_name", "");
   const TransformerFamily* family = transformer_family(name);
@@ -71,22 +71,22 @@ int convert(const std::vector<std::string>& args) {
 
   KILN_CHECK(layout == "diffusers" || ext == ".gguf", "cli", "--layout original writes GGUF (.gguf)");
   const fs::path dir = io::resolve_model_folder(model);
-  const TransformerFamily& cls = transformer_class(dir);
+  const TransformerFamily& family = transformer_family_of(dir);
   const auto per = options.component_dtype.find("transformer");
   print_line(stderr, "kiln: loading %s/transformer quantized to %s", model.c_str(), dtype_name(type));
   // Built as a pipeline builds it under --quantize; only this component is loaded.
   const nn::ComponentLoad quantizing(nullptr, type);
   const nn::NamedParameters params =
-      cls.load(dir / "transformer", per != options.component_dtype.end() ? per->second : options.dtype);
+      family.load(dir / "transformer", per != options.component_dtype.end() ? per->second : options.dtype);
   uint64_t bytes = 0;
   io::GgufMetadata metadata{{"general.architecture", io::GgufValue{std::string("kiln")}},
-                            {"kiln.class_name", io::GgufValue{std::string(cls.class_name)}},
+                            {"kiln.class_name", io::GgufValue{std::string(family.class_name)}},
                             {"kiln.component", io::GgufValue{std::string("transformer")}},
                             {"kiln.quantization", io::GgufValue{std::string(dtype_name(type))}},
                             {"kiln.layout", io::GgufValue{layout}}};
   if (layout == "original") {
     std::map<std::string, Tensor> tensors(params.begin(), params.end());
-    bytes = nn::write_original_layout_gguf(nn::TensorMapSource(std::move(tensors)), original_key_map(cls.original), out,
+    bytes = nn::write_original_layout_gguf(nn::TensorMapSource(std::move(tensors)), original_key_map(family.original), out,
                                            metadata);
   } else if (ext == ".gguf") {
     std::vector<std::pair<std::string, Tensor>> tensors(params.begin(), params.end());

@@ -1,6 +1,7 @@
 #include "help.h"
 
 #include "core/env.h"
+#include "core/error.h"
 #include "pipelines/call_arguments.h"
 #include "random_checkpoint/like_recipe.h"
 
@@ -18,7 +19,15 @@ std::vector<FlagDoc> with_call_arguments(std::vector<FlagDoc> before, const std:
 }  // namespace
 
 const std::vector<CommandDoc>& commands() {
-  static const std::string likes = random_weights::like_names_joined("|");  // --like's values
+  // --like's values. A data folder that cannot be read is make-random's and plan's error to
+  // report (naming the file), not a reason for every command's help to fail.
+  static const std::string likes = [] {
+    try {
+      return random_weights::like_names_joined("|");
+    } catch (const Error&) {
+      return std::string("NAME");
+    }
+  }();
   static const std::vector<CommandDoc> docs = {
       {"generate",
        "Text to image with a checkpoint in Diffusers layout: the pipeline class its model_index.json names "

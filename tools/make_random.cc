@@ -7,9 +7,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
-#include <map>
 #include <utility>
 #include <vector>
 
@@ -64,6 +64,13 @@ void print_component(const rw::WrittenComponent& c, double seconds) {
   std::fflush(stdout);
 }
 
+// A depth flag of any recipe (--blocks, --t5-layers, ...), read once --like says which one.
+bool some_recipe_has_depth(const std::string& flag) {
+  for (const rw::LikeRecipe& r : rw::like_recipes())
+    if (r.depth(flag)) return true;
+  return false;
+}
+
 }  // namespace
 
 rw::RandomFolder write_random_like(const RandomLike& s, const rw::RandomFolderProgress& progress, std::string* what,
@@ -110,7 +117,8 @@ int make_random(const std::vector<std::string>& args) {
       const std::string& v = value();
       KILN_CHECK(rw::is_like_name(v), "cli", "--like ", v, ": expected ", rw::like_names_by_family());
       like = v;
-    } else if (flag == "--blocks" || flag == "--t5-layers" || flag == "--text-encoder-layers") {
+    } else if (some_recipe_has_depth(flag)) {
+      KILN_CHECK(!depths.count(flag), "cli", flag, " is given twice");
       depths[flag] = value();
     } else if (flag == "--dtype") {
       dtype = parse_weights_dtype(value());

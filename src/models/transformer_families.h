@@ -10,7 +10,7 @@
 
 #include "core/dtype.h"
 #include "io/key_map.h"
-#include "nn/diffusion_transformer.h"
+#include "nn/weights.h"
 
 namespace kiln {
 
@@ -28,7 +28,9 @@ const TransformerFamily* transformer_family(const std::string& class_name);
 // "FluxTransformer2DModel, SD3Transformer2DModel, Flux2Transformer2DModel": what an error expects.
 std::string transformer_class_names();
 
-// The key map of an original layout (not diffusers): a transformer family's, or the LDM VAE's.
+// The key map of an original layout (not diffusers): a transformer family's, or the LDM VAE's
+// (the one original layout of another component). A new io::Layout needs a row here or there:
+// without one, opening a file in it fails naming the layout.
 const io::KeyMap& original_key_map(io::Layout layout);
 
 }  // namespace kiln

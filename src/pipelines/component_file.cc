@@ -1,6 +1,5 @@
 #include "pipelines/component_file.h"
 
-#include "core/error.h"
 #include "models/transformer_families.h"
 #include "nn/key_mapped_source.h"
 

@@ -1,9 +1,9 @@
 #include "random_checkpoint/like_recipe.h"
 
-#include <fstream>
-#include <sstream>
 
 #include "core/error.h"
+#include "io/input_file.h"
+#include "io/json_config.h"
 #include "random_checkpoint/component_reads.h"
 
 namespace kiln::random_weights {
@@ -14,27 +14,19 @@ namespace {
 
 constexpr const char* kWhere = "make-random";
 
-std::string read_text(const fs::path& path, const char* why) {
-  std::ifstream in(path, std::ios::binary);
-  KILN_CHECK(in.good(), kWhere, "cannot read ", path.string(), why);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+std::string read_text(const fs::path& path) {
+  return io::read_input_file(kWhere, path, "a file of kiln's data/make_random folder");
 }
 
-nlohmann::json read_json(const fs::path& path, const char* why) {
-  try {
-    return nlohmann::json::parse(read_text(path, why));
-  } catch (const nlohmann::json::exception& e) {
-    fail(kWhere, path.string(), ": not JSON: ", e.what());
-  }
+nlohmann::json read_json(const fs::path& path) {
+  const std::string text = read_text(path);
+  return io::parse_json(text.data(), text.data() + text.size(), kWhere, path.string());
 }
 
 LikeRecipe recipe_from(const nlohmann::json& j, const fs::path& data) {
   LikeRecipe r;
   r.name = j.at("name");
   r.family = j.at("family");
-  r.hub = j.at("hub");
   r.files = data / r.name;
   for (const auto& c : j.at("copy")) r.copies.push_back({c.at("to"), c.at("from")});
   for (const auto& d : j.at("depths"))
@@ -44,9 +36,33 @@ LikeRecipe recipe_from(const nlohmann::json& j, const fs::path& data) {
   return r;
 }
 
-// The value at a '/' path of a config ("text_config/num_hidden_layers").
+// The value at a '/' path of a config ("text_config/num_hidden_layers"); like_recipes() checked
+// that every depth's keys are integers of its component's config.
 nlohmann::json& at_path(nlohmann::json& config, const std::string& path) {
-  return config[nlohmann::json::json_pointer("/" + path)];
+  return config.at(nlohmann::json::json_pointer("/" + path));
+}
+
+// What like_configs relies on, checked once so that an edited recipe fails naming what is wrong:
+// unique names, each depth's component a model_index entry with a config.json holding each key
+// as an integer, and FLUX.2's out layers beside a --text-encoder-layers depth.
+void check_recipe(const LikeRecipe& r, const std::vector<LikeRecipe>& before, const fs::path& likes) {
+  for (const LikeRecipe& b : before) KILN_CHECK(b.name != r.name, kWhere, likes.string(), ": ", r.name, " twice");
+  const nlohmann::json index = r.hub_json("model_index.json");
+  for (const auto& [folder, entry] : index.items())  // components; other fields (is_distilled) are not arrays
+    KILN_CHECK(!entry.is_array() || (entry.size() == 2 && entry[0].is_string() && entry[1].is_string()), kWhere,
+               (r.files / "model_index.json").string(), ": ", folder, " must be [library, class]");
+  for (const LikeDepth& d : r.depths) {
+    KILN_CHECK(index.contains(d.component) && fs::exists(r.files / d.component / "config.json"), kWhere,
+               likes.string(), ": ", r.name, " ", d.flag, ": no component '", d.component, "' with a config.json");
+    const nlohmann::json config = r.hub_json(d.component + "/config.json");
+    for (const std::string& key : d.keys) {
+      const nlohmann::json::json_pointer at("/" + key);
+      KILN_CHECK(config.contains(at) && config.at(at).is_number_integer(), kWhere, likes.string(), ": ", r.name, " ",
+                 d.flag, ": ", d.component, "/config.json has no integer '", key, "'");
+    }
+  }
+  KILN_CHECK(r.text_encoder_out_layers.empty() || r.depth("--text-encoder-layers"), kWhere, likes.string(), ": ",
+             r.name, ": text_encoder_out_layers needs a --text-encoder-layers depth");
 }
 
 // A depth's values as the user writes them: "19+38".
@@ -84,10 +100,10 @@ void check_depth(const LikeRecipe& r, const LikeDepth& d, const std::vector<int6
 
 // SD3.5's dual-attention blocks are the first 13; a shallower transformer keeps those it has.
 void keep_blocks_below_depth(nlohmann::json& config) {
-  if (!config.contains("dual_attention_layers")) return;
+  if (!config.contains("dual_attention_layers") || !config.contains("num_layers")) return;
   nlohmann::json kept = nlohmann::json::array();
-  for (const auto& i : config["dual_attention_layers"])
-    if (i.get<int64_t>() < config["num_layers"].get<int64_t>()) kept.push_back(i);
+  for (const auto& i : config.at("dual_attention_layers"))
+    if (i.is_number_integer() && i.get<int64_t>() < config.at("num_layers").get<int64_t>()) kept.push_back(i);
   config["dual_attention_layers"] = kept;
 }
 
@@ -100,18 +116,25 @@ const LikeDepth* LikeRecipe::depth(const std::string& flag) const {
 }
 
 nlohmann::json LikeRecipe::hub_json(const std::string& path) const {
-  return read_json(files / path, " (kiln's data/make_random folder)");
+  return read_json(files / path);
 }
 
 const std::vector<LikeRecipe>& like_recipes() {
   static const std::vector<LikeRecipe> recipes = [] {
     const fs::path data = fs::path(KILN_DATA_DIR) / "make_random";
-    const nlohmann::json likes = read_json(data / "likes.json", " (kiln's data/make_random folder)");
+    const fs::path likes_file = data / "likes.json";
+    const nlohmann::json likes = read_json(likes_file);
+    KILN_CHECK(likes.contains("likes") && likes["likes"].is_array(), kWhere, likes_file.string(),
+               ": expected {\"likes\": [...]}");
     std::vector<LikeRecipe> out;
-    try {
-      for (const auto& j : likes.at("likes")) out.push_back(recipe_from(j, data));
-    } catch (const nlohmann::json::exception& e) {
-      fail(kWhere, (data / "likes.json").string(), ": ", e.what());
+    for (size_t i = 0; i < likes["likes"].size(); ++i) {
+      try {
+        LikeRecipe r = recipe_from(likes["likes"][i], data);
+        check_recipe(r, out, likes_file);
+        out.push_back(std::move(r));
+      } catch (const nlohmann::json::exception& e) {
+        fail(kWhere, likes_file.string(), ": likes[", i, "]: ", e.what());
+      }
     }
     return out;
   }();
@@ -232,7 +255,7 @@ RandomFolderContents like_contents(const RandomLikeOptions& o, const fs::path& f
   for (const auto& e : fs::recursive_directory_iterator(r.files)) {
     const std::string path = fs::relative(e.path(), r.files).generic_string();
     if (e.is_regular_file() && !path.ends_with("/config.json"))
-      contents.text_files.emplace_back(path, read_text(e.path(), ""));
+      contents.text_files.emplace_back(path, read_text(e.path()));
   }
   return contents;
 }

@@ -1,7 +1,8 @@
 // The checkpoints kiln make-random imitates (--like NAME), as data: data/make_random/likes.json
 // lists each one (its family, the fixture tokenizers it copies, the depths a user may choose),
 // and data/make_random/NAME/ holds its Hub files (model_index.json, the scheduler's config,
-// every component's config.json, tokenizer files it edits) as the Hub has them. A component's weights follow from what
+// every component's config.json, tokenizer files it edits), with the edits likes.json's notes
+// name (the tokenizer classes of the copied fixtures, no IP-Adapter entries). A component's weights follow from what
 // the model its config.json names reads (component_reads.h), so a new checkpoint of a known
 // family is a folder of JSON files and an entry in likes.json.
 #pragma once
@@ -38,7 +39,7 @@ struct LikeCopy {
 };
 
 struct LikeRecipe {
-  std::string name, family, hub;  // "flux1-schnell", "FLUX.1", "black-forest-labs/FLUX.1-schnell"
+  std::string name, family;  // "flux1-schnell", "FLUX.1"
   std::vector<LikeCopy> copies;
   std::vector<LikeDepth> depths;
   // The pipeline's default text_encoder_out_layers, where it has them (FLUX.2): a shallower text
@@ -74,8 +75,8 @@ struct RandomLikeOptions {
 // flag, the value and what was expected.
 std::vector<int64_t> parse_like_depth(const LikeRecipe& recipe, const std::string& flag, const std::string& value);
 
-// The config.json of each weight component (model_index.json's entries with one, in its order:
-// text encoders, transformer, vae), with the options' depths and dtype.
+// The config.json of each weight component (model_index.json's entries with one), by folder name
+// (so in the order text encoders, transformer, vae), with the options' depths and dtype.
 std::map<std::string, nlohmann::json> like_configs(const RandomLikeOptions& options);
 // The components, tensors and all, in that order; one of them by folder.
 std::vector<RandomComponent> like_components(const RandomLikeOptions& options);

@@ -37,10 +37,11 @@ struct ReadRules {
 std::vector<RandomTensor> tensors_read(const std::function<void(const nn::Weights& weights)>& build,
                                        const ReadRules& rules);
 
-// What `Model`, built from a config.json (read as `Config`), reads.
+// What `Model`, built from a config.json (read as `Config`; its errors name `source`), reads.
 template <typename Model, typename Config>
-std::vector<RandomTensor> tensors_read_by(const nlohmann::json& config, const ReadRules& rules) {
-  const auto build = [&](const nn::Weights& w) { Model(Config::from_json(io::JsonConfig(config, "make-random")), w); };
+std::vector<RandomTensor> tensors_read_by(const nlohmann::json& config, const ReadRules& rules,
+                                          const std::string& source) {
+  const auto build = [&](const nn::Weights& w) { Model(Config::from_json(io::JsonConfig(config, source)), w); };
   return tensors_read(build, rules);
 }
 

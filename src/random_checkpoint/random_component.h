@@ -1,7 +1,7 @@
 // One component of a random benchmark checkpoint (kiln make-random) as data: its folder, its
 // config.json, its weights file name and shard limit, and every tensor with its shape and how
-// its values are drawn (random_values.h). The per-model files (flux_transformer_random.h, ...)
-// build these from what the model reads (model_reads.h); write_random_component turns one into files.
+// its values are drawn (random_values.h). like_recipe.h builds these from what the model each
+// config names reads (component_reads.h); write_random_component turns one into files.
 #pragma once
 #include <cstdint>
 #include <filesystem>
