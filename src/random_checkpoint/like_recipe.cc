@@ -42,6 +42,14 @@ nlohmann::json& at_path(nlohmann::json& config, const std::string& path) {
   return config.at(nlohmann::json::json_pointer("/" + path));
 }
 
+// A depth's values in `config` (its component's), in the order of its keys.
+std::vector<int64_t> depth_values(const nlohmann::json& config, const LikeDepth& d) {
+  std::vector<int64_t> values;
+  for (const std::string& key : d.keys)
+    values.push_back(config.at(nlohmann::json::json_pointer("/" + key)).get<int64_t>());
+  return values;
+}
+
 // What like_configs relies on, checked once so that an edited recipe fails naming what is wrong:
 // unique names, each depth's component a model_index entry with a config.json holding each key
 // as an integer, and FLUX.2's out layers beside a --text-encoder-layers depth.
@@ -177,7 +185,8 @@ std::string like_names_by_family() {
 
 std::vector<int64_t> parse_like_depth(const LikeRecipe& r, const std::string& flag, const std::string& value) {
   const LikeDepth* d = &depth_of(r, flag, "cli");
-  const std::string example = plus_joined(like_depth({r.name, {}}, *d));  // the Hub's
+  // The Hub's depths, as an example.
+  const std::string example = plus_joined(depth_values(r.hub_json(d->component + "/config.json"), *d));
   std::vector<int64_t> values;
   for (size_t start = 0;;) {
     const size_t plus = value.find('+', start);
@@ -261,18 +270,16 @@ RandomFolderContents like_contents(const RandomLikeOptions& o, const fs::path& f
 }
 
 std::vector<int64_t> like_depth(const RandomLikeOptions& o, const LikeDepth& d) {
-  nlohmann::json config = like_configs(o).at(d.component);
-  std::vector<int64_t> values;
-  for (const std::string& key : d.keys) values.push_back(at_path(config, key).get<int64_t>());
-  return values;
+  return depth_values(like_configs(o).at(d.component), d);
 }
 
 std::string like_summary(const RandomLikeOptions& o) {
+  const std::map<std::string, nlohmann::json> configs = like_configs(o);  // read once for every depth
   std::string out;
   for (const LikeDepth& d : like_recipe(o.like).depths) {
     if (!out.empty()) out += ", ";
-    out += plus_joined(like_depth(o, d)) + " " + d.words;
-    const nlohmann::json config = like_configs(o).at(d.component);
+    const nlohmann::json& config = configs.at(d.component);
+    out += plus_joined(depth_values(config, d)) + " " + d.words;
     if (config.contains("dual_attention_layers"))
       out += " (" + std::to_string(config["dual_attention_layers"].size()) + " with dual attention)";
   }
