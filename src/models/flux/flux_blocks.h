@@ -4,7 +4,6 @@
 // Every block takes x [B, L_img, D], c [B, L_txt, D], temb [B, D] and the rotary tables of
 // the joint sequence (text first) and returns the updated (c, x).
 #pragma once
-#include <memory>
 #include <utility>
 
 #include "exec/compile.h"
@@ -14,11 +13,34 @@
 
 namespace kiln::flux {
 
-class FluxTransformerBlock : public nn::CompilableBlock {
- public:
+// The double-stream block's weights: each stream (image or text) owns its modulation, Q/K/V,
+// output projection, feed-forward and QK norms; the streams meet only in the joint attention.
+struct DoubleStreamWeights {
   static constexpr const char* kClassName = "FluxTransformerBlock";
-  FluxTransformerBlock() = default;
-  FluxTransformerBlock(const nn::Weights& w, const nn::BlockDims& dims);
+  struct Stream {
+    nn::Linear norm1, q, k, v, out, ff_in, ff_out;
+    nn::RMSNorm norm_q, norm_k;
+  };
+  Stream img, txt;
+};
+
+// The single-stream block's weights: one modulation and one attention over the joint sequence,
+// with an MLP branch beside the attention and one output projection over both.
+struct SingleStreamWeights {
+  static constexpr const char* kClassName = "FluxSingleTransformerBlock";
+  nn::Linear norm, to_q, to_k, to_v, proj_mlp, proj_out;
+  nn::RMSNorm norm_q, norm_k;
+};
+
+// A FLUX.1 block. The double- and single-stream blocks differ only in their weights `W` and the
+// math over them (forward); the loading, the call (through the compiled executable once compile()
+// ran) and the compiled form are one. Defined for the two in flux_blocks.cc.
+template <typename W>
+class FluxBlock : public nn::CompilableBlock {
+ public:
+  static constexpr const char* kClassName = W::kClassName;
+  FluxBlock() = default;
+  FluxBlock(const nn::Weights& w, const nn::BlockDims& dims);
   std::pair<Tensor, Tensor> operator()(const Tensor& x, const Tensor& c, const Tensor& temb,
                                        const nn::RotaryTables& rope) const;
   // The block's math, never through the compiled executable.
@@ -28,30 +50,14 @@ class FluxTransformerBlock : public nn::CompilableBlock {
   void compile(const CompileOptions& options) override;
 
  private:
-  struct Stream {  // the weights one stream (image or text) owns
-    nn::Linear norm1, q, k, v, out, ff_in, ff_out;
-    nn::RMSNorm norm_q, norm_k;
-  };
-  Stream img_, txt_;
+  W w_;
   nn::BlockDims dims_;
 };
 
-class FluxSingleTransformerBlock : public nn::CompilableBlock {
- public:
-  static constexpr const char* kClassName = "FluxSingleTransformerBlock";
-  FluxSingleTransformerBlock() = default;
-  FluxSingleTransformerBlock(const nn::Weights& w, const nn::BlockDims& dims);
-  std::pair<Tensor, Tensor> operator()(const Tensor& x, const Tensor& c, const Tensor& temb,
-                                       const nn::RotaryTables& rope) const;
-  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& c, const Tensor& temb,
-                                    const nn::RotaryTables& rope) const;
-  const char* class_name() const override { return kClassName; }
-  void compile(const CompileOptions& options) override;
+extern template class FluxBlock<DoubleStreamWeights>;
+extern template class FluxBlock<SingleStreamWeights>;
 
- private:
-  nn::Linear norm_, to_q_, to_k_, to_v_, proj_mlp_, proj_out_;
-  nn::RMSNorm norm_q_, norm_k_;
-  nn::BlockDims dims_;
-};
+using FluxTransformerBlock = FluxBlock<DoubleStreamWeights>;
+using FluxSingleTransformerBlock = FluxBlock<SingleStreamWeights>;
 
 }  // namespace kiln::flux

@@ -119,7 +119,7 @@ AutoencoderKL::AutoencoderKL(VaeConfig config, const nn::Weights& weights) : con
   int64_t prev = dch.back();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t out = dch[size_t(n - 1 - i)];
-    decoder_.up_blocks.emplace_back(d.sub("up_blocks", i), prev, out, c.layers_per_block + 1, i != n - 1, norm);
+    decoder_.blocks.emplace_back(d.sub("up_blocks", i), prev, out, c.layers_per_block + 1, i != n - 1, norm);
     prev = out;
   }
   decoder_.conv_norm_out = nn::GroupNorm(d.sub("conv_norm_out"), norm.groups, dch[0], norm.eps);
@@ -149,8 +149,7 @@ AutoencoderKL::AutoencoderKL(VaeConfig config, const nn::Weights& weights) : con
     enc.conv_in = nn::Conv2d(e.sub("conv_in"), c.in_channels, boc[0], 3, 1, 1);
     prev = boc[0];
     for (int64_t i = 0; i < n; ++i) {
-      enc.down_blocks.emplace_back(e.sub("down_blocks", i), prev, boc[size_t(i)], c.layers_per_block, i != n - 1,
-                                   norm);
+      enc.blocks.emplace_back(e.sub("down_blocks", i), prev, boc[size_t(i)], c.layers_per_block, i != n - 1, norm);
       prev = boc[size_t(i)];
     }
     enc.mid_block.emplace(e.sub("mid_block"), top, norm, c.mid_block_add_attention);
@@ -180,8 +179,8 @@ Tensor AutoencoderKL::decode(const Tensor& z_in, VaeTrace* trace) const {
   record("decoder.conv_in", h);
   h = (*decoder_.mid_block)(h);
   record("decoder.mid_block", h);
-  for (size_t i = 0; i < decoder_.up_blocks.size(); ++i) {
-    h = decoder_.up_blocks[i](h);
+  for (size_t i = 0; i < decoder_.blocks.size(); ++i) {
+    h = decoder_.blocks[i](h);
     if (trace) (*trace)["decoder.up_blocks." + std::to_string(i)] = h;
   }
   if (trace) {  // the traced value is the norm's own output
@@ -385,7 +384,7 @@ Tensor AutoencoderKL::encode_moments(const Tensor& image) const {
              config_.in_channels, ", H, W], got ", to_string(image.shape()));
   const Encoder& enc = *encoder_;
   Tensor h = enc.conv_in(as_dtype(image, enc.conv_in.weight.dtype()));
-  for (const auto& b : enc.down_blocks) h = b(h);
+  for (const auto& b : enc.blocks) h = b(h);
   h = (*enc.mid_block)(h);
   h = enc.conv_out(silu(enc.conv_norm_out(h)));
   return quant_conv_ ? (*quant_conv_)(h) : h;

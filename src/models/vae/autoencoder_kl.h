@@ -155,20 +155,18 @@ class AutoencoderKL {
   std::array<int64_t, 2> patch_size() const { return config_.patch_size; }
 
  private:
-  struct Decoder {
+  // The decoder and the encoder hold the same layers; `blocks` are the decoder's up_blocks (run
+  // after the mid block) or the encoder's down_blocks (run before it).
+  template <typename Block>
+  struct Coder {
     nn::Conv2d conv_in;
     std::optional<vae::MidBlock2D> mid_block;
-    std::vector<vae::UpDecoderBlock2D> up_blocks;
+    std::vector<Block> blocks;
     nn::GroupNorm conv_norm_out;
     nn::Conv2d conv_out;
   };
-  struct Encoder {
-    nn::Conv2d conv_in;
-    std::vector<vae::DownEncoderBlock2D> down_blocks;
-    std::optional<vae::MidBlock2D> mid_block;
-    nn::GroupNorm conv_norm_out;
-    nn::Conv2d conv_out;
-  };
+  using Decoder = Coder<vae::UpDecoderBlock2D>;
+  using Encoder = Coder<vae::DownEncoderBlock2D>;
 
   VaeConfig config_;
   Decoder decoder_;

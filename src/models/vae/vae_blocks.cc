@@ -64,28 +64,21 @@ Tensor MidBlock2D::operator()(const Tensor& x) const {
   return resnets[1](h);
 }
 
-UpDecoderBlock2D::UpDecoderBlock2D(const nn::Weights& w, int64_t in, int64_t out, int64_t num_layers,
-                                   bool add_upsample, NormSpec norm) {
+template <typename Sampler>
+ResnetSamplerBlock2D<Sampler>::ResnetSamplerBlock2D(const nn::Weights& w, int64_t in, int64_t out,
+                                                    int64_t num_layers, bool add_sampler, NormSpec norm) {
   for (int64_t i = 0; i < num_layers; ++i) resnets.emplace_back(w.sub("resnets", i), i == 0 ? in : out, out, norm);
-  if (add_upsample) upsampler.emplace(w.sub("upsamplers", 0), out);
+  if (add_sampler) sampler.emplace(w.sub(Sampler::kModuleList, 0), out);
 }
 
-Tensor UpDecoderBlock2D::operator()(const Tensor& x) const {
+template <typename Sampler>
+Tensor ResnetSamplerBlock2D<Sampler>::operator()(const Tensor& x) const {
   Tensor h = x;
   for (const auto& r : resnets) h = r(h);
-  return upsampler ? (*upsampler)(h) : h;
+  return sampler ? (*sampler)(h) : h;
 }
 
-DownEncoderBlock2D::DownEncoderBlock2D(const nn::Weights& w, int64_t in, int64_t out, int64_t num_layers,
-                                       bool add_downsample, NormSpec norm) {
-  for (int64_t i = 0; i < num_layers; ++i) resnets.emplace_back(w.sub("resnets", i), i == 0 ? in : out, out, norm);
-  if (add_downsample) downsampler.emplace(w.sub("downsamplers", 0), out);
-}
-
-Tensor DownEncoderBlock2D::operator()(const Tensor& x) const {
-  Tensor h = x;
-  for (const auto& r : resnets) h = r(h);
-  return downsampler ? (*downsampler)(h) : h;
-}
+template struct ResnetSamplerBlock2D<Upsample2D>;
+template struct ResnetSamplerBlock2D<Downsample2D>;
 
 }  // namespace kiln::vae

@@ -38,6 +38,7 @@ struct AttentionBlock {
 
 // Nearest-neighbour x2, then a 3x3 conv (padding 1).
 struct Upsample2D {
+  static constexpr const char* kModuleList = "upsamplers";  // what UpDecoderBlock2D keeps it under
   Upsample2D(const nn::Weights& w, int64_t channels);
   Tensor operator()(const Tensor& x) const { return conv(upsample_nearest2x(x)); }
   nn::Conv2d conv;
@@ -45,6 +46,7 @@ struct Upsample2D {
 
 // Zero pad right and bottom by one (Diffusers' padding=0 case), then a 3x3 conv with stride 2.
 struct Downsample2D {
+  static constexpr const char* kModuleList = "downsamplers";  // what DownEncoderBlock2D keeps it under
   Downsample2D(const nn::Weights& w, int64_t channels);
   Tensor operator()(const Tensor& x) const;
   nn::Conv2d conv;
@@ -59,24 +61,20 @@ struct MidBlock2D {
   std::optional<AttentionBlock> attention;
 };
 
-// UpDecoderBlock2D: `num_layers` resnets (the first in -> out) and an optional upsampler.
-struct UpDecoderBlock2D {
-  UpDecoderBlock2D(const nn::Weights& w, int64_t in_channels, int64_t out_channels, int64_t num_layers,
-                   bool add_upsample, NormSpec norm);
+// The decoder's and the encoder's blocks differ only in the sampler after their resnets:
+// `num_layers` resnets (the first in -> out), then an optional Sampler (Upsample2D or
+// Downsample2D) at Sampler::kModuleList.0. Defined for those two in vae_blocks.cc.
+template <typename Sampler>
+struct ResnetSamplerBlock2D {
+  ResnetSamplerBlock2D(const nn::Weights& w, int64_t in_channels, int64_t out_channels, int64_t num_layers,
+                       bool add_sampler, NormSpec norm);
   Tensor operator()(const Tensor& x) const;
 
   std::vector<ResnetBlock2D> resnets;
-  std::optional<Upsample2D> upsampler;
+  std::optional<Sampler> sampler;
 };
 
-// DownEncoderBlock2D: `num_layers` resnets (the first in -> out) and an optional downsampler.
-struct DownEncoderBlock2D {
-  DownEncoderBlock2D(const nn::Weights& w, int64_t in_channels, int64_t out_channels, int64_t num_layers,
-                     bool add_downsample, NormSpec norm);
-  Tensor operator()(const Tensor& x) const;
-
-  std::vector<ResnetBlock2D> resnets;
-  std::optional<Downsample2D> downsampler;
-};
+using UpDecoderBlock2D = ResnetSamplerBlock2D<Upsample2D>;      // Diffusers' UpDecoderBlock2D
+using DownEncoderBlock2D = ResnetSamplerBlock2D<Downsample2D>;  // Diffusers' DownEncoderBlock2D
 
 }  // namespace kiln::vae
