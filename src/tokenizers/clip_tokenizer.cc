@@ -54,15 +54,12 @@ std::vector<std::string> split_ascii_ws(std::string_view line) {
   }
   return parts;
 }
-}  // namespace
 
-struct ClipTokenizer::State {
-  fs::path dir;
+struct ClipState : PretrainedTokenizer::State {
   std::unordered_map<std::string, int64_t> vocab;
   std::unordered_map<std::string, int64_t> ranks;  // "left right" -> merge rank
   std::vector<AddedToken> added;
   std::unordered_map<std::string, int64_t> added_ids;
-  int64_t bos = -1, eos = -1, pad = -1, unk = -1, max_length = 77;
   std::array<std::string, 256> bytes = byte_encoder();
 
   mutable std::mutex cache_mutex;
@@ -74,14 +71,17 @@ struct ClipTokenizer::State {
   int64_t token_id(const std::string& token) const {
     if (auto it = added_ids.find(token); it != added_ids.end()) return it->second;
     if (auto it = vocab.find(token); it != vocab.end()) return it->second;
-    return unk;
+    return *unk;
   }
   std::vector<std::string> bpe(const std::string& token) const;
   std::vector<std::string> pretokenize(const std::string& text) const;
+
+  std::vector<std::string> tokenize(const std::string& text) const override;
+  std::vector<int64_t> encode(const std::string& text, bool add_special_tokens) const override;
+  int64_t vocab_size() const override;
 };
 
-namespace {
-void read_vocab(ClipTokenizer::State& s, const nlohmann::json& v, const std::string& where) {
+void read_vocab(ClipState& s, const nlohmann::json& v, const std::string& where) {
   KILN_CHECK(v.is_object(), "tokenizer", where, ": vocabulary is ", io::json_kind(v), ", expected an object");
   for (const auto& [token, id] : v.items()) {
     KILN_CHECK(id.is_number_integer(), "tokenizer", where, ": id of token '", token, "' is ", io::json_kind(id),
@@ -91,7 +91,7 @@ void read_vocab(ClipTokenizer::State& s, const nlohmann::json& v, const std::str
   KILN_CHECK(!s.vocab.empty(), "tokenizer", where, ": the vocabulary is empty");
 }
 
-void read_merges_txt(ClipTokenizer::State& s, const fs::path& path) {
+void read_merges_txt(ClipState& s, const fs::path& path) {
   const std::string text = read_file(path, "CLIP merges file");
   // Python: read().strip().split("\n")[1 : 48894 + 1] -- the first line (the "#version" header) is skipped.
   size_t begin = text.find_first_not_of(" \t\r\n\v\f"), end = text.find_last_not_of(" \t\r\n\v\f");
@@ -112,7 +112,7 @@ void read_merges_txt(ClipTokenizer::State& s, const fs::path& path) {
   }
 }
 
-void read_tokenizer_json(ClipTokenizer::State& s, const fs::path& path) {
+void read_tokenizer_json(ClipState& s, const fs::path& path) {
   const auto j = read_json(path, "tokenizer.json");
   const auto where = path.string();
   KILN_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), "tokenizer", where,
@@ -141,11 +141,10 @@ void read_tokenizer_json(ClipTokenizer::State& s, const fs::path& path) {
 }  // namespace
 
 ClipTokenizer ClipTokenizer::from_pretrained(const fs::path& dir) {
-  check_folder(dir, "CLIP tokenizer");
-  auto s = std::make_shared<State>();
+  const auto config = open_folder(dir, "CLIP tokenizer");
+  auto s = std::make_shared<ClipState>();
   s->dir = dir;
   std::error_code ec;
-  const auto config = TokenizerConfig::load(dir);
   if (fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "merges.txt", ec)) {
     read_vocab(*s, read_json(dir / "vocab.json", "CLIP vocabulary (vocab.json)"), (dir / "vocab.json").string());
     read_merges_txt(*s, dir / "merges.txt");
@@ -179,7 +178,7 @@ ClipTokenizer ClipTokenizer::from_pretrained(const fs::path& dir) {
   return ClipTokenizer(std::move(s));
 }
 
-std::vector<std::string> ClipTokenizer::State::pretokenize(const std::string& text) const {
+std::vector<std::string> ClipState::pretokenize(const std::string& text) const {
   // BasicTokenizer(strip_accents=False, do_split_on_punc=False).tokenize, then " ".join.
   const std::string cleaned = space_chars().replace_all(dropped_chars().replace_all(text, ""), " ");
   std::u32string spaced;
@@ -214,7 +213,7 @@ std::vector<std::string> ClipTokenizer::State::pretokenize(const std::string& te
   return pieces;
 }
 
-std::vector<std::string> ClipTokenizer::State::bpe(const std::string& token) const {
+std::vector<std::string> ClipState::bpe(const std::string& token) const {
   for (const char* special : kCachedSpecials)
     if (token == special) return {token};
   {
@@ -257,50 +256,46 @@ std::vector<std::string> ClipTokenizer::State::bpe(const std::string& token) con
   return word;
 }
 
-std::vector<std::string> ClipTokenizer::tokenize(const std::string& text) const {
+std::vector<std::string> ClipState::tokenize(const std::string& text) const {
   utf8_decode(text, "prompt");  // reject invalid UTF-8 up front, with a clear message
   std::vector<std::string> tokens;
-  for (const auto& seg : split_on_added_tokens(text, s_->added)) {
+  for (const auto& seg : split_on_added_tokens(text, added)) {
     if (seg.id >= 0) {
       tokens.push_back(seg.text);
       continue;
     }
-    for (const auto& piece : s_->pretokenize(seg.text))
-      for (auto& sym : s_->bpe(piece)) tokens.push_back(std::move(sym));
+    for (const auto& piece : pretokenize(seg.text))
+      for (auto& sym : bpe(piece)) tokens.push_back(std::move(sym));
   }
   return tokens;
 }
 
-std::vector<int64_t> ClipTokenizer::encode(const std::string& text) const {
-  std::vector<int64_t> ids{s_->bos};
-  for (const auto& t : tokenize(text)) ids.push_back(s_->token_id(t));
-  ids.push_back(s_->eos);
+std::vector<int64_t> ClipState::encode(const std::string& text, bool add_special_tokens) const {
+  std::vector<int64_t> ids;
+  if (add_special_tokens) ids.push_back(*bos);
+  for (const auto& t : tokenize(text)) ids.push_back(token_id(t));
+  if (add_special_tokens) ids.push_back(*eos);
   return ids;
 }
 
+int64_t ClipState::vocab_size() const {
+  int64_t n = int64_t(vocab.size());
+  for (const auto& t : added)
+    if (!vocab.count(t.content)) ++n;
+  return n;
+}
+
 std::vector<int64_t> ClipTokenizer::encode_padded(const std::string& text, int64_t max_length) const {
-  if (max_length < 0) max_length = s_->max_length;
+  if (max_length < 0) max_length = model_max_length();
   std::vector<int64_t> ids = encode(text);
   if (int64_t(ids.size()) > max_length) {
     // transformers cannot truncate when bos + eos alone fill max_length; refuse instead.
     KILN_CHECK(max_length > 2, "tokenizer", "CLIP max_length ", max_length, " leaves no room for text tokens");
     ids.resize(size_t(max_length - 1));
-    ids.push_back(s_->eos);
+    ids.push_back(eos_id());
   }
-  ids.resize(size_t(max_length), s_->pad);
+  ids.resize(size_t(max_length), pad_id());
   return ids;
-}
-
-int64_t ClipTokenizer::model_max_length() const { return s_->max_length; }
-int64_t ClipTokenizer::bos_id() const { return s_->bos; }
-int64_t ClipTokenizer::eos_id() const { return s_->eos; }
-int64_t ClipTokenizer::pad_id() const { return s_->pad; }
-int64_t ClipTokenizer::unk_id() const { return s_->unk; }
-int64_t ClipTokenizer::vocab_size() const {
-  int64_t n = int64_t(s_->vocab.size());
-  for (const auto& t : s_->added)
-    if (!s_->vocab.count(t.content)) ++n;
-  return n;
 }
 
 }  // namespace kiln::tokenizers

@@ -11,37 +11,26 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <memory>
-#include <string>
 #include <vector>
+
+#include "tokenizers/pretrained_tokenizer.h"
 
 namespace kiln::tokenizers {
 
-class ClipTokenizer {
+// tokenize(text): the BPE token strings (added tokens such as "<|endoftext|>" written in the text stay
+// whole); encode(text): [bos] + their ids + [eos], without bos/eos when add_special_tokens is false.
+class ClipTokenizer : public RequiredSpecialsTokenizer {
  public:
   static ClipTokenizer from_pretrained(const std::filesystem::path& dir);
 
-  // BPE token strings of `text` (added tokens such as "<|endoftext|>" written in the text stay
-  // whole), without bos/eos.
-  std::vector<std::string> tokenize(const std::string& text) const;
-  // [bos] + ids + [eos], untruncated.
-  std::vector<int64_t> encode(const std::string& text) const;
   // padding="max_length", truncation=True: [bos] + the first max_length-2 ids + [eos], then
-  // pad ids up to max_length. max_length < 0 means model_max_length().
+  // pad ids up to max_length. max_length < 0 means model_max_length() (77 if the folder sets none).
   std::vector<int64_t> encode_padded(const std::string& text, int64_t max_length = -1) const;
 
-  int64_t model_max_length() const;  // tokenizer_config.json's model_max_length (77 if absent)
-  int64_t bos_id() const;
-  int64_t eos_id() const;
-  int64_t pad_id() const;
-  int64_t unk_id() const;
-  int64_t vocab_size() const;  // entries of vocab.json plus added tokens outside it
-
-  struct State;
+  int64_t bos_id() const { return *s_->bos; }
 
  private:
-  explicit ClipTokenizer(std::shared_ptr<State> s) : s_(std::move(s)) {}
-  std::shared_ptr<State> s_;  // shared by copies, with the BPE cache inside (thread-safe)
+  using RequiredSpecialsTokenizer::RequiredSpecialsTokenizer;
 };
 
 }  // namespace kiln::tokenizers

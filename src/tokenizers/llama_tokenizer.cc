@@ -1,7 +1,5 @@
 #include "tokenizers/llama_tokenizer.h"
 
-#include <algorithm>
-
 #include "core/error.h"
 #include "io/json_config.h"
 #include "tokenizers/sentencepiece_slow.h"
@@ -10,14 +8,31 @@
 namespace kiln::tokenizers {
 namespace fs = std::filesystem;
 
-struct LlamaTokenizer::State {
-  fs::path dir;
-  std::optional<SlowSentencePiece> sp;
-  std::optional<int64_t> bos, eos, unk, pad;
-  bool add_bos = true, add_eos = false;
-};
-
 namespace {
+
+struct LlamaState : PretrainedTokenizer::State {
+  std::optional<SlowSentencePiece> sp;
+  bool add_bos = true, add_eos = false;
+
+  std::vector<std::string> tokenize(const std::string& text) const override {
+    std::vector<std::string> out;
+    for (auto& t : sp->tokenize(text)) out.push_back(std::move(t.text));
+    return out;
+  }
+  std::vector<int64_t> encode(const std::string& text, bool add_special_tokens) const override {
+    std::vector<int64_t> ids;
+    for (const auto& t : sp->tokenize(text)) ids.push_back(t.id);
+    return add_special_tokens ? with_specials(std::move(ids)) : ids;
+  }
+  int64_t vocab_size() const override { return sp->vocab_size(); }
+
+  // build_inputs_with_special_tokens.
+  std::vector<int64_t> with_specials(std::vector<int64_t> ids) const {
+    if (add_bos) ids.insert(ids.begin(), *bos);
+    if (add_eos) ids.push_back(*eos);
+    return ids;
+  }
+};
 
 // Texts of a list of tokens given as strings or {"content": ...} objects.
 std::vector<std::string> token_list(const nlohmann::json& v, const fs::path& file, const std::string& key) {
@@ -59,10 +74,9 @@ void check_supported(const TokenizerConfig& c) {
 }  // namespace
 
 LlamaTokenizer LlamaTokenizer::from_pretrained(const fs::path& dir) {
-  check_folder(dir, "Llama tokenizer");
-  const auto config = TokenizerConfig::load(dir);
+  const auto config = open_folder(dir, "Llama tokenizer");
   check_supported(config);
-  auto s = std::make_shared<State>();
+  auto s = std::make_shared<LlamaState>();
   s->dir = dir;
   const fs::path model_path = dir / "tokenizer.model";
   // LlamaTokenizer: legacy unset means legacy (with a warning in transformers).
@@ -119,49 +133,34 @@ LlamaTokenizer LlamaTokenizer::from_pretrained(const fs::path& dir) {
   return LlamaTokenizer(std::move(s));
 }
 
-std::vector<std::string> LlamaTokenizer::tokenize(const std::string& text) const {
-  std::vector<std::string> out;
-  for (auto& t : s_->sp->tokenize(text)) out.push_back(std::move(t.text));
-  return out;
-}
-
-std::vector<int64_t> LlamaTokenizer::encode(const std::string& text, bool add_special_tokens) const {
-  std::vector<int64_t> ids;
-  for (const auto& t : s_->sp->tokenize(text)) ids.push_back(t.id);
-  return add_special_tokens ? this->add_special_tokens(std::move(ids)) : ids;
-}
-
 std::vector<int64_t> LlamaTokenizer::add_special_tokens(std::vector<int64_t> ids) const {
-  if (s_->add_bos) ids.insert(ids.begin(), *s_->bos);
-  if (s_->add_eos) ids.push_back(*s_->eos);
-  return ids;
+  return state<LlamaState>().with_specials(std::move(ids));
 }
 
-int64_t LlamaTokenizer::num_special_tokens_to_add() const { return int64_t(s_->add_bos) + int64_t(s_->add_eos); }
+int64_t LlamaTokenizer::num_special_tokens_to_add() const {
+  const auto& s = state<LlamaState>();
+  return int64_t(s.add_bos) + int64_t(s.add_eos);
+}
 
 std::optional<int64_t> LlamaTokenizer::id_of(const std::string& token) const {
-  if (auto id = s_->sp->added_id(token)) return id;
-  return s_->sp->piece_id(token);
+  const auto& sp = *state<LlamaState>().sp;
+  if (auto id = sp.added_id(token)) return id;
+  return sp.piece_id(token);
 }
 
 std::string LlamaTokenizer::token_of(int64_t id) const {
-  for (const auto& t : s_->sp->added_tokens())
+  const auto& sp = *state<LlamaState>().sp;
+  for (const auto& t : sp.added_tokens())
     if (t.id == id) return t.content;
-  return s_->sp->id_to_piece(id);
+  return sp.id_to_piece(id);
 }
 
 std::optional<int64_t> LlamaTokenizer::bos_id() const { return s_->bos; }
 std::optional<int64_t> LlamaTokenizer::eos_id() const { return s_->eos; }
 std::optional<int64_t> LlamaTokenizer::unk_id() const { return s_->unk; }
 std::optional<int64_t> LlamaTokenizer::pad_id() const { return s_->pad; }
-bool LlamaTokenizer::add_bos_token() const { return s_->add_bos; }
-bool LlamaTokenizer::add_eos_token() const { return s_->add_eos; }
-bool LlamaTokenizer::legacy() const { return s_->sp->legacy(); }
-
-int64_t LlamaTokenizer::vocab_size() const {
-  int64_t n = s_->sp->piece_size();
-  for (const auto& t : s_->sp->added_tokens()) n = std::max(n, t.id + 1);
-  return n;
-}
+bool LlamaTokenizer::add_bos_token() const { return state<LlamaState>().add_bos; }
+bool LlamaTokenizer::add_eos_token() const { return state<LlamaState>().add_eos; }
+bool LlamaTokenizer::legacy() const { return state<LlamaState>().sp->legacy(); }
 
 }  // namespace kiln::tokenizers

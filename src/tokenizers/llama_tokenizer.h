@@ -18,22 +18,21 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "tokenizers/pretrained_tokenizer.h"
+
 namespace kiln::tokenizers {
 
-class LlamaTokenizer {
+// tokenize(text): token strings such as "▁cat", "<0x09>" and added tokens verbatim, without bos/eos.
+// vocab_size(): pieces plus added tokens beyond them.
+class LlamaTokenizer : public PretrainedTokenizer {
  public:
   // dir / "tokenizer.model" with dir's tokenizer_config.json and special_tokens_map.json.
   static LlamaTokenizer from_pretrained(const std::filesystem::path& dir);
 
-  // Token strings of `text` ("▁cat", "<0x09>", added tokens verbatim), without bos/eos.
-  std::vector<std::string> tokenize(const std::string& text) const;
-  // tokenizer(text, add_special_tokens=...).input_ids, untruncated.
-  std::vector<int64_t> encode(const std::string& text, bool add_special_tokens = true) const;
   // build_inputs_with_special_tokens: [bos] + ids + [eos] as add_bos_token / add_eos_token say.
   std::vector<int64_t> add_special_tokens(std::vector<int64_t> ids) const;
   int64_t num_special_tokens_to_add() const;
@@ -49,14 +48,9 @@ class LlamaTokenizer {
   bool add_bos_token() const;
   bool add_eos_token() const;
   bool legacy() const;
-  // len(tokenizer): pieces plus added tokens beyond them.
-  int64_t vocab_size() const;
-
-  struct State;
 
  private:
-  explicit LlamaTokenizer(std::shared_ptr<const State> s) : s_(std::move(s)) {}
-  std::shared_ptr<const State> s_;
+  using PretrainedTokenizer::PretrainedTokenizer;
 };
 
 }  // namespace kiln::tokenizers

@@ -14,17 +14,16 @@
 namespace kiln::tokenizers {
 namespace fs = std::filesystem;
 
-struct PromptTokenizer::State {
-  fs::path dir;
-  Kind kind = Kind::tokenizer_json;
+namespace {
+
+struct PromptState : PretrainedTokenizer::State {
+  PromptTokenizer::Kind kind = PromptTokenizer::Kind::tokenizer_json;
   std::optional<HfTokenizer> hf;
   std::optional<LlamaTokenizer> llama;
   // LlamaTokenizerFast: transformers rebuilds the post-processor as [bos]? $A [eos]?.
   bool flag_specials = false, add_bos = false, add_eos = false;
   std::optional<std::string> pad_token, bos_token, eos_token;
-  std::optional<int64_t> pad, bos, eos;
-  Side padding = Side::right, truncation = Side::right;
-  std::optional<int64_t> max_length;
+  PromptTokenizer::Side padding = PromptTokenizer::Side::right, truncation = PromptTokenizer::Side::right;
 
   std::string config_file() const { return (dir / "tokenizer_config.json").string(); }
 
@@ -44,9 +43,17 @@ struct PromptTokenizer::State {
     if (add_eos) ids.push_back(*eos);
     return ids;
   }
-};
 
-namespace {
+  std::vector<std::string> tokenize(const std::string& text) const override {
+    return llama ? llama->tokenize(text) : hf->tokenize(text);
+  }
+  std::vector<int64_t> encode(const std::string& text, bool add_special_tokens) const override {
+    if (hf && !flag_specials) return hf->encode(text, add_special_tokens);
+    auto ids = plain_ids(text);
+    return add_special_tokens ? with_specials(std::move(ids)) : ids;
+  }
+  int64_t vocab_size() const override { return llama ? llama->vocab_size() : hf->vocab_size(); }
+};
 
 PromptTokenizer::Side parse_side(const nlohmann::json& v, const std::string& where, const std::string& key) {
   KILN_CHECK(v.is_string(), "tokenizer", where, ": ", key, " is ", io::json_kind(v), ", expected \"left\" or \"right\"");
@@ -89,10 +96,9 @@ void check_hf_special_tokens(const HfTokenizer& hf, const TokenizerConfig& c, co
 }  // namespace
 
 PromptTokenizer PromptTokenizer::from_pretrained(const fs::path& dir, bool prefer_sentencepiece) {
-  check_folder(dir, "prompt tokenizer");
-  auto s = std::make_shared<State>();
+  const auto config = open_folder(dir, "prompt tokenizer");
+  auto s = std::make_shared<PromptState>();
   s->dir = dir;
-  const auto config = TokenizerConfig::load(dir);
   const std::string where = s->config_file();
   KILN_CHECK(!config.flag("split_special_tokens", false), "tokenizer", where,
              ": split_special_tokens true is not supported by kiln");
@@ -163,45 +169,39 @@ PromptTokenizer PromptTokenizer::from_pretrained(const fs::path& dir, bool prefe
   return PromptTokenizer(std::move(s));
 }
 
-PromptTokenizer::Kind PromptTokenizer::kind() const { return s_->kind; }
-const fs::path& PromptTokenizer::dir() const { return s_->dir; }
-
-std::vector<int64_t> PromptTokenizer::encode(const std::string& text, bool add_special_tokens) const {
-  if (s_->hf && !s_->flag_specials) return s_->hf->encode(text, add_special_tokens);
-  auto ids = s_->plain_ids(text);
-  return add_special_tokens ? s_->with_specials(std::move(ids)) : ids;
-}
+PromptTokenizer::Kind PromptTokenizer::kind() const { return state<PromptState>().kind; }
 
 PromptTokenizer::Encoding PromptTokenizer::encode_padded(const std::string& text, int64_t max_length,
                                                          bool add_special_tokens) const {
-  KILN_CHECK(max_length > 0, "tokenizer", s_->dir.string(), ": max_length must be positive, got ", max_length);
+  const auto& s = state<PromptState>();
+  KILN_CHECK(max_length > 0, "tokenizer", s.dir.string(), ": max_length must be positive, got ", max_length);
   const int64_t pad = pad_id();
-  const int64_t n_special = add_special_tokens ? s_->n_special() : 0;
+  const int64_t n_special = add_special_tokens ? s.n_special() : 0;
   std::vector<int64_t> ids;
-  if (s_->hf && !s_->flag_specials && n_special > 0) {
+  if (s.hf && !s.flag_specials && n_special > 0) {
     // tokenizer.json's post-processor adds the special tokens; HfTokenizer truncates before it, on the right.
-    KILN_CHECK(s_->truncation == Side::right, "tokenizer", s_->config_file(),
+    KILN_CHECK(s.truncation == Side::right, "tokenizer", s.config_file(),
                ": truncation_side \"left\" with tokenizer.json's special tokens (add_special_tokens=True) is not "
                "supported by kiln");
-    auto p = s_->hf->encode_padded(text, max_length, pad, true);
+    auto p = s.hf->encode_padded(text, max_length, pad, true);
     ids = std::move(p.ids);
     ids.resize(size_t(std::count(p.attention_mask.begin(), p.attention_mask.end(), 1)));
   } else {
-    ids = s_->plain_ids(text);
+    ids = s.plain_ids(text);
     const int64_t excess = int64_t(ids.size()) + n_special - max_length;
     if (excess > 0) {
       // transformers does not truncate (and returns more than max_length ids) when the special tokens alone
       // fill max_length; kiln refuses instead.
-      KILN_CHECK(max_length > n_special, "tokenizer", s_->dir.string(), ": max_length ", max_length,
+      KILN_CHECK(max_length > n_special, "tokenizer", s.dir.string(), ": max_length ", max_length,
                  " leaves no room for text tokens next to the ", n_special, " special tokens");
-      if (s_->truncation == Side::right) ids.resize(ids.size() - size_t(excess));
+      if (s.truncation == Side::right) ids.resize(ids.size() - size_t(excess));
       else ids.erase(ids.begin(), ids.begin() + excess);
     }
-    if (add_special_tokens) ids = s_->with_specials(std::move(ids));
+    if (add_special_tokens) ids = s.with_specials(std::move(ids));
   }
   const size_t n = ids.size(), total = size_t(max_length);
   Encoding e;
-  if (s_->padding == Side::right) {
+  if (s.padding == Side::right) {
     e.ids = std::move(ids);
     e.ids.resize(total, pad);
     e.attention_mask.assign(n, 1);
@@ -216,11 +216,12 @@ PromptTokenizer::Encoding PromptTokenizer::encode_padded(const std::string& text
 }
 
 std::optional<int64_t> PromptTokenizer::id_of(const std::string& token) const {
-  return s_->llama ? s_->llama->id_of(token) : s_->hf->id_of(token);
+  const auto& s = state<PromptState>();
+  return s.llama ? s.llama->id_of(token) : s.hf->id_of(token);
 }
 
 int64_t PromptTokenizer::pad_id() const {
-  KILN_CHECK(s_->pad.has_value(), "tokenizer", s_->config_file(),
+  KILN_CHECK(s_->pad.has_value(), "tokenizer", state<PromptState>().config_file(),
              ": no pad_token (set in neither tokenizer_config.json nor special_tokens_map.json); kiln pads prompts to "
              "max_length with it");
   return *s_->pad;
@@ -228,12 +229,12 @@ int64_t PromptTokenizer::pad_id() const {
 
 std::optional<int64_t> PromptTokenizer::bos_id() const { return s_->bos; }
 std::optional<int64_t> PromptTokenizer::eos_id() const { return s_->eos; }
-const std::optional<std::string>& PromptTokenizer::pad_token() const { return s_->pad_token; }
-const std::optional<std::string>& PromptTokenizer::bos_token() const { return s_->bos_token; }
-const std::optional<std::string>& PromptTokenizer::eos_token() const { return s_->eos_token; }
-PromptTokenizer::Side PromptTokenizer::padding_side() const { return s_->padding; }
-PromptTokenizer::Side PromptTokenizer::truncation_side() const { return s_->truncation; }
+const std::optional<std::string>& PromptTokenizer::pad_token() const { return state<PromptState>().pad_token; }
+const std::optional<std::string>& PromptTokenizer::bos_token() const { return state<PromptState>().bos_token; }
+const std::optional<std::string>& PromptTokenizer::eos_token() const { return state<PromptState>().eos_token; }
+PromptTokenizer::Side PromptTokenizer::padding_side() const { return state<PromptState>().padding; }
+PromptTokenizer::Side PromptTokenizer::truncation_side() const { return state<PromptState>().truncation; }
 std::optional<int64_t> PromptTokenizer::model_max_length() const { return s_->max_length; }
-int64_t PromptTokenizer::num_special_tokens_to_add() const { return s_->n_special(); }
+int64_t PromptTokenizer::num_special_tokens_to_add() const { return state<PromptState>().n_special(); }
 
 }  // namespace kiln::tokenizers

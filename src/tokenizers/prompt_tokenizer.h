@@ -25,14 +25,15 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "tokenizers/pretrained_tokenizer.h"
+
 namespace kiln::tokenizers {
 
-class PromptTokenizer {
+class PromptTokenizer : public PretrainedTokenizer {
  public:
   enum class Kind { tokenizer_json, sentencepiece };
   enum class Side { right, left };
@@ -43,10 +44,6 @@ class PromptTokenizer {
   static PromptTokenizer from_pretrained(const std::filesystem::path& dir, bool prefer_sentencepiece = false);
 
   Kind kind() const;
-  const std::filesystem::path& dir() const;
-
-  // tokenizer(text, add_special_tokens=...).input_ids, untruncated.
-  std::vector<int64_t> encode(const std::string& text, bool add_special_tokens = true) const;
 
   struct Encoding {
     std::vector<int64_t> ids;             // exactly max_length ids
@@ -72,11 +69,8 @@ class PromptTokenizer {
   // Special tokens add_special_tokens=True puts around one text.
   int64_t num_special_tokens_to_add() const;
 
-  struct State;
-
  private:
-  explicit PromptTokenizer(std::shared_ptr<const State> s) : s_(std::move(s)) {}
-  std::shared_ptr<const State> s_;
+  using PretrainedTokenizer::PretrainedTokenizer;
 };
 
 }  // namespace kiln::tokenizers

@@ -1,5 +1,7 @@
 #include "tokenizers/sentencepiece_slow.h"
 
+#include <algorithm>
+
 #include <sentencepiece_processor.h>
 
 #include "core/error.h"
@@ -39,6 +41,12 @@ SlowSentencePiece::SlowSentencePiece(const fs::path& path, const std::string& wh
 }
 
 int64_t SlowSentencePiece::piece_size() const { return model_->sp.GetPieceSize(); }
+
+int64_t SlowSentencePiece::vocab_size() const {
+  int64_t n = piece_size();
+  for (const auto& t : added_) n = std::max(n, t.id + 1);
+  return n;
+}
 
 std::optional<int64_t> SlowSentencePiece::piece_id(const std::string& piece) const {
   const int id = model_->sp.PieceToId(piece);

@@ -38,6 +38,8 @@ class SlowSentencePiece {
   SlowSentencePiece(const std::filesystem::path& path, const std::string& what, bool legacy, bool add_prefix_space);
 
   int64_t piece_size() const;
+  // len(tokenizer): the pieces plus the added tokens whose ids lie beyond them.
+  int64_t vocab_size() const;
   // The id of `piece` when it is exactly a piece of the model.
   std::optional<int64_t> piece_id(const std::string& piece) const;
   std::string id_to_piece(int64_t id) const;

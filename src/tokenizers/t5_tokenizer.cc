@@ -1,6 +1,5 @@
 #include "tokenizers/t5_tokenizer.h"
 
-#include <algorithm>
 #include <optional>
 
 #include "core/error.h"
@@ -11,18 +10,39 @@
 namespace kiln::tokenizers {
 namespace fs = std::filesystem;
 
-struct T5Tokenizer::State {
-  fs::path dir;
+namespace {
+struct T5State : PretrainedTokenizer::State {
   std::optional<SlowSentencePiece> sp;
   std::optional<HfTokenizer> fast;  // a folder with tokenizer.json but no spiece.model
-  int64_t eos = -1, pad = -1, unk = -1, max_length = 512;
+
+  std::vector<std::string> tokenize(const std::string& text) const override {
+    if (fast) return fast->tokenize(text);
+    std::vector<std::string> out;
+    for (auto& t : sp->tokenize(text)) out.push_back(std::move(t.text));
+    return out;
+  }
+  std::vector<int64_t> encode(const std::string& text, bool add_special_tokens) const override;
+  int64_t vocab_size() const override { return fast ? fast->vocab_size() : sp->vocab_size(); }
 };
 
+std::vector<int64_t> T5State::encode(const std::string& text, bool add_special_tokens) const {
+  if (fast) {
+    std::vector<int64_t> ids = fast->encode(text, /*add_special_tokens=*/false);
+    if (add_special_tokens) ids.push_back(*eos);
+    return ids;
+  }
+  std::vector<int64_t> ids;
+  for (const auto& t : sp->tokenize(text)) ids.push_back(t.id);
+  // T5Tokenizer._add_eos_if_not_present: no second </s> after one written in the text.
+  if (add_special_tokens && (ids.empty() || ids.back() != *eos)) ids.push_back(*eos);
+  return ids;
+}
+}  // namespace
+
 T5Tokenizer T5Tokenizer::from_pretrained(const fs::path& dir) {
-  check_folder(dir, "T5 tokenizer");
-  auto s = std::make_shared<State>();
+  const auto config = open_folder(dir, "T5 tokenizer");
+  auto s = std::make_shared<T5State>();
   s->dir = dir;
-  const auto config = TokenizerConfig::load(dir);
   const fs::path model_path = dir / "spiece.model";
   std::error_code ec;
   if (!fs::exists(model_path, ec) && fs::exists(dir / "tokenizer.json", ec)) {
@@ -82,51 +102,18 @@ T5Tokenizer T5Tokenizer::from_pretrained(const fs::path& dir) {
   return T5Tokenizer(std::move(s));
 }
 
-std::vector<std::string> T5Tokenizer::tokenize(const std::string& text) const {
-  if (s_->fast) return s_->fast->tokenize(text);
-  std::vector<std::string> out;
-  for (auto& t : s_->sp->tokenize(text)) out.push_back(std::move(t.text));
-  return out;
-}
-
-std::vector<int64_t> T5Tokenizer::encode(const std::string& text) const {
-  if (s_->fast) {
-    std::vector<int64_t> ids = s_->fast->encode(text, /*add_special_tokens=*/false);
-    ids.push_back(s_->eos);
-    return ids;
-  }
-  std::vector<int64_t> ids;
-  for (const auto& t : s_->sp->tokenize(text)) ids.push_back(t.id);
-  // T5Tokenizer._add_eos_if_not_present: no second </s> after one written in the text.
-  if (ids.empty() || ids.back() != s_->eos) ids.push_back(s_->eos);
-  return ids;
-}
-
 std::vector<int64_t> T5Tokenizer::encode_padded(const std::string& text, int64_t max_length) const {
   KILN_CHECK(max_length >= 1, "tokenizer", "T5 max_length must be positive, got ", max_length);
-  std::vector<int64_t> ids;
-  if (s_->fast) ids = s_->fast->encode(text, /*add_special_tokens=*/false);
-  else
-    for (const auto& t : s_->sp->tokenize(text)) ids.push_back(t.id);
+  const bool fast = state<T5State>().fast.has_value();
+  std::vector<int64_t> ids = encode(text, /*add_special_tokens=*/false);
   if (int64_t(ids.size()) + 1 > max_length) {
     // transformers cannot truncate when </s> alone fills max_length; refuse instead.
     KILN_CHECK(max_length > 1, "tokenizer", "T5 max_length ", max_length, " leaves no room for text tokens");
     ids.resize(size_t(max_length - 1));
   }
-  if (s_->fast || ids.empty() || ids.back() != s_->eos) ids.push_back(s_->eos);
-  ids.resize(size_t(max_length), s_->pad);
+  if (fast || ids.empty() || ids.back() != eos_id()) ids.push_back(eos_id());
+  ids.resize(size_t(max_length), pad_id());
   return ids;
-}
-
-int64_t T5Tokenizer::model_max_length() const { return s_->max_length; }
-int64_t T5Tokenizer::eos_id() const { return s_->eos; }
-int64_t T5Tokenizer::pad_id() const { return s_->pad; }
-int64_t T5Tokenizer::unk_id() const { return s_->unk; }
-int64_t T5Tokenizer::vocab_size() const {
-  if (s_->fast) return s_->fast->vocab_size();
-  int64_t n = s_->sp->piece_size();
-  for (const auto& t : s_->sp->added_tokens()) n = std::max(n, t.id + 1);
-  return n;
 }
 
 }  // namespace kiln::tokenizers

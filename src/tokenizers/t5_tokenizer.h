@@ -14,34 +14,25 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <memory>
-#include <string>
 #include <vector>
+
+#include "tokenizers/pretrained_tokenizer.h"
 
 namespace kiln::tokenizers {
 
-class T5Tokenizer {
+// tokenize(text): the SentencePiece pieces and added tokens, without </s>; encode(text): their ids + [</s>]
+// (spiece.model: no eos is added when the text already ends with one), without it when add_special_tokens is
+// false. vocab_size(): SentencePiece pieces (or tokenizer.json's vocabulary) plus added tokens beyond them.
+class T5Tokenizer : public RequiredSpecialsTokenizer {
  public:
   static T5Tokenizer from_pretrained(const std::filesystem::path& dir);
 
-  // SentencePiece pieces and added tokens of `text`, without </s>.
-  std::vector<std::string> tokenize(const std::string& text) const;
-  // ids + [</s>] (spiece.model: no eos is added when the text already ends with one), untruncated.
-  std::vector<int64_t> encode(const std::string& text) const;
   // padding="max_length", truncation=True: the first max_length-1 ids + [</s>], then pad ids.
+  // model_max_length() is 512 if the folder sets none.
   std::vector<int64_t> encode_padded(const std::string& text, int64_t max_length) const;
 
-  int64_t model_max_length() const;  // tokenizer_config.json's model_max_length (512 if absent)
-  int64_t eos_id() const;
-  int64_t pad_id() const;
-  int64_t unk_id() const;
-  int64_t vocab_size() const;  // SentencePiece pieces (or tokenizer.json's vocabulary) plus added tokens beyond them
-
-  struct State;
-
  private:
-  explicit T5Tokenizer(std::shared_ptr<const State> s) : s_(std::move(s)) {}
-  std::shared_ptr<const State> s_;
+  using RequiredSpecialsTokenizer::RequiredSpecialsTokenizer;
 };
 
 }  // namespace kiln::tokenizers
