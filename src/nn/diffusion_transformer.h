@@ -20,6 +20,7 @@
 #include "core/tensor.h"
 #include "distributed/tensor_parallel.h"
 #include "exec/compile.h"
+#include "io/config_fields.h"
 #include "io/json_config.h"
 #include "nn/repeated_block.h"
 #include "nn/weights.h"
@@ -30,12 +31,9 @@ namespace kiln::nn {
 // checked once for all: `C` is the model's config struct, whose member defaults are its class's.
 template <typename C>
 void read_transformer_fields(const io::JsonConfig& j, C& c) {
-  c.patch_size = j.get_int("patch_size", c.patch_size);
-  c.in_channels = j.get_int("in_channels", c.in_channels);
-  c.num_layers = j.get_int("num_layers", c.num_layers);
-  c.attention_head_dim = j.get_int("attention_head_dim", c.attention_head_dim);
-  c.num_attention_heads = j.get_int("num_attention_heads", c.num_attention_heads);
-  c.joint_attention_dim = j.get_int("joint_attention_dim", c.joint_attention_dim);
+  io::read_fields(j, {{"patch_size", c.patch_size}, {"in_channels", c.in_channels}, {"num_layers", c.num_layers},
+                      {"attention_head_dim", c.attention_head_dim}, {"num_attention_heads", c.num_attention_heads},
+                      {"joint_attention_dim", c.joint_attention_dim}});
 }
 // Errors naming `where`, `source` and the field when `v` is not positive.
 void check_positive(int64_t v, const char* field, const char* where, const std::string& source);

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "exec/ops.h"
+#include "io/config_fields.h"
 #include "io/json_config.h"
 
 namespace kiln {
@@ -11,13 +12,10 @@ namespace kiln {
 FlowMatchEulerConfig FlowMatchEulerConfig::load(const std::filesystem::path& file) {
   const io::JsonConfig j(file);
   FlowMatchEulerConfig c;
-  c.num_train_timesteps = j.get_int("num_train_timesteps", c.num_train_timesteps);
-  c.shift = j.get_float("shift", c.shift);
-  c.use_dynamic_shifting = j.get_bool("use_dynamic_shifting", c.use_dynamic_shifting);
-  c.base_shift = j.get_float("base_shift", c.base_shift);
-  c.max_shift = j.get_float("max_shift", c.max_shift);
-  c.base_image_seq_len = j.get_int("base_image_seq_len", c.base_image_seq_len);
-  c.max_image_seq_len = j.get_int("max_image_seq_len", c.max_image_seq_len);
+  io::read_fields(j, {{"num_train_timesteps", c.num_train_timesteps}, {"shift", c.shift},
+                      {"use_dynamic_shifting", c.use_dynamic_shifting}, {"base_shift", c.base_shift},
+                      {"max_shift", c.max_shift}, {"base_image_seq_len", c.base_image_seq_len},
+                      {"max_image_seq_len", c.max_image_seq_len}});
   for (const char* flag : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
                            "stochastic_sampling", "use_flow_sigmas"})
     KILN_CHECK(!j.get_bool(flag, false), "scheduler", file.string(), ": '", flag,

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "io/config_fields.h"
 #include "exec/host.h"
 #include "exec/ops.h"
 #include "nn/activations.h"
@@ -18,15 +19,11 @@ constexpr const char* kWhere = "clip_text_model";
 
 ClipTextModel::Config ClipTextModel::Config::from_json(const io::JsonConfig& json) {
   Config c;
-  c.vocab_size = json.get_int("vocab_size", c.vocab_size);
-  c.hidden_size = json.get_int("hidden_size", c.hidden_size);
-  c.intermediate_size = json.get_int("intermediate_size", c.intermediate_size);
-  c.num_hidden_layers = json.get_int("num_hidden_layers", c.num_hidden_layers);
-  c.num_attention_heads = json.get_int("num_attention_heads", c.num_attention_heads);
-  c.max_position_embeddings = json.get_int("max_position_embeddings", c.max_position_embeddings);
-  c.hidden_act = json.get_string("hidden_act", c.hidden_act);
-  c.layer_norm_eps = json.get_float("layer_norm_eps", c.layer_norm_eps);
-  c.eos_token_id = json.get_int("eos_token_id", c.eos_token_id);
+  io::read_fields(json, {{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                         {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
+                         {"num_attention_heads", c.num_attention_heads},
+                         {"max_position_embeddings", c.max_position_embeddings}, {"hidden_act", c.hidden_act},
+                         {"layer_norm_eps", c.layer_norm_eps}, {"eos_token_id", c.eos_token_id}});
   for (const std::string& a : json.get_string_list("architectures", {}))
     c.with_projection = c.with_projection || a == "CLIPTextModelWithProjection";
   c.projection_dim = json.get_int("projection_dim", c.projection_dim);

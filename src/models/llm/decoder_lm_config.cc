@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/config_fields.h"
 #include "nn/activations.h"
 
 namespace kiln {
@@ -86,11 +87,9 @@ DecoderLMConfig DecoderLMConfig::from_json(const io::JsonConfig& file) {
 
   DecoderLMConfig c = defaults_for(lm_type);
   c.checkpoint_model_type = top;
-  c.vocab_size = json.get_int("vocab_size", c.vocab_size);
-  c.hidden_size = json.get_int("hidden_size", c.hidden_size);
-  c.intermediate_size = json.get_int("intermediate_size", c.intermediate_size);
-  c.num_hidden_layers = json.get_int("num_hidden_layers", c.num_hidden_layers);
-  c.num_attention_heads = json.get_int("num_attention_heads", c.num_attention_heads);
+  io::read_fields(json, {{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                         {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
+                         {"num_attention_heads", c.num_attention_heads}});
   c.num_key_value_heads =
       json.get_int("num_key_value_heads", lm_type == "qwen3" ? c.num_attention_heads : c.num_key_value_heads);
   KILN_CHECK(c.num_attention_heads > 0, kWhere, json.source(), ": field 'num_attention_heads' must be positive, got ",

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "io/config_fields.h"
 #include "exec/host.h"
 #include "exec/ops.h"
 #include "nn/activations.h"
@@ -17,17 +18,11 @@ constexpr const char* kWhere = "t5_encoder";
 
 T5EncoderModel::Config T5EncoderModel::Config::from_json(const io::JsonConfig& json) {
   Config c;
-  c.vocab_size = json.get_int("vocab_size", c.vocab_size);
-  c.d_model = json.get_int("d_model", c.d_model);
-  c.d_kv = json.get_int("d_kv", c.d_kv);
-  c.d_ff = json.get_int("d_ff", c.d_ff);
-  c.num_layers = json.get_int("num_layers", c.num_layers);
-  c.num_heads = json.get_int("num_heads", c.num_heads);
-  c.relative_attention_num_buckets = json.get_int("relative_attention_num_buckets", c.relative_attention_num_buckets);
-  c.relative_attention_max_distance =
-      json.get_int("relative_attention_max_distance", c.relative_attention_max_distance);
-  c.layer_norm_epsilon = json.get_float("layer_norm_epsilon", c.layer_norm_epsilon);
-  c.feed_forward_proj = json.get_string("feed_forward_proj", c.feed_forward_proj);
+  io::read_fields(json, {{"vocab_size", c.vocab_size}, {"d_model", c.d_model}, {"d_kv", c.d_kv}, {"d_ff", c.d_ff},
+                         {"num_layers", c.num_layers}, {"num_heads", c.num_heads},
+                         {"relative_attention_num_buckets", c.relative_attention_num_buckets},
+                         {"relative_attention_max_distance", c.relative_attention_max_distance},
+                         {"layer_norm_epsilon", c.layer_norm_epsilon}, {"feed_forward_proj", c.feed_forward_proj}});
 
   // T5Config: "gated-X" or "X"; anything else is rejected, as transformers does.
   const std::string& ffp = c.feed_forward_proj;
