@@ -151,16 +151,10 @@ std::string range(double lo, double hi) {
 std::string range(const CallArgument& a) { return range(a.lo, a.hi); }
 
 double number_from_text(const CallArgument& a, const std::string& v) {
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  KILN_CHECK(used == v.size() && !v.empty() && std::isfinite(x) && x >= a.lo && x <= a.hi, "cli", "flag ", a.flag,
-             " expects a number in ", range(a), ", got '", v, "'");
-  return x;
+  const std::optional<double> x = whole_number(v);
+  KILN_CHECK(x && std::isfinite(*x) && *x >= a.lo && *x <= a.hi, "cli", "flag ", a.flag, " expects a number in ",
+             range(a), ", got '", v, "'");
+  return *x;
 }
 
 VaeTilingMode tiling_from_text(const std::string& v, const std::string& who) {
@@ -211,16 +205,10 @@ void set_from_text(PipelineCallArgs& args, const CallArgument& a, const std::str
           pipeline_checks::check_bounds("cli", a.flag, x, int64_t(a.lo), int64_t(a.hi));
           args.*member = x;
         } else if constexpr (std::is_same_v<T, uint64_t>) {
-          size_t used = 0;
-          uint64_t x = 0;
-          try {
-            x = text.find_first_not_of("0123456789") == std::string::npos ? std::stoull(text, &used) : 0;
-          } catch (const std::exception&) {
-            used = 0;
-          }
-          KILN_CHECK(used == text.size() && !text.empty(), "cli", "flag ", a.flag,
-                     " expects an integer from 0 to 18446744073709551615, got '", text, "'");
-          args.*member = x;
+          const std::optional<uint64_t> x = whole_uint(text);
+          KILN_CHECK(x.has_value(), "cli", "flag ", a.flag, " expects an integer from 0 to 18446744073709551615, got '",
+                     text, "'");
+          args.*member = *x;
         } else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, std::optional<double>>) {
           args.*member = number_from_text(a, text);
         } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {

@@ -26,7 +26,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-DiffusionPipeline::DiffusionPipeline(std::unique_ptr<PipelineState> state) : s_(std::move(state)) {}
+DiffusionPipeline::DiffusionPipeline(std::unique_ptr<PipelineState> state, nn::DiffusionTransformer& denoiser,
+                                     const AutoencoderKL& vae)
+    : s_(std::move(state)), denoiser_(&denoiser), vae_(&vae) {}
 DiffusionPipeline::DiffusionPipeline(DiffusionPipeline&&) noexcept = default;
 DiffusionPipeline& DiffusionPipeline::operator=(DiffusionPipeline&&) noexcept = default;
 DiffusionPipeline::~DiffusionPipeline() = default;

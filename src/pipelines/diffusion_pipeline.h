@@ -122,8 +122,11 @@ class DiffusionPipeline {
   // A tensor the caller gave (initial latents) on the pipeline's device, copied there when it is
   // elsewhere (Diffusers: latents.to(device)).
   Tensor on_device(const Tensor& t) const;
-  // The loaded components and their placement (pipelines/pipeline_state.h), from PipelineLoader.
-  explicit DiffusionPipeline(std::unique_ptr<PipelineState> state);
+  // The loaded components and their placement (pipelines/pipeline_state.h), from PipelineLoader,
+  // and the denoiser and VAE every pipeline has, for what the base does with them the same way
+  // (they live in the concrete pipeline's heap-held models, so a move keeps them where they are).
+  DiffusionPipeline(std::unique_ptr<PipelineState> state, nn::DiffusionTransformer& denoiser,
+                    const AutoencoderKL& vae);
   // Moved only as the concrete class (a base reference could otherwise take another class's state).
   DiffusionPipeline(DiffusionPipeline&&) noexcept;
   DiffusionPipeline& operator=(DiffusionPipeline&&) noexcept;
@@ -145,10 +148,9 @@ class DiffusionPipeline {
   };
 
   // ---- what a concrete pipeline provides ----
-  // Its denoiser (the transformer), for what every pipeline does with it the same way.
-  virtual nn::DiffusionTransformer& denoiser() = 0;
-  const nn::DiffusionTransformer& denoiser() const { return const_cast<DiffusionPipeline*>(this)->denoiser(); }
-  virtual const AutoencoderKL& vae() const = 0;
+  nn::DiffusionTransformer& denoiser() { return *denoiser_; }
+  const nn::DiffusionTransformer& denoiser() const { return *denoiser_; }
+  const AutoencoderKL& vae() const { return *vae_; }
   virtual int64_t patch_size() const = 0;
   // A size that is not a multiple of size_multiple(): rounded down with a warning (FluxPipeline,
   // as Diffusers), or an error (StableDiffusion3Pipeline's check_inputs).
@@ -212,6 +214,8 @@ class DiffusionPipeline {
   std::unique_ptr<PipelineState> s_;
 
  private:
+  nn::DiffusionTransformer* denoiser_;
+  const AutoencoderKL* vae_;
   size_t memory_limit() const;
   size_t physical_available() const;
   ComponentActivations activations(int64_t h, int64_t w, int64_t max_sequence_length, int64_t vae_tile_size) const;

@@ -26,7 +26,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 // Flux2Pipeline's SYSTEM_MESSAGE (diffusers/pipelines/flux2/system_messages.py; note the line break).
 constexpr const char* kSystemMessage =
     "You are an AI that reasons about image descriptions. You give structured responses focusing on object "
@@ -114,7 +113,7 @@ const Flux2Pipeline::Variant& klein_variant() {
 }  // namespace
 
 Flux2Pipeline::Flux2Pipeline(std::unique_ptr<PipelineState> state, std::unique_ptr<Models> models)
-    : DiffusionPipeline(std::move(state)), m_(std::move(models)) {}
+    : DiffusionPipeline(std::move(state), models->transformer, models->vae), m_(std::move(models)) {}
 Flux2Pipeline::Flux2Pipeline(Flux2Pipeline&&) noexcept = default;
 Flux2Pipeline& Flux2Pipeline::operator=(Flux2Pipeline&&) noexcept = default;
 Flux2Pipeline::~Flux2Pipeline() = default;
@@ -155,16 +154,8 @@ Flux2Pipeline Flux2Pipeline::load(const fs::path& dir, const PipelineOptions& op
                   return CausalLMTextEncoder::from_pretrained(te_dir, load.dtype("text_encoder"), needed,
                                                               options.tensor_parallel);
                 }),
-      load.load("transformer", Flux2Transformer2DModel::checkpoint_keys_not_loaded(),
-                [&] {
-                  const fs::path t = load.path("transformer");
-                  return options.tensor_parallel
-                             ? Flux2Transformer2DModel::from_pretrained(t, *options.tensor_parallel,
-                                                                        load.dtype("transformer"))
-                             : Flux2Transformer2DModel::from_pretrained(t, load.dtype("transformer"));
-                }),
-      load.load("vae", AutoencoderKL::checkpoint_keys_not_loaded(),
-                [&] { return AutoencoderKL::from_pretrained(load.path("vae"), load.dtype("vae")); }),
+      load.load_transformer<Flux2Transformer2DModel>(),
+      load.load_model<AutoencoderKL>("vae"),
       FlowMatchEulerConfig::load(load.path("scheduler") / "scheduler_config.json"),
   });
   KILN_CHECK(m->vae.latent_batch_norm().has_value(), "pipeline", (load.path("vae") / "config.json").string(),
@@ -181,12 +172,9 @@ Flux2Pipeline Flux2Pipeline::load(const fs::path& dir, const PipelineOptions& op
 }
 
 const char* Flux2Pipeline::class_name() const { return m_->variant->class_name; }
-const AutoencoderKL& Flux2Pipeline::vae() const { return m_->vae; }
 Flux2Transformer2DModel& Flux2Pipeline::transformer() { return m_->transformer; }
 bool Flux2Pipeline::is_distilled() const { return m_->is_distilled; }
 const std::vector<int64_t>& Flux2Pipeline::default_text_encoder_out_layers() const { return m_->out_layers; }
-
-nn::DiffusionTransformer& Flux2Pipeline::denoiser() { return m_->transformer; }
 
 void Flux2Pipeline::warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const {
   m_->transformer.warmup(1, (h / 2) * (w / 2), max_sequence_length, m_->variant->guidance_embeds_allowed);

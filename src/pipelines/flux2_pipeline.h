@@ -58,7 +58,6 @@ class Flux2Pipeline : public DiffusionPipeline {
   static Flux2Pipeline load(const std::filesystem::path& dir, const PipelineOptions& options, const Variant& variant);
 
  private:
-  const AutoencoderKL& vae() const override;
   int64_t patch_size() const override { return 2; }  // latents are 2x2-patchified
   int64_t max_sequence_length(const PipelineCallArgs& args) const override;
   void check_call(const PipelineCallArgs& args, int64_t height, int64_t width, PipelineOutput& out) const override;
@@ -67,7 +66,6 @@ class Flux2Pipeline : public DiffusionPipeline {
   size_t carried_bytes(const PipelineCallArgs& args, int64_t h, int64_t w,
                        int64_t max_sequence_length) const override;
   double host_floor_bytes(int64_t height, int64_t width, int64_t max_sequence_length) const override;
-  nn::DiffusionTransformer& denoiser() override;
   void warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const override;
   void run(const PipelineCallArgs& args, const Sized& sized, PipelineOutput& out) const override;
 

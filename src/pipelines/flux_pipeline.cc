@@ -58,7 +58,7 @@ struct FluxPipeline::Models {
 };
 
 FluxPipeline::FluxPipeline(std::unique_ptr<PipelineState> state, std::unique_ptr<Models> models)
-    : DiffusionPipeline(std::move(state)), m_(std::move(models)) {}
+    : DiffusionPipeline(std::move(state), models->transformer, models->vae), m_(std::move(models)) {}
 FluxPipeline::FluxPipeline(FluxPipeline&&) noexcept = default;
 FluxPipeline& FluxPipeline::operator=(FluxPipeline&&) noexcept = default;
 FluxPipeline::~FluxPipeline() = default;
@@ -83,27 +83,15 @@ FluxPipeline FluxPipeline::from_pretrained(const fs::path& model, const Pipeline
                   return ClipTextModel::from_pretrained(load.path("text_encoder"), ClipPooledRule::eos2_argmax,
                                                         load.dtype("text_encoder"));
                 }),
-      load.load("text_encoder_2", T5EncoderModel::checkpoint_keys_not_loaded(),
-                [&] { return T5EncoderModel::from_pretrained(load.path("text_encoder_2"), load.dtype("text_encoder_2")); }),
-      load.load("transformer", FluxTransformer2DModel::checkpoint_keys_not_loaded(),
-                [&] {
-                  const fs::path dir = load.path("transformer");
-                  return options.tensor_parallel
-                             ? FluxTransformer2DModel::from_pretrained(dir, *options.tensor_parallel,
-                                                                       load.dtype("transformer"))
-                             : FluxTransformer2DModel::from_pretrained(dir, load.dtype("transformer"));
-                }),
-      load.load("vae", AutoencoderKL::checkpoint_keys_not_loaded(),
-                [&] { return AutoencoderKL::from_pretrained(load.path("vae"), load.dtype("vae")); }),
+      load.load_model<T5EncoderModel>("text_encoder_2"),
+      load.load_transformer<FluxTransformer2DModel>(),
+      load.load_model<AutoencoderKL>("vae"),
       FlowMatchEulerConfig::load(load.path("scheduler") / "scheduler_config.json"),
   });
   return FluxPipeline(load.finish(), std::move(m));
 }
 
-const AutoencoderKL& FluxPipeline::vae() const { return m_->vae; }
 FluxTransformer2DModel& FluxPipeline::transformer() { return m_->transformer; }
-
-nn::DiffusionTransformer& FluxPipeline::denoiser() { return m_->transformer; }
 
 void FluxPipeline::warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const {
   m_->transformer.warmup(1, (h / 2) * (w / 2), max_sequence_length);

@@ -63,6 +63,22 @@ class PipelineLoader {
     return std::move(*model);
   }
 
+  // load() of a model whose from_pretrained takes its folder and dtype (a VAE, T5).
+  template <typename Model>
+  Model load_model(const std::string& component) {
+    return load(component, Model::checkpoint_keys_not_loaded(),
+                [&] { return Model::from_pretrained(path(component), dtype(component)); });
+  }
+  // load() of a diffusion transformer: under tensor parallelism this rank reads only its shard.
+  template <typename Model>
+  Model load_transformer(const std::string& component = "transformer") {
+    return load(component, Model::checkpoint_keys_not_loaded(), [&] {
+      const auto& tp = options().tensor_parallel;
+      return tp ? Model::from_pretrained(path(component), *tp, dtype(component))
+                : Model::from_pretrained(path(component), dtype(component));
+    });
+  }
+
   // The state the pipeline keeps; components not loaded (optional and absent) are dropped.
   std::unique_ptr<PipelineState> finish();
 

@@ -55,7 +55,7 @@ struct StableDiffusion3Pipeline::Models {
 
 StableDiffusion3Pipeline::StableDiffusion3Pipeline(std::unique_ptr<PipelineState> state,
                                                    std::unique_ptr<Models> models)
-    : DiffusionPipeline(std::move(state)), m_(std::move(models)) {}
+    : DiffusionPipeline(std::move(state), models->transformer, models->vae), m_(std::move(models)) {}
 StableDiffusion3Pipeline::StableDiffusion3Pipeline(StableDiffusion3Pipeline&&) noexcept = default;
 StableDiffusion3Pipeline& StableDiffusion3Pipeline::operator=(StableDiffusion3Pipeline&&) noexcept = default;
 StableDiffusion3Pipeline::~StableDiffusion3Pipeline() = default;
@@ -94,22 +94,9 @@ StableDiffusion3Pipeline StableDiffusion3Pipeline::from_pretrained(const fs::pat
       t5 ? std::optional(tokenizers::T5Tokenizer::from_pretrained(load.path("tokenizer_3"))) : std::nullopt,
       clip("text_encoder"),
       clip("text_encoder_2"),
-      t5 ? std::optional(load.load("text_encoder_3", T5EncoderModel::checkpoint_keys_not_loaded(),
-                                   [&] {
-                                     return T5EncoderModel::from_pretrained(load.path("text_encoder_3"),
-                                                                            load.dtype("text_encoder_3"));
-                                   }))
-         : std::nullopt,
-      load.load("transformer", SD3Transformer2DModel::checkpoint_keys_not_loaded(),
-                [&] {
-                  const fs::path dir = load.path("transformer");
-                  return options.tensor_parallel
-                             ? SD3Transformer2DModel::from_pretrained(dir, *options.tensor_parallel,
-                                                                      load.dtype("transformer"))
-                             : SD3Transformer2DModel::from_pretrained(dir, load.dtype("transformer"));
-                }),
-      load.load("vae", AutoencoderKL::checkpoint_keys_not_loaded(),
-                [&] { return AutoencoderKL::from_pretrained(load.path("vae"), load.dtype("vae")); }),
+      t5 ? std::optional(load.load_model<T5EncoderModel>("text_encoder_3")) : std::nullopt,
+      load.load_transformer<SD3Transformer2DModel>(),
+      load.load_model<AutoencoderKL>("vae"),
       FlowMatchEulerConfig::load(load.path("scheduler") / "scheduler_config.json"),
   });
   KILN_CHECK(!m->scheduler.use_dynamic_shifting, "pipeline",
@@ -126,13 +113,10 @@ StableDiffusion3Pipeline StableDiffusion3Pipeline::from_pretrained(const fs::pat
   return StableDiffusion3Pipeline(load.finish(), std::move(m));
 }
 
-const AutoencoderKL& StableDiffusion3Pipeline::vae() const { return m_->vae; }
 SD3Transformer2DModel& StableDiffusion3Pipeline::transformer() { return m_->transformer; }
 int64_t StableDiffusion3Pipeline::patch_size() const { return m_->transformer.config().patch_size; }
 int64_t StableDiffusion3Pipeline::default_sample_size() const { return m_->transformer.config().sample_size; }
 bool StableDiffusion3Pipeline::has_text_encoder_3() const { return m_->text_encoder_3.has_value(); }
-
-nn::DiffusionTransformer& StableDiffusion3Pipeline::denoiser() { return m_->transformer; }
 
 void StableDiffusion3Pipeline::warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const {
   for (int64_t batch : {2, 1})

@@ -47,7 +47,6 @@ class StableDiffusion3Pipeline : public DiffusionPipeline {
   struct Models;
   StableDiffusion3Pipeline(std::unique_ptr<PipelineState> state, std::unique_ptr<Models> models);
 
-  const AutoencoderKL& vae() const override;
   int64_t patch_size() const override;
   bool rounds_sizes() const override { return false; }
   int64_t max_sequence_length(const PipelineCallArgs& args) const override;
@@ -57,7 +56,6 @@ class StableDiffusion3Pipeline : public DiffusionPipeline {
   size_t carried_bytes(const PipelineCallArgs& args, int64_t h, int64_t w,
                        int64_t max_sequence_length) const override;
   double host_floor_bytes(int64_t height, int64_t width, int64_t max_sequence_length) const override;
-  nn::DiffusionTransformer& denoiser() override;
   void warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const override;
   void run(const PipelineCallArgs& args, const Sized& sized, PipelineOutput& out) const override;
 

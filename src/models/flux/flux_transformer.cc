@@ -4,24 +4,21 @@
 
 #include "core/error.h"
 #include "exec/capture.h"
+#include "io/config_fields.h"
+#include "nn/tp_plans.h"
 
 namespace kiln {
-namespace {
-
-constexpr const char* kWhere = "FluxTransformer2DModel";
-
-}  // namespace
+// Errors name the Diffusers class.
+constexpr const char* kWhere = FluxTransformer2DModel::kClassName;
 
 // ---- config ----
 
 FluxTransformerConfig FluxTransformerConfig::from_json(const io::JsonConfig& j) {
   FluxTransformerConfig c;
   nn::read_transformer_fields(j, c);
-  if (j.has("out_channels")) c.out_channels = j.get_int("out_channels");
-  c.num_single_layers = j.get_int("num_single_layers", c.num_single_layers);
-  c.pooled_projection_dim = j.get_int("pooled_projection_dim", c.pooled_projection_dim);
-  c.guidance_embeds = j.get_bool("guidance_embeds", c.guidance_embeds);
-  c.axes_dims_rope = j.get_int_list("axes_dims_rope", c.axes_dims_rope);
+  io::read_fields(j, {{"out_channels", c.out_channels}, {"num_single_layers", c.num_single_layers},
+                      {"pooled_projection_dim", c.pooled_projection_dim}, {"guidance_embeds", c.guidance_embeds},
+                      {"axes_dims_rope", c.axes_dims_rope}});
   c.validate(j.source());
   return c;
 }
@@ -38,38 +35,28 @@ void FluxTransformerConfig::validate(const std::string& source) const {
 // ---- class data ----
 
 std::vector<TensorParallelEntry> FluxTransformer2DModel::tp_plan(const FluxTransformerConfig&, bool shard_modulation) {
-  // Colwise producers feed rowwise consumers (one all-reduce per rowwise Linear). The single
-  // block's proj_out reads [attn (D) | mlp (4D)], each sharded on its own: packed rowwise [1, 4].
-  std::vector<TensorParallelEntry> plan{
-      {"transformer_blocks.*.attn.to_q", "colwise", {}},
-      {"transformer_blocks.*.attn.to_k", "colwise", {}},
-      {"transformer_blocks.*.attn.to_v", "colwise", {}},
-      {"transformer_blocks.*.attn.add_q_proj", "colwise", {}},
-      {"transformer_blocks.*.attn.add_k_proj", "colwise", {}},
-      {"transformer_blocks.*.attn.add_v_proj", "colwise", {}},
-      {"transformer_blocks.*.attn.to_out.0", "rowwise", {}},
-      {"transformer_blocks.*.attn.to_add_out", "rowwise", {}},
-      {"transformer_blocks.*.ff.net.0.proj", "colwise", {}},
-      {"transformer_blocks.*.ff.net.2", "rowwise", {}},
-      {"transformer_blocks.*.ff_context.net.0.proj", "colwise", {}},
-      {"transformer_blocks.*.ff_context.net.2", "rowwise", {}},
-      {"single_transformer_blocks.*.attn.to_q", "colwise", {}},
-      {"single_transformer_blocks.*.attn.to_k", "colwise", {}},
-      {"single_transformer_blocks.*.attn.to_v", "colwise", {}},
-      {"single_transformer_blocks.*.proj_mlp", "colwise", {}},
-      {"single_transformer_blocks.*.proj_out", "packed_rowwise", {1, 4}},
-  };
-  if (shard_modulation)
-    for (const char* p : {"transformer_blocks.*.norm1.linear", "transformer_blocks.*.norm1_context.linear",
-                          "single_transformer_blocks.*.norm.linear", "norm_out.linear"})
-      plan.push_back({p, "colwise_gather", {}});
-  return plan;
+  // The single block's proj_out reads [attn (D) | mlp (4D)], each sharded on its own: packed
+  // rowwise [1, 4].
+  return nn::concat_plans({
+      nn::joint_attention_plan("transformer_blocks.*.attn"),
+      nn::feed_forward_plan("transformer_blocks.*.ff"),
+      nn::feed_forward_plan("transformer_blocks.*.ff_context"),
+      {{"single_transformer_blocks.*.attn.to_q", "colwise", {}},
+       {"single_transformer_blocks.*.attn.to_k", "colwise", {}},
+       {"single_transformer_blocks.*.attn.to_v", "colwise", {}},
+       {"single_transformer_blocks.*.proj_mlp", "colwise", {}},
+       {"single_transformer_blocks.*.proj_out", "packed_rowwise", {1, 4}}},
+      shard_modulation ? nn::gathered_plan({"transformer_blocks.*.norm1.linear",
+                                            "transformer_blocks.*.norm1_context.linear",
+                                            "single_transformer_blocks.*.norm.linear", "norm_out.linear"})
+                       : nn::TensorParallelPlan{},
+  });
 }
 
 // ---- construction ----
 
 FluxTransformer2DModel::FluxTransformer2DModel(FluxTransformerConfig config, const nn::Weights& w)
-    : config_(std::move(config)) {
+    : PretrainedTransformer(std::move(config)) {
   const FluxTransformerConfig& c = config_;
   c.validate();
   const int64_t D = c.inner_dim();

@@ -11,7 +11,7 @@
 #include "io/json_config.h"
 #include "distributed/tensor_parallel.h"
 #include "models/flux/flux_blocks.h"
-#include "nn/diffusion_transformer.h"
+#include "nn/pretrained_transformer.h"
 #include "nn/embeddings.h"
 
 namespace kiln {
@@ -39,37 +39,16 @@ struct FluxTransformerConfig {
   int64_t mlp_hidden() const { return 4 * inner_dim(); }
 };
 
-class FluxTransformer2DModel : public nn::DiffusionTransformer {
+class FluxTransformer2DModel
+    : public nn::PretrainedTransformer<FluxTransformer2DModel, FluxTransformerConfig, flux::FluxTransformerBlock,
+                                      flux::FluxSingleTransformerBlock> {
  public:
   static constexpr const char* kClassName = "FluxTransformer2DModel";
-  const char* class_name() const override { return kClassName; }
-  // Diffusers' _repeated_blocks: the block classes compile_repeated_blocks compiles one by one.
-  static const std::vector<std::string>& repeated_blocks() {
-    static const std::vector<std::string> names{flux::FluxTransformerBlock::kClassName,
-                                                flux::FluxSingleTransformerBlock::kClassName};
-    return names;
-  }
-  const std::vector<std::string>& repeated_block_classes() const override { return repeated_blocks(); }
   // Diffusers' _tp_plan for this model; every Linear not listed is
   // replicated. With shard_modulation the AdaLN modulation linears are added as colwise_gather.
   static std::vector<TensorParallelEntry> tp_plan(const FluxTransformerConfig& config = {},
                                                   bool shard_modulation = false);
 
-  // `dir` is the transformer folder (config.json and diffusion_pytorch_model*.safetensors).
-  // Checkpoint keys this model leaves unread on purpose: none.
-  static std::vector<std::string> checkpoint_keys_not_loaded() { return {}; }
-  // `dtype`: torch_dtype, the dtype its weights are held and computed in (std::nullopt: "auto",
-  // the checkpoint's).
-  static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir,
-                                                std::optional<DType> dtype = DType::f32) {
-    return load_pretrained<FluxTransformer2DModel>(dir, dtype);
-  }
-  // Tensor parallel: this rank loads (and reads from disk) only its shard of every planned
-  // weight. Errors before any load when the mesh does not divide the heads or a planned width.
-  static FluxTransformer2DModel from_pretrained(const std::filesystem::path& dir, const TensorParallelConfig& tp,
-                                                std::optional<DType> dtype = DType::f32) {
-    return load_pretrained<FluxTransformer2DModel>(dir, dtype, &tp);
-  }
   // Builds from an explicit config and checkpoint (shapes checked against the config).
   FluxTransformer2DModel(FluxTransformerConfig config, const nn::Weights& weights);
 
@@ -81,7 +60,6 @@ class FluxTransformer2DModel : public nn::DiffusionTransformer {
                  const Tensor& timestep, const Tensor& img_ids, const Tensor& txt_ids,
                  std::optional<Tensor> guidance = std::nullopt) const;
 
-  const FluxTransformerConfig& config() const { return config_; }
   DType dtype() const { return core_.x_embedder.dtype; }  // torch_dtype it was loaded in
 
   // ---- compiled mode (nn::DiffusionTransformer) ----
@@ -142,7 +120,6 @@ class FluxTransformer2DModel : public nn::DiffusionTransformer {
   std::vector<std::string> arg_names() const override;
   void for_each_block(const std::function<void(nn::CompilableBlock&)>& f) override;
 
-  FluxTransformerConfig config_;
   Core core_;
 
   nn::JointRotaryEmbedding rope_;

@@ -4,27 +4,22 @@
 
 #include "core/error.h"
 #include "exec/capture.h"
+#include "io/config_fields.h"
+#include "nn/tp_plans.h"
 
 namespace kiln {
-namespace {
-
-constexpr const char* kWhere = "Flux2Transformer2DModel";
-
-}  // namespace
+// Errors name the Diffusers class.
+constexpr const char* kWhere = Flux2Transformer2DModel::kClassName;
 
 // ---- config ----
 
 Flux2TransformerConfig Flux2TransformerConfig::from_json(const io::JsonConfig& j) {
   Flux2TransformerConfig c;
   nn::read_transformer_fields(j, c);
-  if (j.has("out_channels")) c.out_channels = j.get_int("out_channels");
-  c.num_single_layers = j.get_int("num_single_layers", c.num_single_layers);
-  c.timestep_guidance_channels = j.get_int("timestep_guidance_channels", c.timestep_guidance_channels);
-  c.mlp_ratio = j.get_float("mlp_ratio", c.mlp_ratio);
-  c.axes_dims_rope = j.get_int_list("axes_dims_rope", c.axes_dims_rope);
-  c.rope_theta = j.get_float("rope_theta", c.rope_theta);
-  c.eps = j.get_float("eps", c.eps);
-  c.guidance_embeds = j.get_bool("guidance_embeds", c.guidance_embeds);
+  io::read_fields(j, {{"out_channels", c.out_channels}, {"num_single_layers", c.num_single_layers},
+                      {"timestep_guidance_channels", c.timestep_guidance_channels}, {"mlp_ratio", c.mlp_ratio},
+                      {"axes_dims_rope", c.axes_dims_rope}, {"rope_theta", c.rope_theta}, {"eps", c.eps},
+                      {"guidance_embeds", c.guidance_embeds}});
   c.validate(j.source());
   return c;
 }
@@ -49,33 +44,25 @@ std::vector<TensorParallelEntry> Flux2Transformer2DModel::tp_plan(const Flux2Tra
   // single block's fused projection is [Q D | K D | V D | gate F | up F], its to_out reads
   // [attention D | MLP F], and the double blocks' linear_in is [gate F | up F].
   const int64_t D = c.inner_dim(), F = c.mlp_hidden();
-  std::vector<TensorParallelEntry> plan{
-      {"transformer_blocks.*.attn.to_q", "colwise", {}},
-      {"transformer_blocks.*.attn.to_k", "colwise", {}},
-      {"transformer_blocks.*.attn.to_v", "colwise", {}},
-      {"transformer_blocks.*.attn.to_out.0", "rowwise", {}},
-      {"transformer_blocks.*.attn.add_q_proj", "colwise", {}},
-      {"transformer_blocks.*.attn.add_k_proj", "colwise", {}},
-      {"transformer_blocks.*.attn.add_v_proj", "colwise", {}},
-      {"transformer_blocks.*.attn.to_add_out", "rowwise", {}},
-      {"transformer_blocks.*.ff.linear_in", "packed_colwise", {1, 1}},
-      {"transformer_blocks.*.ff.linear_out", "rowwise", {}},
-      {"transformer_blocks.*.ff_context.linear_in", "packed_colwise", {1, 1}},
-      {"transformer_blocks.*.ff_context.linear_out", "rowwise", {}},
-      {"single_transformer_blocks.*.attn.to_qkv_mlp_proj", "packed_colwise", {D, D, D, F, F}},
-      {"single_transformer_blocks.*.attn.to_out", "packed_rowwise", {D, F}},
-  };
-  if (shard_modulation)
-    for (const char* p : {"double_stream_modulation_img.linear", "double_stream_modulation_txt.linear",
-                          "single_stream_modulation.linear", "norm_out.linear"})
-      plan.push_back({p, "colwise_gather", {}});
-  return plan;
+  return nn::concat_plans({
+      nn::joint_attention_plan("transformer_blocks.*.attn"),
+      {{"transformer_blocks.*.ff.linear_in", "packed_colwise", {1, 1}},
+       {"transformer_blocks.*.ff.linear_out", "rowwise", {}},
+       {"transformer_blocks.*.ff_context.linear_in", "packed_colwise", {1, 1}},
+       {"transformer_blocks.*.ff_context.linear_out", "rowwise", {}},
+       {"single_transformer_blocks.*.attn.to_qkv_mlp_proj", "packed_colwise", {D, D, D, F, F}},
+       {"single_transformer_blocks.*.attn.to_out", "packed_rowwise", {D, F}}},
+      shard_modulation ? nn::gathered_plan({"double_stream_modulation_img.linear",
+                                            "double_stream_modulation_txt.linear",
+                                            "single_stream_modulation.linear", "norm_out.linear"})
+                       : nn::TensorParallelPlan{},
+  });
 }
 
 // ---- construction ----
 
 Flux2Transformer2DModel::Flux2Transformer2DModel(Flux2TransformerConfig config, const nn::Weights& w)
-    : config_(std::move(config)) {
+    : PretrainedTransformer(std::move(config)) {
   const Flux2TransformerConfig& c = config_;
   c.validate();
   const int64_t D = c.inner_dim();

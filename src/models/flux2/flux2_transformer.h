@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/diffusion_transformer.h"
+#include "nn/pretrained_transformer.h"
 #include "distributed/tensor_parallel.h"
 #include "io/json_config.h"
 #include "models/flux2/flux2_blocks.h"
@@ -44,34 +44,16 @@ struct Flux2TransformerConfig {
 };
 
 
-class Flux2Transformer2DModel : public nn::DiffusionTransformer {
+class Flux2Transformer2DModel
+    : public nn::PretrainedTransformer<Flux2Transformer2DModel, Flux2TransformerConfig, flux2::Flux2TransformerBlock,
+                                      flux2::Flux2SingleTransformerBlock> {
  public:
   static constexpr const char* kClassName = "Flux2Transformer2DModel";
-  const char* class_name() const override { return kClassName; }
-  // Diffusers' _repeated_blocks: the block classes compile_repeated_blocks compiles one by one.
-  static const std::vector<std::string>& repeated_blocks() {
-    static const std::vector<std::string> names{flux2::Flux2TransformerBlock::kClassName,
-                                                flux2::Flux2SingleTransformerBlock::kClassName};
-    return names;
-  }
-  const std::vector<std::string>& repeated_block_classes() const override { return repeated_blocks(); }
   // Diffusers' _tp_plan for this config's widths; every Linear not listed is
   // replicated. With shard_modulation the three shared modulation Linears and norm_out.linear
   // are added as colwise_gather (each rank computes a slice, all gather it).
   static std::vector<TensorParallelEntry> tp_plan(const Flux2TransformerConfig& config, bool shard_modulation = false);
 
-  static std::vector<std::string> checkpoint_keys_not_loaded() { return {}; }
-  // `dtype`: torch_dtype (std::nullopt: "auto", the checkpoint's).
-  static Flux2Transformer2DModel from_pretrained(const std::filesystem::path& dir,
-                                                 std::optional<DType> dtype = DType::f32) {
-    return load_pretrained<Flux2Transformer2DModel>(dir, dtype);
-  }
-  // Tensor parallel: this rank reads only its shard of every planned weight. Errors before any
-  // load when the mesh does not divide the heads or a planned block.
-  static Flux2Transformer2DModel from_pretrained(const std::filesystem::path& dir, const TensorParallelConfig& tp,
-                                                 std::optional<DType> dtype = DType::f32) {
-    return load_pretrained<Flux2Transformer2DModel>(dir, dtype, &tp);
-  }
   Flux2Transformer2DModel(Flux2TransformerConfig config, const nn::Weights& weights);
 
   // hidden_states [B, L_img, in_ch], encoder_hidden_states [B, L_txt, joint_dim], timestep [B]
@@ -80,7 +62,6 @@ class Flux2Transformer2DModel : public nn::DiffusionTransformer {
   Tensor forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states, const Tensor& timestep,
                  const Tensor& img_ids, const Tensor& txt_ids, std::optional<Tensor> guidance = std::nullopt) const;
 
-  const Flux2TransformerConfig& config() const { return config_; }
   DType dtype() const { return core_.x_embedder.dtype; }  // torch_dtype it was loaded in
 
   // ---- compiled mode (nn::DiffusionTransformer) ----
@@ -136,7 +117,6 @@ class Flux2Transformer2DModel : public nn::DiffusionTransformer {
   std::vector<std::string> arg_names() const override;
   void for_each_block(const std::function<void(nn::CompilableBlock&)>& f) override;
 
-  Flux2TransformerConfig config_;
   Core core_;
   nn::JointRotaryEmbedding rope_;
 };

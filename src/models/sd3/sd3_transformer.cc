@@ -5,22 +5,20 @@
 
 #include "core/error.h"
 #include "exec/capture.h"
+#include "io/config_fields.h"
+#include "nn/tp_plans.h"
 
 namespace kiln {
-namespace {
-
-constexpr const char* kWhere = "SD3Transformer2DModel";
-
-}  // namespace
+// Errors name the Diffusers class.
+constexpr const char* kWhere = SD3Transformer2DModel::kClassName;
 
 // ---- config ----
 
 SD3TransformerConfig SD3TransformerConfig::from_json(const io::JsonConfig& j) {
   SD3TransformerConfig c;
   nn::read_transformer_fields(j, c);
-  c.sample_size = j.get_int("sample_size", c.sample_size);
-  c.caption_projection_dim = j.get_int("caption_projection_dim", c.caption_projection_dim);
-  c.pooled_projection_dim = j.get_int("pooled_projection_dim", c.pooled_projection_dim);
+  io::read_fields(j, {{"sample_size", c.sample_size}, {"caption_projection_dim", c.caption_projection_dim},
+                      {"pooled_projection_dim", c.pooled_projection_dim}});
   // JsonConfig reads null as absent, but here they differ: an absent out_channels is the class
   // default 16, a null one means in_channels.
   const nlohmann::json& raw = j.json();
@@ -68,38 +66,22 @@ sd3::JointBlockStructure SD3TransformerConfig::block_structure(int64_t i) const 
 // ---- class data ----
 
 std::vector<TensorParallelEntry> SD3Transformer2DModel::tp_plan(const SD3TransformerConfig&, bool shard_modulation) {
-  // Colwise producers feed rowwise consumers (one all-reduce per rowwise Linear). Q/K/V are
-  // split by whole heads (the per-head RMSNorm weights stay replicated); the last block has no
-  // to_add_out / ff_context, so those entries simply match nothing there.
-  std::vector<TensorParallelEntry> plan{
-      {"transformer_blocks.*.attn.to_q", "colwise", {}},
-      {"transformer_blocks.*.attn.to_k", "colwise", {}},
-      {"transformer_blocks.*.attn.to_v", "colwise", {}},
-      {"transformer_blocks.*.attn.add_q_proj", "colwise", {}},
-      {"transformer_blocks.*.attn.add_k_proj", "colwise", {}},
-      {"transformer_blocks.*.attn.add_v_proj", "colwise", {}},
-      {"transformer_blocks.*.attn.to_out.0", "rowwise", {}},
-      {"transformer_blocks.*.attn.to_add_out", "rowwise", {}},
-      {"transformer_blocks.*.attn2.to_q", "colwise", {}},
-      {"transformer_blocks.*.attn2.to_k", "colwise", {}},
-      {"transformer_blocks.*.attn2.to_v", "colwise", {}},
-      {"transformer_blocks.*.attn2.to_out.0", "rowwise", {}},
-      {"transformer_blocks.*.ff.net.0.proj", "colwise", {}},
-      {"transformer_blocks.*.ff.net.2", "rowwise", {}},
-      {"transformer_blocks.*.ff_context.net.0.proj", "colwise", {}},
-      {"transformer_blocks.*.ff_context.net.2", "rowwise", {}},
-  };
-  if (shard_modulation)
-    for (const char* p :
-         {"transformer_blocks.*.norm1.linear", "transformer_blocks.*.norm1_context.linear", "norm_out.linear"})
-      plan.push_back({p, "colwise_gather", {}});
-  return plan;
+  // The last block has no to_add_out / ff_context, so those entries simply match nothing there.
+  return nn::concat_plans({
+      nn::joint_attention_plan("transformer_blocks.*.attn"),
+      nn::self_attention_plan("transformer_blocks.*.attn2"),
+      nn::feed_forward_plan("transformer_blocks.*.ff"),
+      nn::feed_forward_plan("transformer_blocks.*.ff_context"),
+      shard_modulation ? nn::gathered_plan({"transformer_blocks.*.norm1.linear",
+                                            "transformer_blocks.*.norm1_context.linear", "norm_out.linear"})
+                       : nn::TensorParallelPlan{},
+  });
 }
 
 // ---- construction ----
 
 SD3Transformer2DModel::SD3Transformer2DModel(SD3TransformerConfig config, const nn::Weights& w)
-    : config_(std::move(config)) {
+    : PretrainedTransformer(std::move(config)) {
   const SD3TransformerConfig& c = config_;
   c.validate();
   const int64_t D = c.inner_dim();

@@ -11,7 +11,7 @@
 
 #include "distributed/tensor_parallel.h"
 #include "io/json_config.h"
-#include "nn/diffusion_transformer.h"
+#include "nn/pretrained_transformer.h"
 #include "models/sd3/sd3_blocks.h"
 #include "models/sd3/sd3_embeddings.h"
 #include "nn/embeddings.h"
@@ -45,16 +45,10 @@ struct SD3TransformerConfig {
   sd3::JointBlockStructure block_structure(int64_t i) const;
 };
 
-class SD3Transformer2DModel : public nn::DiffusionTransformer {
+class SD3Transformer2DModel
+    : public nn::PretrainedTransformer<SD3Transformer2DModel, SD3TransformerConfig, sd3::JointTransformerBlock> {
  public:
   static constexpr const char* kClassName = "SD3Transformer2DModel";
-  const char* class_name() const override { return kClassName; }
-  // Diffusers' _repeated_blocks: the block classes compile_repeated_blocks compiles one by one.
-  static const std::vector<std::string>& repeated_blocks() {
-    static const std::vector<std::string> names{sd3::JointTransformerBlock::kClassName};
-    return names;
-  }
-  const std::vector<std::string>& repeated_block_classes() const override { return repeated_blocks(); }
   // A tensor-parallel plan in the style of FLUX's (Diffusers has none for SD3): heads
   // colwise for every Q/K/V projection, rowwise for the attention output projections, the
   // feed-forwards colwise then rowwise; everything else replicated. With shard_modulation the
@@ -62,21 +56,6 @@ class SD3Transformer2DModel : public nn::DiffusionTransformer {
   static std::vector<TensorParallelEntry> tp_plan(const SD3TransformerConfig& config = {},
                                                   bool shard_modulation = false);
 
-  // Checkpoint keys this model leaves unread on purpose: none.
-  static std::vector<std::string> checkpoint_keys_not_loaded() { return {}; }
-  // `dir` is the transformer folder (config.json and diffusion_pytorch_model*.safetensors).
-  // `dtype`: torch_dtype, the dtype its weights (and the positional table) are held and computed
-  // in (std::nullopt: "auto", the checkpoint's).
-  static SD3Transformer2DModel from_pretrained(const std::filesystem::path& dir,
-                                               std::optional<DType> dtype = DType::f32) {
-    return load_pretrained<SD3Transformer2DModel>(dir, dtype);
-  }
-  // Tensor parallel: this rank loads (and reads from disk) only its shard of every planned
-  // weight. Errors before any load when the mesh does not divide the heads or a planned width.
-  static SD3Transformer2DModel from_pretrained(const std::filesystem::path& dir, const TensorParallelConfig& tp,
-                                               std::optional<DType> dtype = DType::f32) {
-    return load_pretrained<SD3Transformer2DModel>(dir, dtype, &tp);
-  }
   // Builds from an explicit config and checkpoint (shapes checked against the config).
   SD3Transformer2DModel(SD3TransformerConfig config, const nn::Weights& weights);
 
@@ -87,7 +66,6 @@ class SD3Transformer2DModel : public nn::DiffusionTransformer {
   Tensor forward(const Tensor& hidden_states, const Tensor& encoder_hidden_states, const Tensor& pooled_projections,
                  const Tensor& timestep, const std::vector<int64_t>& skip_layers = {}) const;
 
-  const SD3TransformerConfig& config() const { return config_; }
   DType dtype() const { return core_.context_embedder.dtype; }  // torch_dtype it was loaded in
 
   // ---- compiled mode (nn::DiffusionTransformer) ----
@@ -150,7 +128,6 @@ class SD3Transformer2DModel : public nn::DiffusionTransformer {
   // Sorted, deduplicated, each index checked to be a block.
   std::vector<int64_t> checked_skip_layers(const std::vector<int64_t>& skip_layers) const;
 
-  SD3TransformerConfig config_;
   Core core_;
 };
 
