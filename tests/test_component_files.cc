@@ -11,8 +11,7 @@
 #include "golden.h"
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
-#include "models/flux/flux_original_keys.h"
-#include "models/vae/ldm_vae_keys.h"
+#include "models/transformer_families.h"
 #include "nn/key_mapped_source.h"
 #include "nn/tensor_map_source.h"
 #include "pipelines/flux_pipeline.h"
@@ -46,9 +45,9 @@ class ComponentFiles : public testing::Test {
 TEST_F(ComponentFiles, OriginalLayoutFilesGiveTheFoldersImage) {
   const fs::path folder = test::pipeline_dir(kSet);
   const fs::path transformer = dir_ / "flux1.safetensors", vae = dir_ / "ae.safetensors";
-  nn::write_original_layout(*nn::open_checkpoint(folder / "transformer"), flux1_original_key_map(), transformer,
-                            "model.diffusion_model.");
-  nn::write_original_layout(*nn::open_checkpoint(folder / "vae"), ldm_vae_key_map(), vae);
+  nn::write_original_layout(*nn::open_checkpoint(folder / "transformer"), original_key_map(io::Layout::flux1_bfl),
+                            transformer, "model.diffusion_model.");
+  nn::write_original_layout(*nn::open_checkpoint(folder / "vae"), original_key_map(io::Layout::ldm_vae), vae);
   PipelineOptions o;
   o.strict = true;  // a tensor of either file left unread is an error
   const PipelineOutput want = FluxPipeline::from_pretrained(folder, o)(call());
@@ -94,7 +93,7 @@ TEST_F(ComponentFiles, OriginalLayoutGgufTransformerGivesTheImageOfQuantizingAtL
   const FluxPipeline quantized = FluxPipeline::from_pretrained(folder, o);
   const auto& params = quantized.transformer_parameters();
   nn::write_original_layout_gguf(nn::TensorMapSource(std::map<std::string, Tensor>(params.begin(), params.end())),
-                                 flux1_original_key_map(), file, {});
+                                 original_key_map(io::Layout::flux1_bfl), file, {});
   EXPECT_TRUE(io::GgufFile(file).contains("double_blocks.0.img_attn.qkv.weight"));
   PipelineOptions from_file;
   from_file.dtype = DType::bf16;

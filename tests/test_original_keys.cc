@@ -18,14 +18,11 @@
 #include "golden.h"
 #include "io/json_config.h"
 #include "io/safetensors.h"
-#include "models/flux/flux_original_keys.h"
 #include "models/flux/flux_transformer.h"
-#include "models/flux2/flux2_original_keys.h"
 #include "models/flux2/flux2_transformer.h"
-#include "models/sd3/sd3_original_keys.h"
 #include "models/sd3/sd3_transformer.h"
+#include "models/transformer_families.h"
 #include "models/vae/autoencoder_kl.h"
-#include "models/vae/ldm_vae_keys.h"
 #include "nn/key_mapped_source.h"
 #include "pipelines/component_file.h"
 #include "nn/weights.h"
@@ -133,8 +130,8 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 
 TEST(OriginalKeysFlux1, RoundTripKeepsEveryTensorUnderTheBflNames) {
   const Scratch scratch;
-  const RoundTrip r = round_trip(scratch, component_dir("flux1_tiny", "transformer"), flux1_original_key_map(),
-                                 "transformer");
+  const RoundTrip r = round_trip(scratch, component_dir("flux1_tiny", "transformer"),
+                                 original_key_map(io::Layout::flux1_bfl), "transformer");
   // flux1_tiny: D = 32, one double and one single block, no guidance embedder.
   const std::string d = "double_blocks.0.", s = "single_blocks.0.";
   EXPECT_EQ(file_keys(r.file),
@@ -168,8 +165,8 @@ TEST(OriginalKeysFlux1, RoundTripKeepsEveryTensorUnderTheBflNames) {
 
 TEST(OriginalKeysFlux1, SplitPartsAreViewsOfOneLoadAndCountAsReadTogether) {
   const Scratch scratch;
-  const RoundTrip r = round_trip(scratch, component_dir("flux1_tiny", "transformer"), flux1_original_key_map(),
-                                 "transformer");
+  const RoundTrip r = round_trip(scratch, component_dir("flux1_tiny", "transformer"),
+                                 original_key_map(io::Layout::flux1_bfl), "transformer");
   const auto& m = *r.mapped;
   const std::string qkv = "double_blocks.0.img_attn.qkv.weight";
   const auto unread = [&] {
@@ -216,7 +213,8 @@ TEST(OriginalKeysFlux1, ModelFromTheBflFileMatchesTheDiffusersFolder) {
   const Scratch scratch;
   const std::string set = "flux1_tiny_arch";
   const fs::path dir = component_dir(set, "transformer");
-  const RoundTrip r = round_trip(scratch, dir, flux1_original_key_map(), "transformer", "model.diffusion_model.");
+  const RoundTrip r =
+      round_trip(scratch, dir, original_key_map(io::Layout::flux1_bfl), "transformer", "model.diffusion_model.");
   const auto config = FluxTransformerConfig::from_json(io::JsonConfig(dir / "config.json"));
   std::optional<FluxTransformer2DModel> mapped;
   {
@@ -240,9 +238,9 @@ TEST(OriginalKeysFlux1, ModelFromTheBflFileMatchesTheDiffusersFolder) {
 
 TEST(OriginalKeysErrors, AMapLeavingATensorUnmatchedNamesTheFileAndTheTensor) {
   const Scratch scratch;
-  const RoundTrip r = round_trip(scratch, component_dir("flux1_tiny", "transformer"), flux1_original_key_map(),
-                                 "transformer");
-  io::KeyMap partial = flux1_original_key_map();
+  const RoundTrip r = round_trip(scratch, component_dir("flux1_tiny", "transformer"),
+                                 original_key_map(io::Layout::flux1_bfl), "transformer");
+  io::KeyMap partial = original_key_map(io::Layout::flux1_bfl);
   std::erase_if(partial.rules, [](const io::KeyRule& rule) { return rule.original == "img_in.weight"; });
   test::expect_error([&] { (void)nn::KeyMappedSource(r.original, partial); },
                      {r.file.string(), "'img_in.weight'", "no rule matches it"});
@@ -255,8 +253,8 @@ TEST(OriginalKeysErrors, AMapLeavingATensorUnmatchedNamesTheFileAndTheTensor) {
 
 TEST(OriginalKeysErrors, AMissingFusedTensorIsNamedWithWhatItHolds) {
   const Scratch scratch;
-  const RoundTrip r = round_trip(scratch, component_dir("flux1_tiny", "transformer"), flux1_original_key_map(),
-                                 "transformer");
+  const RoundTrip r = round_trip(scratch, component_dir("flux1_tiny", "transformer"),
+                                 original_key_map(io::Layout::flux1_bfl), "transformer");
   const fs::path lacking = scratch / "lacking.safetensors";
   rewrite(r.file, lacking, {"double_blocks.0.img_attn.qkv.weight"});
   test::expect_error([&] { open_component_file(lacking, "transformer"); },
@@ -281,11 +279,17 @@ TEST(OriginalKeysErrors, TheInverseNamesWhatItCannotPlace) {
   const fs::path diffusers = scratch / "diffusers.safetensors";
   rewrite(dir / "diffusion_pytorch_model.safetensors", diffusers, {"transformer_blocks.0.attn.to_k.weight"});
   test::expect_error(
-      [&] { nn::write_original_layout(*nn::open_checkpoint(diffusers), flux1_original_key_map(), scratch / "o.safetensors"); },
+      [&] {
+        nn::write_original_layout(*nn::open_checkpoint(diffusers), original_key_map(io::Layout::flux1_bfl),
+                                  scratch / "o.safetensors");
+      },
       {"'double_blocks.0.img_attn.qkv.weight'", "'transformer_blocks.0.attn.to_k.weight' is missing"});
   rewrite(dir / "diffusion_pytorch_model.safetensors", diffusers, {}, {{"transformer_blocks.0.attn.to_gate.weight", zeros({2})}});
   test::expect_error(
-      [&] { nn::write_original_layout(*nn::open_checkpoint(diffusers), flux1_original_key_map(), scratch / "o.safetensors"); },
+      [&] {
+        nn::write_original_layout(*nn::open_checkpoint(diffusers), original_key_map(io::Layout::flux1_bfl),
+                                  scratch / "o.safetensors");
+      },
       {"'transformer_blocks.0.attn.to_gate.weight' has no place in the FLUX.1"});
   EXPECT_FALSE(fs::exists(scratch / "o.safetensors"));
 }
@@ -294,8 +298,8 @@ TEST(OriginalKeysErrors, TheInverseNamesWhatItCannotPlace) {
 // "model.diffusion_model." and the VAE's with "first_stage_model.": each component reads its own.
 TEST(OriginalKeysPrefix, ComfyUiAndFullCheckpointPrefixesAreStripped) {
   const Scratch scratch;
-  const RoundTrip t = round_trip(scratch, component_dir("flux1_tiny", "transformer"), flux1_original_key_map(),
-                                 "transformer", "model.diffusion_model.");
+  const RoundTrip t = round_trip(scratch, component_dir("flux1_tiny", "transformer"),
+                                 original_key_map(io::Layout::flux1_bfl), "transformer", "model.diffusion_model.");
   for (const std::string& k : file_keys(t.file)) EXPECT_TRUE(k.starts_with("model.diffusion_model.")) << k;
   const io::DetectedLayout layout = nn::detect_layout(*t.original, "transformer");
   EXPECT_EQ(layout.layout, io::Layout::flux1_bfl);
@@ -305,7 +309,7 @@ TEST(OriginalKeysPrefix, ComfyUiAndFullCheckpointPrefixesAreStripped) {
   // One file with both components.
   const auto vae_diffusers = nn::open_checkpoint(component_dir("flux1_tiny", "vae"));
   const fs::path vae_file = scratch / "vae.safetensors", full = scratch / "full.safetensors";
-  nn::write_original_layout(*vae_diffusers, ldm_vae_key_map(), vae_file, "first_stage_model.");
+  nn::write_original_layout(*vae_diffusers, original_key_map(io::Layout::ldm_vae), vae_file, "first_stage_model.");
   std::vector<std::pair<std::string, Tensor>> vae_tensors;
   const io::SafetensorsFile vf(vae_file);
   for (const std::string& k : vf.names()) vae_tensors.emplace_back(k, vf.load(k));
@@ -378,8 +382,8 @@ TEST(OriginalKeysMachinery, BlockQuantizedRowsAreViewsAndSwapsMoveWholeRows) {
 
 TEST(OriginalKeysSd3, RoundTripKeepsEveryTensorUnderTheStabilityNames) {
   const Scratch scratch;
-  const RoundTrip r = round_trip(scratch, component_dir("sd3_tiny", "transformer"), sd3_original_key_map(),
-                                 "transformer");
+  const RoundTrip r = round_trip(scratch, component_dir("sd3_tiny", "transformer"),
+                                 original_key_map(io::Layout::sd3_stability), "transformer");
   // sd3_tiny: one block (the last, context pre-only), no QK norm, no dual attention.
   const std::string x = "joint_blocks.0.x_block.", c = "joint_blocks.0.context_block.";
   EXPECT_EQ(file_keys(r.file),
@@ -395,8 +399,8 @@ TEST(OriginalKeysSd3, RoundTripKeepsEveryTensorUnderTheStabilityNames) {
 
 TEST(OriginalKeysSd3, Sd35DualAttentionQkNormAndTheLastContextBlock) {
   const Scratch scratch;
-  const RoundTrip r = round_trip(scratch, component_dir("sd35_tiny_arch", "transformer"), sd3_original_key_map(),
-                                 "transformer", "model.diffusion_model.");
+  const RoundTrip r = round_trip(scratch, component_dir("sd35_tiny_arch", "transformer"),
+                                 original_key_map(io::Layout::sd3_stability), "transformer", "model.diffusion_model.");
   const auto keys = file_keys(r.file);
   const std::set<std::string> set(keys.begin(), keys.end());
   EXPECT_EQ(keys.size(), 85u - 5 * 4);  // five fused q, k, v (weight and bias): 6 tensors in 2, five times
@@ -421,7 +425,7 @@ TEST(OriginalKeysSd3, ModelFromTheStabilityFileMatchesTheDiffusersFolder) {
   const Scratch scratch;
   const std::string set = "sd35_tiny_arch";
   const fs::path dir = component_dir(set, "transformer");
-  const RoundTrip r = round_trip(scratch, dir, sd3_original_key_map(), "transformer");
+  const RoundTrip r = round_trip(scratch, dir, original_key_map(io::Layout::sd3_stability), "transformer");
   const SD3Transformer2DModel mapped(SD3TransformerConfig::from_json(io::JsonConfig(dir / "config.json")),
                                      nn::Weights(r.mapped));
   EXPECT_EQ(r.mapped->unread(), std::vector<std::string>{});
@@ -438,8 +442,8 @@ TEST(OriginalKeysSd3, ModelFromTheStabilityFileMatchesTheDiffusersFolder) {
 
 TEST(OriginalKeysVae, RoundTripRenumbersTheDecoderAndReadsAttentionConvsAsLinears) {
   const Scratch scratch;
-  const RoundTrip r = round_trip(scratch, component_dir("sd35_tiny_arch", "vae"), ldm_vae_key_map(), "vae",
-                                 "first_stage_model.");
+  const RoundTrip r = round_trip(scratch, component_dir("sd35_tiny_arch", "vae"), original_key_map(io::Layout::ldm_vae),
+                                 "vae", "first_stage_model.");
   const auto keys = file_keys(r.file);
   const std::set<std::string> set(keys.begin(), keys.end());
   EXPECT_EQ(keys.size(), 244u);
@@ -466,7 +470,8 @@ TEST(OriginalKeysVae, RoundTripRenumbersTheDecoderAndReadsAttentionConvsAsLinear
   expect_same_tensors(d, *r.mapped);
 
   // FLUX.1-tiny's one-block VAE: up.0 is up_blocks.0.
-  const RoundTrip tiny = round_trip(scratch, component_dir("flux1_tiny", "vae"), ldm_vae_key_map(), "vae");
+  const RoundTrip tiny =
+      round_trip(scratch, component_dir("flux1_tiny", "vae"), original_key_map(io::Layout::ldm_vae), "vae");
   EXPECT_TRUE(io::SafetensorsFile(tiny.file).contains("decoder.up.0.block.0.conv1.weight"));
   expect_same_tensors(*tiny.diffusers, *tiny.mapped);
 }
@@ -475,7 +480,7 @@ TEST(OriginalKeysVae, ModelFromTheLdmFileMatchesTheDiffusersFolder) {
   const Scratch scratch;
   const std::string set = "sd35_tiny_arch";
   const fs::path dir = component_dir(set, "vae");
-  const RoundTrip r = round_trip(scratch, dir, ldm_vae_key_map(), "vae", "first_stage_model.");
+  const RoundTrip r = round_trip(scratch, dir, original_key_map(io::Layout::ldm_vae), "vae", "first_stage_model.");
   std::optional<AutoencoderKL> mapped;
   {
     nn::CheckpointAudit audit;
@@ -495,7 +500,8 @@ TEST(OriginalKeysVae, ModelFromTheLdmFileMatchesTheDiffusersFolder) {
 TEST(OriginalKeysFlux2, RoundTripKeepsEveryTensorUnderTheBflNames) {
   const Scratch scratch;
   for (const std::string set : {"flux2_tiny", "flux2_klein_tiny"}) {
-    const RoundTrip r = round_trip(scratch, component_dir(set, "transformer"), flux2_original_key_map(), "transformer");
+    const RoundTrip r =
+        round_trip(scratch, component_dir(set, "transformer"), original_key_map(io::Layout::flux2_bfl), "transformer");
     const auto keys = file_keys(r.file);
     const std::set<std::string> s(keys.begin(), keys.end());
     for (const char* k : {"single_stream_modulation.lin.weight", "double_stream_modulation_img.lin.weight",
@@ -513,7 +519,7 @@ TEST(OriginalKeysFlux2, ModelFromTheBflFileMatchesTheDiffusersFolder) {
   const Scratch scratch;
   const std::string set = "flux2_tiny";
   const fs::path dir = component_dir(set, "transformer");
-  const RoundTrip r = round_trip(scratch, dir, flux2_original_key_map(), "transformer");
+  const RoundTrip r = round_trip(scratch, dir, original_key_map(io::Layout::flux2_bfl), "transformer");
   const Flux2Transformer2DModel mapped(Flux2TransformerConfig::from_json(io::JsonConfig(dir / "config.json")),
                                        nn::Weights(r.mapped));
   EXPECT_EQ(r.mapped->unread(), std::vector<std::string>{});

@@ -1,5 +1,8 @@
 #include "models/transformer_families.h"
 
+#include <map>
+#include <utility>
+
 #include "core/error.h"
 #include "models/flux/flux_original_keys.h"
 #include "models/flux/flux_transformer.h"
@@ -22,9 +25,10 @@ nn::NamedParameters load_named(const std::filesystem::path& dir, std::optional<D
 
 const std::vector<TransformerFamily>& transformer_families() {
   static const std::vector<TransformerFamily> families = {
-      {"FluxTransformer2DModel", io::Layout::flux1_bfl, flux1_original_key_map, load_named<FluxTransformer2DModel>},
-      {"SD3Transformer2DModel", io::Layout::sd3_stability, sd3_original_key_map, load_named<SD3Transformer2DModel>},
-      {"Flux2Transformer2DModel", io::Layout::flux2_bfl, flux2_original_key_map, load_named<Flux2Transformer2DModel>},
+      {"FluxTransformer2DModel", io::Layout::flux1_bfl, flux1_original_key_rules, load_named<FluxTransformer2DModel>},
+      {"SD3Transformer2DModel", io::Layout::sd3_stability, sd3_original_key_rules, load_named<SD3Transformer2DModel>},
+      {"Flux2Transformer2DModel", io::Layout::flux2_bfl, flux2_original_key_rules,
+       load_named<Flux2Transformer2DModel>},
   };
   return families;
 }
@@ -45,10 +49,19 @@ std::string transformer_class_names() {
 }
 
 const io::KeyMap& original_key_map(io::Layout layout) {
-  if (layout == io::Layout::ldm_vae) return ldm_vae_key_map();
-  for (const TransformerFamily& f : transformer_families())
-    if (f.original == layout) return f.key_map();
-  fail("key map", "the ", io::layout_name(layout), " layout has no key map (its names are read as they are)");
+  static const std::map<io::Layout, io::KeyMap> maps = [] {
+    std::map<io::Layout, io::KeyMap> m;
+    const auto add = [&](io::Layout l, std::vector<io::KeyRule> rules) {
+      m.emplace(l, io::KeyMap{io::layout_name(l), std::move(rules)});
+    };
+    add(io::Layout::ldm_vae, ldm_vae_key_rules());
+    for (const TransformerFamily& f : transformer_families()) add(f.original, f.original_key_rules());
+    return m;
+  }();
+  const auto it = maps.find(layout);
+  if (it == maps.end())
+    fail("key map", "the ", io::layout_name(layout), " layout has no key map (its names are read as they are)");
+  return it->second;
 }
 
 }  // namespace kiln

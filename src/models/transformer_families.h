@@ -17,7 +17,7 @@ namespace kiln {
 struct TransformerFamily {
   const char* class_name;  // config.json's _class_name: "FluxTransformer2DModel"
   io::Layout original;     // its original checkpoints' layout
-  const io::KeyMap& (*key_map)();
+  std::vector<io::KeyRule> (*original_key_rules)();  // that layout's names as Diffusers'; see original_key_map
   // from_pretrained(dir, dtype).named_parameters(): the checkpoint's keys, as loaded.
   nn::NamedParameters (*load)(const std::filesystem::path& dir, std::optional<DType> dtype);
 };
@@ -28,9 +28,10 @@ const TransformerFamily* transformer_family(const std::string& class_name);
 // "FluxTransformer2DModel, SD3Transformer2DModel, Flux2Transformer2DModel": what an error expects.
 std::string transformer_class_names();
 
-// The key map of an original layout (not diffusers): a transformer family's, or the LDM VAE's
-// (the one original layout of another component). A new io::Layout needs a row here or there:
-// without one, opening a file in it fails naming the layout.
+// The key map of an original layout (not diffusers), named as the layout (io::layout_name) in
+// errors: a transformer family's, or the LDM VAE's (the one original layout of another
+// component). A new io::Layout needs a row here or there: without one, opening a file in it
+// fails naming the layout.
 const io::KeyMap& original_key_map(io::Layout layout);
 
 }  // namespace kiln

@@ -16,7 +16,9 @@ void fused(std::vector<KeyRule>& r, const std::string& original, const std::vect
   io::add_fused_linear(r, original, diffusers, std::move(units), false, unit_from, unit_dim);
 }
 
-std::vector<KeyRule> rules() {
+}  // namespace
+
+std::vector<KeyRule> flux1_original_key_rules() {
   std::vector<KeyRule> r;
   linear(r, "img_in", "x_embedder");
   linear(r, "txt_in", "context_embedder");
@@ -62,13 +64,6 @@ std::vector<KeyRule> rules() {
                  .diffusers = {std::string("norm_out.linear") + p},
                  .transform = KeyTransform::swap_halves});
   return r;
-}
-
-}  // namespace
-
-const io::KeyMap& flux1_original_key_map() {
-  static const io::KeyMap map{"FLUX.1 (BFL layout)", rules()};
-  return map;
 }
 
 }  // namespace kiln

@@ -7,6 +7,7 @@
 
 namespace kiln {
 
-const io::KeyMap& flux1_original_key_map();
+// The rules in order; original_key_map (models/transformer_families.h) names them as the layout.
+std::vector<io::KeyRule> flux1_original_key_rules();
 
 }  // namespace kiln

@@ -7,7 +7,9 @@ namespace {
 using io::KeyRule;
 using io::KeyTransform;
 
-std::vector<KeyRule> rules() {
+}  // namespace
+
+std::vector<KeyRule> flux2_original_key_rules() {
   std::vector<KeyRule> r;
   const auto same = [&](const std::string& original, const std::string& diffusers, bool optional = false) {
     r.push_back({.original = original, .diffusers = {diffusers}, .optional = optional});
@@ -56,13 +58,6 @@ std::vector<KeyRule> rules() {
                .diffusers = {"norm_out.linear.weight"},
                .transform = KeyTransform::swap_halves});
   return r;
-}
-
-}  // namespace
-
-const io::KeyMap& flux2_original_key_map() {
-  static const io::KeyMap map{"FLUX.2 (BFL layout)", rules()};
-  return map;
 }
 
 }  // namespace kiln

@@ -19,7 +19,9 @@ void qkv(std::vector<KeyRule>& r, const std::string& original, const std::string
   io::add_fused_linear(r, original, {attn + qkv[0], attn + qkv[1], attn + qkv[2]}, {1, 1, 1}, optional);
 }
 
-std::vector<KeyRule> rules() {
+}  // namespace
+
+std::vector<KeyRule> sd3_original_key_rules() {
   std::vector<KeyRule> r;
   r.push_back({.original = "pos_embed", .diffusers = {"pos_embed.pos_embed"}});
   linear(r, "x_embedder.proj", "pos_embed.proj");
@@ -62,13 +64,6 @@ std::vector<KeyRule> rules() {
   linear(r, "final_layer.linear", "proj_out");
   linear(r, "final_layer.adaLN_modulation.1", "norm_out.linear", false, KeyTransform::swap_halves);
   return r;
-}
-
-}  // namespace
-
-const io::KeyMap& sd3_original_key_map() {
-  static const io::KeyMap map{"SD3 (Stability layout)", rules()};
-  return map;
 }
 
 }  // namespace kiln

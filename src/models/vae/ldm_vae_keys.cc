@@ -39,7 +39,9 @@ struct Rules {
   }
 };
 
-std::vector<KeyRule> rules() {
+}  // namespace
+
+std::vector<KeyRule> ldm_vae_key_rules() {
   Rules r;
   r.layer("encoder.conv_in", "encoder.conv_in");
   r.resnet("encoder.down.{i}.block.{j}", "encoder.down_blocks.{i}.resnets.{j}");
@@ -63,13 +65,6 @@ std::vector<KeyRule> rules() {
   r.layer("quant_conv", "quant_conv", /*optional=*/true);
   r.layer("post_quant_conv", "post_quant_conv", /*optional=*/true);
   return std::move(r.r);
-}
-
-}  // namespace
-
-const io::KeyMap& ldm_vae_key_map() {
-  static const io::KeyMap map{"LDM VAE", rules()};
-  return map;
 }
 
 }  // namespace kiln

@@ -8,6 +8,7 @@
 
 namespace kiln {
 
-const io::KeyMap& ldm_vae_key_map();
+// The rules in order; original_key_map (models/transformer_families.h) names them as the layout.
+std::vector<io::KeyRule> ldm_vae_key_rules();
 
 }  // namespace kiln
