@@ -9,17 +9,15 @@
 #include <optional>
 
 #include "core/dtype.h"
+#include "core/thread_scope.h"
 #include "nn/weight_source.h"
 
 namespace kiln::nn {
 
-class ComponentLoad {
+class ComponentLoad : public ThreadScope<ComponentLoad> {
  public:
   ComponentLoad(std::shared_ptr<const WeightSource> replacement, std::optional<DType> quantization);
-  ~ComponentLoad();
-  ComponentLoad(const ComponentLoad&) = delete;
-  ComponentLoad& operator=(const ComponentLoad&) = delete;
-  static const ComponentLoad* active();
+  static const ComponentLoad* active() { return current(); }
 
   const std::shared_ptr<const WeightSource>& replacement() const { return replacement_; }
   std::optional<DType> quantization() const { return quantization_; }
@@ -27,7 +25,6 @@ class ComponentLoad {
  private:
   std::shared_ptr<const WeightSource> replacement_;
   std::optional<DType> quantization_;
-  const ComponentLoad* previous_;
 };
 
 }  // namespace kiln::nn

@@ -28,8 +28,6 @@ class SafetensorsSource final : public FileSource<io::SafetensorsIndex> {
   }
 };
 
-thread_local CheckpointAudit* t_audit = nullptr;
-
 }  // namespace
 
 DType stored_float_dtype(const WeightSource& source) {
@@ -75,13 +73,10 @@ std::shared_ptr<const WeightSource> open_checkpoint(const std::filesystem::path&
     source = open_gguf_source(path);
   else
     source = std::make_shared<const SafetensorsSource>(path);
-  if (t_audit) t_audit->opened(source);
+  if (CheckpointAudit* audit = CheckpointAudit::active()) audit->opened(source);
   return source;
 }
 
-CheckpointAudit::CheckpointAudit() : previous_(t_audit) { t_audit = this; }
-CheckpointAudit::~CheckpointAudit() { t_audit = previous_; }
-CheckpointAudit* CheckpointAudit::active() { return t_audit; }
 void CheckpointAudit::opened(std::shared_ptr<const WeightSource> source) { sources_.push_back(std::move(source)); }
 
 bool key_under(const std::string& key, const std::vector<std::string>& prefixes) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/thread_scope.h"
 
 namespace kiln::nn {
 
@@ -56,13 +57,9 @@ bool key_under(const std::string& key, const std::vector<std::string>& prefixes)
 // loader can name the tensors the model it built never read (Diffusers warns about those; a
 // strict load refuses them). `not_loaded` lists the key prefixes the model skips on purpose
 // (e.g. the VAE encoder of a decode-only pipeline).
-class CheckpointAudit {
+class CheckpointAudit : public ThreadScope<CheckpointAudit> {
  public:
-  CheckpointAudit();
-  ~CheckpointAudit();
-  CheckpointAudit(const CheckpointAudit&) = delete;
-  CheckpointAudit& operator=(const CheckpointAudit&) = delete;
-  static CheckpointAudit* active();
+  static CheckpointAudit* active() { return current(); }
   void opened(std::shared_ptr<const WeightSource> source);
 
   // "file: 'key', 'key', ... (N tensors)" for each opened checkpoint with unread keys outside
@@ -71,7 +68,6 @@ class CheckpointAudit {
 
  private:
   std::vector<std::shared_ptr<const WeightSource>> sources_;
-  CheckpointAudit* previous_;
 };
 
 // A safetensors checkpoint (a file, a *.safetensors.index.json, or a folder holding one), or a

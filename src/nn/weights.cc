@@ -148,10 +148,6 @@ Tensor Weights::get_slice(const std::string& name, const Shape& shape, int dim, 
   return t;
 }
 
-namespace {
-thread_local std::vector<ParameterRecorder*> t_recorders;
-}  // namespace
-
 std::vector<Tensor> parameter_values(const NamedParameters& named) {
   std::vector<Tensor> out;
   out.reserve(named.size());
@@ -159,11 +155,8 @@ std::vector<Tensor> parameter_values(const NamedParameters& named) {
   return out;
 }
 
-ParameterRecorder::ParameterRecorder() { t_recorders.push_back(this); }
-ParameterRecorder::~ParameterRecorder() { t_recorders.pop_back(); }
-
 void ParameterRecorder::record(const std::string& key, const Tensor& t) {
-  for (ParameterRecorder* r : t_recorders) r->recorded_.emplace_back(key, t);
+  for_each([&](ParameterRecorder& r) { r.recorded_.emplace_back(key, t); });
 }
 
 NamedParameters ParameterRecorder::named(const std::string& prefix) const {

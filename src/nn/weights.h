@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/thread_scope.h"
 #include "distributed/tensor_parallel.h"
 #include "nn/weight_source.h"
 
@@ -99,12 +100,8 @@ std::vector<Tensor> parameter_values(const NamedParameters& named);
 // is recorded with its key; recorders nest, and each records everything loaded in its lifetime.
 // A module builds itself inside one, so its parameter list is derived from the names it read,
 // never kept by hand.
-class ParameterRecorder {
+class ParameterRecorder : public ThreadScope<ParameterRecorder> {
  public:
-  ParameterRecorder();
-  ~ParameterRecorder();
-  ParameterRecorder(const ParameterRecorder&) = delete;
-  ParameterRecorder& operator=(const ParameterRecorder&) = delete;
   static void record(const std::string& key, const Tensor& t);
   // What was recorded, with `prefix` + "." taken off the keys ("transformer_blocks.3" makes
   // "transformer_blocks.3.attn.to_q.weight" "attn.to_q.weight"), sorted, each key once.
