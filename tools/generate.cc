@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/flag_value.h"
 #include "core/terminal.h"
 #include "devices/runtime.h"
 #include "distributed/local_ranks.h"
@@ -160,13 +161,7 @@ std::string parse_model(const std::string& v) {
 }
 
 size_t parse_bytes(const std::string& flag, const std::string& v) {
-  size_t used = 0;
-  double x = -1;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  const auto [x, used] = leading_number(v);
   const std::string unit = v.substr(std::min(used, v.size()));
   const std::pair<const char*, double> units[] = {{"", 1},         {"B", 1},         {"KiB", 1024.0},
                                                   {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3},
