@@ -158,7 +158,7 @@ TEST(OriginalKeysFlux1, RoundTripKeepsEveryTensorUnderTheBflNames) {
   EXPECT_EQ(row_bytes(o, "final_layer.adaLN_modulation.1.weight", 0, 32), row_bytes(df, "norm_out.linear.weight", 32, 64));
   EXPECT_EQ(row_bytes(o, "final_layer.adaLN_modulation.1.bias", 32, 64), row_bytes(df, "norm_out.linear.bias", 0, 32));
 
-  EXPECT_EQ(nn::detect_layout(*r.original, "transformer").layout, io::Layout::flux1_bfl);
+  EXPECT_EQ(detect_original_layout(*r.original, "transformer").layout, io::Layout::flux1_bfl);
   ASSERT_NE(dynamic_cast<const nn::KeyMappedSource*>(r.mapped.get()), nullptr);
   expect_same_tensors(*r.diffusers, *r.mapped);
 }
@@ -301,7 +301,7 @@ TEST(OriginalKeysPrefix, ComfyUiAndFullCheckpointPrefixesAreStripped) {
   const RoundTrip t = round_trip(scratch, component_dir("flux1_tiny", "transformer"),
                                  original_key_map(io::Layout::flux1_bfl), "transformer", "model.diffusion_model.");
   for (const std::string& k : file_keys(t.file)) EXPECT_TRUE(k.starts_with("model.diffusion_model.")) << k;
-  const io::DetectedLayout layout = nn::detect_layout(*t.original, "transformer");
+  const io::DetectedLayout layout = detect_original_layout(*t.original, "transformer");
   EXPECT_EQ(layout.layout, io::Layout::flux1_bfl);
   EXPECT_EQ(layout.prefix, "model.diffusion_model.");
   expect_same_tensors(*t.diffusers, *t.mapped);
@@ -316,7 +316,7 @@ TEST(OriginalKeysPrefix, ComfyUiAndFullCheckpointPrefixesAreStripped) {
   rewrite(t.file, full, {}, vae_tensors);
   const auto transformer = open_component_file(full, "transformer");
   const auto vae = open_component_file(full, "vae");
-  EXPECT_EQ(nn::detect_layout(*nn::open_checkpoint(full), "vae").prefix, "first_stage_model.");
+  EXPECT_EQ(detect_original_layout(*nn::open_checkpoint(full), "vae").prefix, "first_stage_model.");
   expect_same_tensors(*t.diffusers, *transformer);
   expect_same_tensors(*vae_diffusers, *vae);
   EXPECT_EQ(transformer->unread(), std::vector<std::string>{}) << "every tensor was read above";
@@ -325,19 +325,19 @@ TEST(OriginalKeysPrefix, ComfyUiAndFullCheckpointPrefixesAreStripped) {
 
 TEST(OriginalKeysDetect, LayoutsAndComponents) {
   const auto diffusers = nn::open_checkpoint(component_dir("flux1_tiny", "transformer"));
-  EXPECT_EQ(nn::detect_layout(*diffusers, "transformer").layout, io::Layout::diffusers);
+  EXPECT_EQ(detect_original_layout(*diffusers, "transformer").layout, io::Layout::diffusers);
   EXPECT_EQ(open_component_file(component_dir("flux1_tiny", "transformer") / "diffusion_pytorch_model.safetensors",
                                     "transformer")
                 ->names(),
             diffusers->names())
       << "a Diffusers file is read as it is";
-  EXPECT_EQ(io::detect_layout({"joint_blocks.0.x_block.attn.qkv.weight"}, "transformer").layout,
+  EXPECT_EQ(detect_original_layout({"joint_blocks.0.x_block.attn.qkv.weight"}, "transformer").layout,
             io::Layout::sd3_stability);
-  EXPECT_EQ(io::detect_layout({"single_stream_modulation.lin.weight", "double_blocks.0.img_attn.qkv.weight"}).layout,
+  EXPECT_EQ(detect_original_layout({"single_stream_modulation.lin.weight", "double_blocks.0.img_attn.qkv.weight"}).layout,
             io::Layout::flux2_bfl);
-  EXPECT_EQ(io::detect_layout({"vae.decoder.mid.block_1.norm1.weight"}, "vae").prefix, "vae.");
-  EXPECT_EQ(io::detect_layout({"double_blocks.0.img_mod.lin.weight"}, "text_encoder").layout, io::Layout::diffusers);
-  test::expect_error([] { io::detect_layout({"double_blocks.0.img_mod.lin.weight"}, "vae", "flux1-dev.safetensors"); },
+  EXPECT_EQ(detect_original_layout({"vae.decoder.mid.block_1.norm1.weight"}, "vae").prefix, "vae.");
+  EXPECT_EQ(detect_original_layout({"double_blocks.0.img_mod.lin.weight"}, "text_encoder").layout, io::Layout::diffusers);
+  test::expect_error([] { detect_original_layout({"double_blocks.0.img_mod.lin.weight"}, "vae", "flux1-dev.safetensors"); },
                      {"flux1-dev.safetensors", "holds a transformer", "FLUX.1", "not a vae"});
 }
 
@@ -393,7 +393,7 @@ TEST(OriginalKeysSd3, RoundTripKeepsEveryTensorUnderTheStabilityNames) {
                          wb(x + "attn.proj"), wb(x + "adaLN_modulation.1"), wb(x + "mlp.fc1"), wb(x + "mlp.fc2"),
                          wb(c + "attn.qkv"), wb(c + "adaLN_modulation.1")}));
   EXPECT_EQ(r.original->shape(x + "attn.qkv.weight"), (Shape{3 * 32, 32}));
-  EXPECT_EQ(nn::detect_layout(*r.original, "transformer").layout, io::Layout::sd3_stability);
+  EXPECT_EQ(detect_original_layout(*r.original, "transformer").layout, io::Layout::sd3_stability);
   expect_same_tensors(*r.diffusers, *r.mapped);
 }
 
@@ -464,7 +464,7 @@ TEST(OriginalKeysVae, RoundTripRenumbersTheDecoderAndReadsAttentionConvsAsLinear
   EXPECT_FALSE(set.count(p + "decoder.up.0.upsample.conv.weight")) << "the last Diffusers up block does not upsample";
   EXPECT_TRUE(set.count(p + "encoder.down.0.downsample.conv.bias"));
   EXPECT_FALSE(set.count(p + "encoder.down.3.downsample.conv.bias"));
-  const io::DetectedLayout layout = nn::detect_layout(o, "vae");
+  const io::DetectedLayout layout = detect_original_layout(o, "vae");
   EXPECT_EQ(layout.layout, io::Layout::ldm_vae);
   EXPECT_EQ(layout.prefix, p);
   expect_same_tensors(d, *r.mapped);
@@ -510,7 +510,7 @@ TEST(OriginalKeysFlux2, RoundTripKeepsEveryTensorUnderTheBflNames) {
       EXPECT_TRUE(s.count(k)) << set << " " << k;
     EXPECT_EQ(s.count("guidance_in.in_layer.weight"), set == "flux2_tiny" ? 1u : 0u) << set;
     EXPECT_EQ(r.diffusers->names().size(), keys.size() + 4) << set << ": two fused q, k, v";
-    EXPECT_EQ(nn::detect_layout(*r.original, "transformer").layout, io::Layout::flux2_bfl) << set;
+    EXPECT_EQ(detect_original_layout(*r.original, "transformer").layout, io::Layout::flux2_bfl) << set;
     expect_same_tensors(*r.diffusers, *r.mapped);
   }
 }

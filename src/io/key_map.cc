@@ -393,47 +393,17 @@ const char* layout_component(Layout layout) {
   return "";
 }
 
-namespace {
-
-// Tensors only one layout has (under one of its prefixes); any one of them identifies it.
-struct Signature {
-  Layout layout;
-  std::vector<std::string> prefixes;
-  std::vector<std::string> keys;
-};
-
-const std::vector<Signature>& signatures() {
-  static const std::vector<Signature> s{
-      // FLUX.2 shares its modulation across blocks; FLUX.1 has one per block.
-      {Layout::flux2_bfl,
-       {"", "model.diffusion_model."},
-       {"single_stream_modulation.lin.weight", "double_stream_modulation_img.lin.weight"}},
-      {Layout::flux1_bfl,
-       {"", "model.diffusion_model."},
-       {"double_blocks.0.img_mod.lin.weight", "single_blocks.0.modulation.lin.weight"}},
-      {Layout::sd3_stability,
-       {"", "model.diffusion_model."},
-       {"joint_blocks.0.x_block.attn.qkv.weight", "joint_blocks.0.context_block.adaLN_modulation.1.weight"}},
-      {Layout::ldm_vae,
-       {"", "first_stage_model.", "vae."},
-       {"decoder.mid.block_1.norm1.weight", "encoder.mid.block_1.norm1.weight", "decoder.up.0.block.0.norm1.weight"}},
-  };
-  return s;
-}
-
-}  // namespace
-
-DetectedLayout detect_layout(const std::vector<std::string>& names, const std::string& component,
-                             const std::string& file) {
+DetectedLayout detect_layout(const std::vector<std::string>& names, const std::vector<LayoutSignature>& signatures,
+                             const std::string& component, const std::string& file) {
   const std::set<std::string> set(names.begin(), names.end());
-  const auto find = [&](const Signature& s) -> std::optional<DetectedLayout> {
+  const auto find = [&](const LayoutSignature& s) -> std::optional<DetectedLayout> {
     for (const std::string& prefix : s.prefixes)
       for (const std::string& key : s.keys)
         if (set.count(prefix + key)) return DetectedLayout{s.layout, prefix};
     return std::nullopt;
   };
   std::vector<DetectedLayout> found;
-  for (const Signature& s : signatures())
+  for (const LayoutSignature& s : signatures)
     if (const std::optional<DetectedLayout> d = find(s)) found.push_back(*d);
   for (const DetectedLayout& d : found)
     if (component.empty() || component == layout_component(d.layout)) return d;

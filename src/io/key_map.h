@@ -115,12 +115,20 @@ struct DetectedLayout {
   std::string prefix;
 };
 
+// Tensors only one layout has (under one of its prefixes); any one of them identifies it. The
+// layouts' signatures are registered with the model families (models/transformer_families.h).
+struct LayoutSignature {
+  Layout layout;
+  std::vector<std::string> prefixes;
+  std::vector<std::string> keys;
+};
+
 // The layout of the tensors `names` (a file's keys) for `component` ("transformer", "vae",
-// "text_encoder", ...; "" for whichever the file holds). Text encoders are read in their
-// transformers names (diffusers). Errors name `file` when the file holds another component in
-// an original layout and none of `component`.
-DetectedLayout detect_layout(const std::vector<std::string>& names, const std::string& component = "",
-                             const std::string& file = "");
+// "text_encoder", ...; "" for whichever the file holds) among `signatures`. Text encoders are
+// read in their transformers names (diffusers). Errors name `file` when the file holds another
+// component in an original layout and none of `component`.
+DetectedLayout detect_layout(const std::vector<std::string>& names, const std::vector<LayoutSignature>& signatures,
+                             const std::string& component = "", const std::string& file = "");
 
 // Rule builders the families' maps share. A Linear: its weight and its bias (`original`.weight ->
 // `diffusers`.weight, ...), each under one rule.

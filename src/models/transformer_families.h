@@ -18,6 +18,7 @@ struct TransformerFamily {
   const char* class_name;  // config.json's _class_name: "FluxTransformer2DModel"
   io::Layout original;     // its original checkpoints' layout
   std::vector<io::KeyRule> (*original_key_rules)();  // that layout's names as Diffusers'; see original_key_map
+  std::vector<std::string> signature;  // tensors only that layout has: any one identifies a file in it
   // from_pretrained(dir, dtype).named_parameters(): the checkpoint's keys, as loaded.
   nn::NamedParameters (*load)(const std::filesystem::path& dir, std::optional<DType> dtype);
 };
@@ -33,5 +34,11 @@ std::string transformer_class_names();
 // component). A new io::Layout needs a row here or there: without one, opening a file in it
 // fails naming the layout.
 const io::KeyMap& original_key_map(io::Layout layout);
+
+// The original layout of a file's tensors `names` for `component` ("" for whichever it holds),
+// among the families' and the LDM VAE's signatures (io::detect_layout): diffusers when none.
+io::DetectedLayout detect_original_layout(const std::vector<std::string>& names, const std::string& component = "",
+                                          const std::string& file = "");
+io::DetectedLayout detect_original_layout(const nn::WeightSource& source, const std::string& component = "");
 
 }  // namespace kiln

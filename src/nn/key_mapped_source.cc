@@ -145,10 +145,6 @@ std::vector<std::string> KeyMappedSource::unread() const {
   return out;
 }
 
-io::DetectedLayout detect_layout(const WeightSource& source, const std::string& component) {
-  return io::detect_layout(source.names(), component, source.describe());
-}
-
 namespace {
 
 // One original-layout tensor to write: where each range of its elements comes from.

@@ -70,9 +70,6 @@ class KeyMappedSource final : public WeightSource {
   mutable std::map<std::pair<std::string, DType>, Loaded> loaded_;
 };
 
-// io::detect_layout over the source's keys.
-io::DetectedLayout detect_layout(const WeightSource& source, const std::string& component = "");
-
 // The inverse: writes the Diffusers-named tensors of `diffusers` (a component's whole state dict)
 // as a safetensors file in `map`'s original layout, every key after `prefix`, through
 // io::write_safetensors_streamed (never a second copy of the checkpoint in memory). Values keep

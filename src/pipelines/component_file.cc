@@ -15,7 +15,7 @@ std::shared_ptr<const nn::WeightSource> open_component_file(const std::filesyste
     nn::CheckpointAudit inner;
     source = nn::open_checkpoint(file);
   }
-  const io::DetectedLayout layout = nn::detect_layout(*source, component);
+  const io::DetectedLayout layout = detect_original_layout(*source, component);
   if (layout.layout != io::Layout::diffusers)
     source = std::make_shared<const nn::KeyMappedSource>(std::move(source), original_key_map(layout.layout), layout.prefix);
   if (audit) audit->opened(source);
