@@ -33,6 +33,7 @@ int compare(const std::vector<std::string>& args);
 int make_random(const std::vector<std::string>& args);  // make_random.cc
 int plan(const std::vector<std::string>& args);         // plan.cc
 int convert(const std::vector<std::string>& args);      // convert.cc
+int list(const std::vector<std::string>& args);         // list.cc
 
 // Shared by generate and warmup (generate.cc).
 struct ImageSize {

@@ -9,7 +9,6 @@
 #include "exec/host.h"
 #include "io/gguf_writer.h"
 #include "io/json_config.h"
-#include "io/model_folder.h"
 #include "io/safetensors.h"
 #include "models/transformer_families.h"
 #include "nn/component_load.h"
@@ -17,6 +16,7 @@
 #include "nn/tensor_map_source.h"
 #include "nn/weights.h"
 #include "pipelines/diffusion_pipeline.h"
+#include "pipelines/model_argument.h"
 
 namespace kiln::cli {
 
@@ -70,7 +70,7 @@ int convert(const std::vector<std::string>& args) {
              dtype_name(type), " (ggml block types are written as .gguf)");
 
   KILN_CHECK(layout == "diffusers" || ext == ".gguf", "cli", "--layout original writes GGUF (.gguf)");
-  const fs::path dir = io::resolve_model_folder(model);
+  const fs::path dir = pipeline_folder(model);
   const TransformerFamily& family = transformer_family_of(dir);
   const auto per = options.component_dtype.find("transformer");
   print_line(stderr, "kiln: loading %s/transformer quantized to %s", model.c_str(), dtype_name(type));

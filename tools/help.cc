@@ -34,8 +34,9 @@ const std::vector<CommandDoc>& commands() {
        "(FluxPipeline: FLUX.1; StableDiffusion3Pipeline: SD3 / SD3.5). Without --model it runs the small FLUX.1 "
        "checkpoint bundled with kiln (128x128, 4 steps).",
        with_call_arguments(
-           {{"--model", "DIR", "the bundled checkpoint",
-             "a Diffusers FLUX.1 or SD3 folder, a Hugging Face hub cache snapshot, or its models--org--name folder"}},
+           {{"--model", "DIR|REPO_ID", "the bundled checkpoint",
+             "a Diffusers folder, a Hugging Face cache folder (models--org--name or a snapshot), or a Hub repo id "
+             "already in the cache (black-forest-labs/FLUX.1-schnell; kiln list shows them; kiln never downloads)"}},
            {
            {"--latents", "FILE[:TENSOR]", "", "initial noise from a safetensors file: the tensor 'latents', the only "
                                               "one, or TENSOR"},
@@ -197,6 +198,12 @@ const std::vector<CommandDoc>& commands() {
            {"--report", "FILE", "", "the plan as JSON (fits, per component bytes, per program bytes, compile seconds)"},
            {"--dump", "DIR", "", "with --device tpu: the StableHLO of every component's program, COMPONENT.mlir"},
            {"--device-memory", "SIZE", "the device's", "a local device's capacity to plan against (6GiB, 512MiB)"},
+           {"--help", "", "", "this text"},
+       }},
+      {"list",
+       "The models in the Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub): "
+       "repo id, pipeline class, size on disk, and whether kiln runs it (generate --model REPO_ID) or why not.",
+       {
            {"--help", "", "", "this text"},
        }},
       {"compare",

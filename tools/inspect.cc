@@ -14,6 +14,7 @@
 #include "devices/runtime.h"
 #include "io/json_config.h"
 #include "io/model_folder.h"
+#include "pipelines/model_argument.h"
 #include "io/output_file.h"
 #include "io/safetensors.h"
 
@@ -73,8 +74,7 @@ bool has_weights(const fs::path& dir) {
 int inspect(const std::vector<std::string>& args) {
   Options opt = parse(args);
   if (opt.report_given) io::resolve_output("--report", opt.report);  // the output rule, before any work
-  KILN_CHECK(fs::is_directory(opt.model), "inspect", "model folder ", opt.model, " does not exist");
-  opt.model = io::resolve_model_folder(opt.model);  // a hub cache repo folder: its snapshot
+  opt.model = pipeline_folder(opt.model);  // a cache folder or repo id: its snapshot
   const auto t0 = std::chrono::steady_clock::now();
   io::reset_bytes_read();
   nlohmann::json report_components = nlohmann::json::array();

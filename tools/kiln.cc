@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
     if (command == "plan") return kiln::cli::plan(args);
     if (command == "convert") return kiln::cli::convert(args);
     if (command == "serve") return kiln::cli::serve(args);
+    if (command == "list") return kiln::cli::list(args);
     kiln::print_line(stderr, "kiln: unknown command '%s' (see kiln --help)", command.c_str());
     return 2;
   } catch (const kiln::Error& e) {

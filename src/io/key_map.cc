@@ -393,8 +393,8 @@ const char* layout_component(Layout layout) {
   return "";
 }
 
-DetectedLayout detect_layout(const std::vector<std::string>& names, const std::vector<LayoutSignature>& signatures,
-                             const std::string& component, const std::string& file) {
+std::vector<DetectedLayout> detect_layouts(const std::vector<std::string>& names,
+                                           const std::vector<LayoutSignature>& signatures) {
   const std::set<std::string> set(names.begin(), names.end());
   const auto find = [&](const LayoutSignature& s) -> std::optional<DetectedLayout> {
     for (const std::string& prefix : s.prefixes)
@@ -405,6 +405,12 @@ DetectedLayout detect_layout(const std::vector<std::string>& names, const std::v
   std::vector<DetectedLayout> found;
   for (const LayoutSignature& s : signatures)
     if (const std::optional<DetectedLayout> d = find(s)) found.push_back(*d);
+  return found;
+}
+
+DetectedLayout detect_layout(const std::vector<std::string>& names, const std::vector<LayoutSignature>& signatures,
+                             const std::string& component, const std::string& file) {
+  const std::vector<DetectedLayout> found = detect_layouts(names, signatures);
   for (const DetectedLayout& d : found)
     if (component.empty() || component == layout_component(d.layout)) return d;
   // A file of original-layout tensors of another component is a wrong file, not a Diffusers one.

@@ -129,6 +129,10 @@ struct LayoutSignature {
 // component in an original layout and none of `component`.
 DetectedLayout detect_layout(const std::vector<std::string>& names, const std::vector<LayoutSignature>& signatures,
                              const std::string& component = "", const std::string& file = "");
+// Every layout among `signatures` that `names` carry, in the signatures' order (an all-in-one
+// file carries a transformer's and a VAE's).
+std::vector<DetectedLayout> detect_layouts(const std::vector<std::string>& names,
+                                           const std::vector<LayoutSignature>& signatures);
 
 // Rule builders the families' maps share. A Linear: its weight and its bias (`original`.weight ->
 // `diffusers`.weight, ...), each under one rule.

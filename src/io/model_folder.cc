@@ -4,6 +4,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "io/hub_cache.h"
 #include "io/input_file.h"
 #include "io/relative_name.h"
 
@@ -61,6 +62,27 @@ fs::path resolve_model_folder(const fs::path& dir) {
   if (!fs::is_directory(snapshot, ec))
     fail(kWhere, ref.string(), ": names snapshot '", rev, "', but the snapshot folder ",
          snapshot.string(), " is missing; available: ", available_snapshots(dir));
+  return snapshot;
+}
+
+fs::path locate_model(const std::string& model, const std::string& where) {
+  std::error_code ec;
+  if (fs::exists(model, ec)) return fs::is_directory(model, ec) ? resolve_model_folder(model) : fs::path(model);
+  if (!is_repo_id(model))
+    fail(where, "model folder ", model, " does not exist (expected a Diffusers folder, a Hugging Face cache folder, "
+         "or a Hub repo id such as black-forest-labs/FLUX.1-schnell)");
+  const fs::path repo = hub_repo_folder(model);
+  if (!fs::is_directory(repo, ec))
+    fail(where, model, " is not a folder here, and the Hugging Face cache has no ", repo.string(),
+         " (the cache is $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub); kiln does not "
+         "download models: fetch it with ", hub_download_command(model));
+  const fs::path snapshot = resolve_model_folder(repo);
+  if (snapshot == repo)  // refs/, snapshots/ and blobs/ all missing: not a cache repo folder
+    fail(where, repo.string(), " (", model, " in the Hugging Face cache) has no refs/main and no snapshots/; fetch it "
+         "with ", hub_download_command(model));
+  if (!fs::exists(snapshot / "model_index.json", ec))
+    fail(where, snapshot.string(), " (", model, " in the Hugging Face cache) has no model_index.json: a partial "
+         "download, or a repo that is not a Diffusers pipeline; fetch the pipeline with ", hub_download_command(model));
   return snapshot;
 }
 

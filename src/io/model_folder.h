@@ -6,7 +6,9 @@
 //     files may be symlinks anywhere (a Hugging Face hub cache snapshot is one:
 //     models--org--name/snapshots/REV/, every file a link into ../../blobs/);
 //   - a Hugging Face hub cache repo folder (models--org--name: refs/, snapshots/, blobs/, no
-//     model_index.json): the snapshot refs/main names, snapshots/<refs/main>.
+//     model_index.json): the snapshot refs/main names, snapshots/<refs/main>;
+//   - a Hub repo id ("black-forest-labs/FLUX.1-schnell") that names no folder here: that repo's
+//     folder in the hub cache (io/hub_cache.h).
 #pragma once
 #include <filesystem>
 #include <string>
@@ -25,6 +27,12 @@ namespace kiln::io {
 // A `dir` that is neither (missing, no model_index.json, ...) comes back as it is, for the
 // caller's own error.
 std::filesystem::path resolve_model_folder(const std::filesystem::path& dir);
+
+// The folder `model` names, as the list above accepts it. A path that exists and is no folder
+// (a checkpoint file) comes back as it is, for the caller to say what to do with it. Errors
+// (tagged `where`) name what was looked for: the path, or the repo's cache folder with the
+// `hf download` command that fetches it.
+std::filesystem::path locate_model(const std::string& model, const std::string& where);
 
 // True when `dir` looks like a hub cache repo folder: no model_index.json, and a refs/,
 // snapshots/ or blobs/ folder.

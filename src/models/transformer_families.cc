@@ -26,13 +26,14 @@ nn::NamedParameters load_named(const std::filesystem::path& dir, std::optional<D
 const std::vector<TransformerFamily>& transformer_families() {
   static const std::vector<TransformerFamily> families = {
       // FLUX.1 has a modulation per block; FLUX.2 shares its modulations across blocks.
-      {"FluxTransformer2DModel", io::Layout::flux1_bfl, flux1_original_key_rules,
+      {"FluxTransformer2DModel", "FLUX.1", "black-forest-labs/FLUX.1-schnell", io::Layout::flux1_bfl, flux1_original_key_rules,
        {"double_blocks.0.img_mod.lin.weight", "single_blocks.0.modulation.lin.weight"},
        load_named<FluxTransformer2DModel>},
-      {"SD3Transformer2DModel", io::Layout::sd3_stability, sd3_original_key_rules,
+      {"SD3Transformer2DModel", "Stable Diffusion 3", "stabilityai/stable-diffusion-3.5-medium",
+       io::Layout::sd3_stability, sd3_original_key_rules,
        {"joint_blocks.0.x_block.attn.qkv.weight", "joint_blocks.0.context_block.adaLN_modulation.1.weight"},
        load_named<SD3Transformer2DModel>},
-      {"Flux2Transformer2DModel", io::Layout::flux2_bfl, flux2_original_key_rules,
+      {"Flux2Transformer2DModel", "FLUX.2", "black-forest-labs/FLUX.2-dev", io::Layout::flux2_bfl, flux2_original_key_rules,
        {"single_stream_modulation.lin.weight", "double_stream_modulation_img.lin.weight"},
        load_named<Flux2Transformer2DModel>},
   };
@@ -42,6 +43,12 @@ const std::vector<TransformerFamily>& transformer_families() {
 const TransformerFamily* transformer_family(const std::string& class_name) {
   for (const TransformerFamily& f : transformer_families())
     if (class_name == f.class_name) return &f;
+  return nullptr;
+}
+
+const TransformerFamily* transformer_family(io::Layout layout) {
+  for (const TransformerFamily& f : transformer_families())
+    if (layout == f.original) return &f;
   return nullptr;
 }
 
@@ -97,6 +104,10 @@ io::DetectedLayout detect_original_layout(const std::vector<std::string>& names,
 
 io::DetectedLayout detect_original_layout(const nn::WeightSource& source, const std::string& component) {
   return detect_original_layout(source.names(), component, source.describe());
+}
+
+std::vector<io::DetectedLayout> detect_original_layouts(const std::vector<std::string>& names) {
+  return io::detect_layouts(names, original_layout_signatures());
 }
 
 }  // namespace kiln

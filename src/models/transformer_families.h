@@ -15,7 +15,9 @@
 namespace kiln {
 
 struct TransformerFamily {
-  const char* class_name;  // config.json's _class_name: "FluxTransformer2DModel"
+  const char* class_name;    // config.json's _class_name: "FluxTransformer2DModel"
+  const char* family;        // what users call it: "FLUX.1"
+  const char* example_repo;  // a Hub pipeline repo of the family, for errors: "black-forest-labs/FLUX.1-schnell"
   io::Layout original;     // its original checkpoints' layout
   std::vector<io::KeyRule> (*original_key_rules)();  // that layout's names as Diffusers'; see original_key_map
   std::vector<std::string> signature;  // tensors only that layout has: any one identifies a file in it
@@ -40,5 +42,9 @@ const io::KeyMap& original_key_map(io::Layout layout);
 io::DetectedLayout detect_original_layout(const std::vector<std::string>& names, const std::string& component = "",
                                           const std::string& file = "");
 io::DetectedLayout detect_original_layout(const nn::WeightSource& source, const std::string& component = "");
+// Every original layout `names` carry (a transformer's and a VAE's in an all-in-one file).
+std::vector<io::DetectedLayout> detect_original_layouts(const std::vector<std::string>& names);
+// The family whose original layout is `layout`, or nullptr (the LDM VAE's, diffusers).
+const TransformerFamily* transformer_family(io::Layout layout);
 
 }  // namespace kiln

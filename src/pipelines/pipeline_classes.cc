@@ -2,9 +2,9 @@
 // _class_name model_index.json gives them (Diffusers' DiffusionPipeline.from_pretrained).
 #include "core/error.h"
 #include "io/json_config.h"
-#include "io/model_folder.h"
 #include "pipelines/flux2_pipeline.h"
 #include "pipelines/flux_pipeline.h"
+#include "pipelines/model_argument.h"
 #include "pipelines/stable_diffusion_3_pipeline.h"
 
 namespace kiln {
@@ -44,8 +44,7 @@ const std::vector<std::string>& DiffusionPipeline::supported_classes() {
 
 std::unique_ptr<DiffusionPipeline> DiffusionPipeline::from_pretrained(const std::filesystem::path& model,
                                                                       const PipelineOptions& options) {
-  KILN_CHECK(std::filesystem::is_directory(model), "pipeline", "model folder ", model.string(), " does not exist");
-  const std::filesystem::path index_file = io::resolve_model_folder(model) / "model_index.json";
+  const std::filesystem::path index_file = pipeline_folder(model) / "model_index.json";
   const io::JsonConfig index(index_file);
   // Folders written before _class_name was required are FLUX.1's (the only class kiln had).
   const std::string cls = index.get_string("_class_name", FluxPipeline::kClassName);

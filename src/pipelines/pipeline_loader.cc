@@ -5,17 +5,13 @@
 #include "io/model_folder.h"
 #include "io/relative_name.h"
 #include "pipelines/component_file.h"
+#include "pipelines/model_argument.h"
 
 namespace kiln {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path checked_folder(const fs::path& model) {
-  KILN_CHECK(fs::is_directory(model), "pipeline", "model folder ", model.string(), " does not exist");
-  return io::resolve_model_folder(model);  // a hub cache repo folder: its snapshot
-}
 
 // --quantize TYPE with a checkpoint file (--transformer FILE) that stores weights quantized in
 // another type: refused, naming both, rather than keeping the file's type under a report and a
@@ -44,9 +40,9 @@ PipelineLoader::PipelineLoader(const fs::path& model, const PipelineOptions& opt
                                const std::string& pipeline_class, std::vector<ComponentClasses> classes,
                                std::vector<std::string> model_components)
     : t0_(std::chrono::steady_clock::now()),
-      index_(checked_folder(model) / "model_index.json"),
+      index_(pipeline_folder(model) / "model_index.json"),
       state_(std::make_unique<PipelineState>()) {
-  state_->dir = checked_folder(model);
+  state_->dir = pipeline_folder(model);
   state_->options = options;
   state_->device = options.device;
   const fs::path index_file = state_->dir / "model_index.json";
