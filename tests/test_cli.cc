@@ -305,6 +305,46 @@ TEST_F(Cli, BadInputGivesOneClearLineAndNoFile) {
   }
 }
 
+// The spellings users bring from other tools: short flags (stable-diffusion.cpp's -p -n -H -W -s,
+// -o), Diffusers' argument names, ggml's Q8_0; --seed random recorded in the PNG so the image can
+// be made again; and a mistyped flag answered with the flag it most likely meant.
+TEST_F(Cli, FlagsUsersKnowGiveTheSameImageAsKilnsOwn) {
+  const fs::path own = dir_ / "own.png", short_flags = dir_ / "short.png", random = dir_ / "random.png",
+                 again = dir_ / "again.png";
+  const CliRun a = kiln_cli("generate --prompt cat --negative-prompt dog --height 64 --width 80 --seed 7 --steps 2 "
+                            "--guidance 2.5 --quantize q8_0 --out " + own.string());
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const CliRun b = kiln_cli("generate -p cat -n dog -H 64 -W 80 -s 7 --num-inference-steps 2 --guidance-scale 2.5 "
+                            "--quantize Q8_0 -o " + short_flags.string());
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(io::read_png(short_flags).rgb, io::read_png(own).rgb);
+  EXPECT_EQ(io::read_png(short_flags).width, 80);
+
+  const CliRun r = kiln_cli("generate -p cat -H 64 -W 64 --steps 2 --seed random --output " + random.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string seed;
+  for (const auto& [key, value] : io::read_png(random).text)
+    if (key == "seed") seed = value;
+  ASSERT_FALSE(seed.empty());
+  EXPECT_NE(r.output.find("--seed random: " + seed), std::string::npos) << r.output;
+  const CliRun s = kiln_cli("generate -p cat -H 64 -W 64 --steps 2 --seed " + seed + " --output " + again.string());
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_EQ(io::read_png(again).rgb, io::read_png(random).rgb);
+
+  const std::pair<std::string, std::string> typos[] = {
+      {"generate --step 3", "unknown flag '--step' for generate (did you mean --steps? see kiln generate --help)"},
+      {"generate -steps 3", "did you mean --steps?"},
+      {"generate --guidence 3", "did you mean --guidance?"},
+      {"serve --prot 8000", "unknown flag '--prot' for serve (did you mean --port?"},
+      {"generate --xyzzy 1", "unknown flag '--xyzzy' for generate (see kiln generate --help)"},
+  };
+  for (const auto& [args, message] : typos) {
+    const CliRun t = kiln_cli(args);
+    EXPECT_EQ(t.exit_code, 1) << args;
+    EXPECT_NE(t.output.find(message), std::string::npos) << args << "\n" << t.output;
+  }
+}
+
 // --dtype: the report names each component's dtype and the bytes its weights hold, by dtype
 // and place; the bundled f32 checkpoint in bf16 holds half the bytes, all bf16 (converted once
 // at load: host copies), and no f32 copy of any weight.

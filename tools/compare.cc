@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "commands.h"
+#include "help.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/terminal.h"
@@ -21,7 +22,7 @@ int compare(const std::vector<std::string>& args) {
       tolerance = parse_int("--tolerance", args[++i]);
       KILN_CHECK(tolerance >= 0 && tolerance <= 255, "cli", "--tolerance must be in [0, 255], got ", tolerance);
     } else if (args[i].starts_with("--")) {
-      fail("cli", "unknown flag '", args[i], "' for compare (see kiln compare --help)");
+      unknown_flag("compare", args[i]);
     } else {
       files.push_back(args[i]);
     }

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "help.h"
 #include "core/error.h"
 #include "core/terminal.h"
 #include "exec/host.h"
@@ -51,7 +52,7 @@ int convert(const std::vector<std::string>& args) {
     else if (flag == "--dtype") parse_dtype(value, options);
     else if (flag == "--quantize") parse_quantize(value, options), quantize_given = true;
     else if (flag == "--layout") layout = value;
-    else fail("cli", "unknown flag '", flag, "' for convert (see kiln convert --help)");
+    else unknown_flag("convert", flag);
   }
   KILN_CHECK(!model.empty(), "cli", "convert needs --model DIR (a Diffusers folder)");
   KILN_CHECK(!out.empty(), "cli", "convert needs --out FILE (.gguf or .safetensors)");

@@ -8,11 +8,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "help.h"
 #include "core/error.h"
 #include "core/flag_value.h"
 #include "core/terminal.h"
@@ -67,6 +69,15 @@ struct Options {
   PipelineOptions dtypes;  // --dtype (parse_dtype): its dtype and component_dtype
 };
 
+// --seed random: a seed drawn from the system's entropy, printed and recorded in the PNG like any
+// other, so the image can be made again.
+std::string random_seed() {
+  std::random_device device;
+  const uint64_t seed = (uint64_t(device()) << 32 | device()) & ((uint64_t(1) << 53) - 1);  // exact in JSON numbers
+  std::fprintf(stderr, "kiln: --seed random: %llu\n", static_cast<unsigned long long>(seed));
+  return std::to_string(seed);
+}
+
 Options parse(const std::vector<std::string>& args) {
   Options o;
   o.call.prompt = kDefaultPrompt;
@@ -81,14 +92,16 @@ Options parse(const std::vector<std::string>& args) {
     // The pipeline call's arguments (pipelines/call_arguments.h), each checked against its bounds here,
     // before minutes of model loading.
     else if (const CallArgument* a = call_argument_of_flag(flag)) {
-      set_from_text(o.call, *a, value());
+      std::string v = value();
+      if (a->name == std::string("seed") && v == "random") v = random_seed();
+      set_from_text(o.call, *a, v);
       const std::string name = a->name;
       prompt_given |= name == "prompt";
       steps_given |= name == "num_inference_steps";
       length_given |= name == "max_sequence_length";
     }
     else if (flag == "--latents") o.latents_file = value();
-    else if (flag == "--out") o.out = value();
+    else if (flag == "-o" || flag == "--output" || flag == "--out") o.out = value();
     else if (flag == "--report") o.report = value(), o.report_given = true;
     else if (flag == "--profile") o.profile = true;
     else if (flag == "--device") o.device = value();
@@ -107,7 +120,7 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--dtype") parse_dtype(value(), o.dtypes);  // before any model is loaded
     else if (flag == "--quantize") parse_quantize(value(), o.dtypes);
     else if (const std::string c = component_file_flag(flag); !c.empty()) o.dtypes.component_files[c] = value();
-    else fail("cli", "unknown flag '", flag, "' for generate (see kiln --help)");
+    else unknown_flag("generate", flag);
   }
   const Device device = Device::parse(o.device);
   runtime(device);  // "[device] cuda:0 is not available: ..." where the build or the machine lacks it

@@ -1,5 +1,8 @@
 #include "help.h"
 
+#include <algorithm>
+#include <deque>
+
 #include "core/env.h"
 #include "core/error.h"
 #include "pipelines/call_arguments.h"
@@ -9,11 +12,38 @@ namespace kiln::cli {
 
 namespace {
 
+// "-p, --prompt": a call argument's aliases before its flag (kept for the program's life: the
+// docs hold pointers into them).
+const char* flag_with_aliases(const CallArgument& a) {
+  static std::deque<std::string> labels;
+  std::string label;
+  for (const CallArgumentAlias& alias : call_argument_aliases())
+    if (alias.name == std::string(a.name)) label += std::string(alias.flag) + ", ";
+  return labels.emplace_back(label + a.flag).c_str();
+}
+
 // generate's flags: `before`, every pipeline call argument's row (pipelines/call_arguments.h), `after`.
 std::vector<FlagDoc> with_call_arguments(std::vector<FlagDoc> before, const std::vector<FlagDoc>& after) {
-  for (const CallArgument& a : call_arguments()) before.push_back({a.flag, a.metavar, a.shown_default, a.help});
+  for (const CallArgument& a : call_arguments())
+    before.push_back({flag_with_aliases(a), a.metavar, a.shown_default, a.help});
   before.insert(before.end(), after.begin(), after.end());
   return before;
+}
+
+// The edit distance of two flags (insertions, deletions, substitutions).
+size_t distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
 }
 
 }  // namespace
@@ -31,8 +61,9 @@ const std::vector<CommandDoc>& commands() {
   static const std::vector<CommandDoc> docs = {
       {"generate",
        "Text to image with a checkpoint in Diffusers layout: the pipeline class its model_index.json names "
-       "(FluxPipeline: FLUX.1; StableDiffusion3Pipeline: SD3 / SD3.5). Without --model it runs the small FLUX.1 "
-       "checkpoint bundled with kiln (128x128, 4 steps).",
+       "(FluxPipeline: FLUX.1; StableDiffusion3Pipeline: SD3 / SD3.5; Flux2Pipeline: FLUX.2 dev; "
+       "Flux2KleinPipeline: FLUX.2 klein). Without --model it runs the small FLUX.1 checkpoint bundled with kiln "
+       "(128x128, 4 steps).",
        with_call_arguments(
            {{"--model", "DIR|REPO_ID", "the bundled checkpoint",
              "a Diffusers folder, a Hugging Face cache folder (models--org--name or a snapshot), or a Hub repo id "
@@ -40,8 +71,8 @@ const std::vector<CommandDoc>& commands() {
            {
            {"--latents", "FILE[:TENSOR]", "", "initial noise from a safetensors file: the tensor 'latents', the only "
                                               "one, or TENSOR"},
-           {"--out", "FILE", "out.png", "the PNG, written atomically; symlinks are followed; devices, FIFOs, "
-                                        "sockets and folders are refused"},
+           {"-o, --output", "FILE", "out.png", "the PNG (--out too), written atomically; symlinks are followed; "
+                                                "devices, FIFOs, sockets and folders are refused"},
            {"--report", "FILE", "", "a JSON run report (timings, counters, memory), same rules as --out"},
            {"--profile", "", "off", "with --report: time every kernel; the report gains profile.by_op (seconds, launches and "
                                 "bytes moved per op, per component)"},
@@ -215,6 +246,30 @@ const std::vector<CommandDoc>& commands() {
        }},
   };
   return docs;
+}
+
+std::string closest_flag(const CommandDoc& doc, const std::string& flag) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, flag.size() / 4) + 1;  // further than this is no typo
+  for (const FlagDoc& f : doc.flags) {
+    const std::string label = f.flag;  // "-p, --prompt": each spelling
+    for (size_t start = 0; start < label.size();) {
+      const size_t comma = std::min(label.find(", ", start), label.size());
+      const std::string spelling = label.substr(start, comma - start);
+      // A long flag with one dash (-steps) is that flag; a short one is never guessed from a long.
+      const size_t d = spelling.size() > 2 ? distance(flag, spelling) : (flag == spelling ? 0 : best_distance);
+      if (d < best_distance) best = spelling, best_distance = d;
+      start = comma + 2;
+    }
+  }
+  return best;
+}
+
+void unknown_flag(const std::string& command, const std::string& flag) {
+  const CommandDoc* doc = command_doc(command);
+  const std::string guess = doc ? closest_flag(*doc, flag) : "";
+  fail("cli", "unknown flag '", flag, "' for ", command, " (", guess.empty() ? "" : "did you mean " + guess + "? ",
+       "see kiln ", command, " --help)");
 }
 
 const CommandDoc* command_doc(const std::string& name) {

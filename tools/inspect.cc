@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "help.h"
 #include "report.h"
 #include "core/error.h"
 #include "core/terminal.h"
@@ -39,7 +40,7 @@ Options parse(const std::vector<std::string>& args) {
     };
     if (args[i] == "--model") o.model = parse_model(value());
     else if (args[i] == "--report") o.report = value(), o.report_given = true;
-    else fail("cli", "unknown flag '", args[i], "' for inspect (expected --model DIR, --report FILE)");
+    else unknown_flag("inspect", args[i]);
   }
   if (o.model.empty()) {
     o.model = KILN_BUNDLED_MODEL;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "help.h"
 #include "core/error.h"
 #include "core/terminal.h"
 #include "io/hub_cache.h"
@@ -53,7 +54,7 @@ std::string problem(const fs::path& snapshot, std::string& cls) {
 }  // namespace
 
 int list(const std::vector<std::string>& args) {
-  for (const std::string& a : args) fail("cli", "unknown flag '", a, "' for list (it takes none)");
+  for (const std::string& a : args) unknown_flag("list", a);
   const fs::path cache = io::hub_cache_dir();
   const std::vector<io::CachedRepo> repos = io::cached_model_repos();
   print_line(stdout, "Hugging Face cache: %s ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub)",

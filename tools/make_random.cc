@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "help.h"
 #include "random_like.h"
 #include "core/error.h"
 #include "core/terminal.h"
@@ -129,7 +130,7 @@ int make_random(const std::vector<std::string>& args) {
       KILN_CHECK(s >= 0, "cli", "--seed must be >= 0, got ", s);
       seed = uint64_t(s);
     } else {
-      fail("cli", "unknown flag '", flag, "' for make-random (see kiln make-random --help)");
+      unknown_flag("make-random", flag);
     }
   }
   KILN_CHECK(dir, "cli",

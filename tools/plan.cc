@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "help.h"
 #include "core/error.h"
 #include "core/terminal.h"
 #include "devices/aot_target.h"
@@ -78,7 +79,7 @@ PlanFlags parse_flags(const std::vector<std::string>& args) {
     else if (flag == "--report") f.report = value(), f.report_given = true;
     else if (flag == "--dump") f.dump = fs::path(value());
     else if (flag == "--device-memory") f.device_memory = parse_bytes(flag, value());
-    else fail("cli", "unknown flag '", flag, "' for plan (see kiln plan --help)");
+    else unknown_flag("plan", flag);
   }
   KILN_CHECK(f.model.has_value() != f.like.has_value(), "cli",
              "plan needs one of --model DIR (a Diffusers folder) or --like NAME (", random_weights::like_names_joined(", "),

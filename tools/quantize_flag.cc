@@ -1,4 +1,6 @@
 // --quantize: quantization at load, per component (default: the transformer only).
+#include <cctype>
+
 #include "commands.h"
 #include "core/error.h"
 #include "pipelines/diffusion_pipeline.h"
@@ -7,9 +9,12 @@ namespace kiln::cli {
 
 namespace {
 
-DType quant_value(const std::string& flag_value, const std::string& v) {
+DType quant_value(const std::string& flag_value, const std::string& spelled) {
+  // ggml's own spelling (Q8_0, Q4_K) and any other case name the same type.
+  std::string v = spelled;
+  for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
   const std::optional<DType> t = dtype_from_name(v == "fp8" ? "f8_e4m3" : v);
-  KILN_CHECK(t && is_storage_only(*t), "cli", "--quantize ", flag_value, ": '", v,
+  KILN_CHECK(t && is_storage_only(*t), "cli", "--quantize ", flag_value, ": '", spelled,
              "' is not a quantization; expected q8_0, q4_0, q4_k, q5_k, f8_e4m3 (fp8) or f8_e5m2");
   return *t;
 }

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "commands.h"
+#include "help.h"
 #include "core/error.h"
 #include "core/terminal.h"
 #include "devices/runtime.h"
@@ -113,7 +114,7 @@ ServeFlags parse(const std::vector<std::string>& args) {
     }
     else if (flag == "--text-encoder-out-layers") f.pipeline.text_encoder_out_layers = parse_int_list(flag, value());
     else if (const std::string c = component_file_flag(flag); !c.empty()) f.pipeline.component_files[c] = value();
-    else fail("cli", "unknown flag '", flag, "' for serve (see kiln serve --help)");
+    else unknown_flag("serve", flag);
   }
   KILN_CHECK(f.http.max_queue >= 1 && f.http.max_queue <= 100000, "cli", "--max-queue must be in [1, 100000], got ",
              f.http.max_queue);

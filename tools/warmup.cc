@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "help.h"
 #include "core/error.h"
 #include "core/terminal.h"
 #include "exec/compile.h"
@@ -67,7 +68,7 @@ int warmup(const std::vector<std::string>& args) {
     else if (flag == "--max-sequence-length") max_sequence_length = parse_int(flag, value()), length_given = true;
     else if (flag == "--report") report = value(), report_given = true;
     else if (flag == "--dtype") dtype = value();
-    else fail("cli", "unknown flag '", flag, "' for warmup (see kiln --help)");
+    else unknown_flag("warmup", flag);
   }
   KILN_CHECK(!sizes_text.empty(), "cli", "warmup needs --sizes HEIGHTxWIDTH[,...] (e.g. --sizes 512x512,1024x1024)");
   const std::vector<ImageSize> sizes = parse_sizes("--sizes", sizes_text);

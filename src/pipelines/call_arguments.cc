@@ -89,9 +89,25 @@ const CallArgument* call_argument_named(const std::string& name) {
   return nullptr;
 }
 
+const std::vector<CallArgumentAlias>& call_argument_aliases() {
+  static const std::vector<CallArgumentAlias> aliases = {
+      {"-p", "prompt"},
+      {"-n", "negative_prompt"},
+      {"-H", "height"},
+      {"-W", "width"},
+      {"-s", "seed"},
+      {"--num-inference-steps", "num_inference_steps"},
+      {"--guidance-scale", "guidance_scale"},
+      {"--cfg-scale", "guidance_scale"},
+  };
+  return aliases;
+}
+
 const CallArgument* call_argument_of_flag(const std::string& flag) {
   for (const CallArgument& a : call_arguments())
     if (flag == a.flag) return &a;
+  for (const CallArgumentAlias& a : call_argument_aliases())
+    if (flag == a.flag) return call_argument_named(a.name);
   return nullptr;
 }
 

@@ -102,7 +102,16 @@ struct CallArgument {
 const std::vector<CallArgument>& call_arguments();
 // The row of `name` (a Diffusers name) or of `flag` (generate's); nullptr when there is none.
 const CallArgument* call_argument_named(const std::string& name);
+// `flag` is the row's flag or one of its aliases.
 const CallArgument* call_argument_of_flag(const std::string& flag);
+
+// Other spellings of generate's flags, as users bring them from other tools (stable-diffusion.cpp's
+// short flags, Diffusers' argument names): {alias, the Diffusers name of the row}.
+struct CallArgumentAlias {
+  const char* flag;  // "-p"
+  const char* name;  // "prompt"
+};
+const std::vector<CallArgumentAlias>& call_argument_aliases();
 
 // `class_name`'s default for the argument `name` (its row's `defaults`); an internal error when
 // the table states none.

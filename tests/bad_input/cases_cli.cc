@@ -51,7 +51,7 @@ void add_cli_cases(Corpus& corpus) {
                        {"[cli] flag --steps expects an integer, got '1.5'"}, {}, {no_work}));
   corpus.add(expecting(1, "cli/seed-not-integer", gen({"--seed", "x"}),
                        {"[cli] flag --seed expects an integer from 0 to 18446744073709551615, got 'x'"}, {}, {no_work}));
-  corpus.add(expecting(1, "cli/unknown-flag", gen({"--bogus"}), {"unknown flag '--bogus' for generate", "kiln --help"}, {},
+  corpus.add(expecting(1, "cli/unknown-flag", gen({"--bogus"}), {"unknown flag '--bogus' for generate", "kiln generate --help"}, {},
                        {no_work}));
   corpus.add(expecting(1, "cli/flag-without-value", gen({"--steps"}), {"[cli] flag --steps needs a value"}, {}, {no_work}));
 
