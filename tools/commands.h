@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "core/device.h"
 #include "core/flag_value.h"  // parse_int, parse_int_list
 #include "io/png.h"
+#include "pipelines/call_arguments.h"
 
 namespace kiln {
 class DiffusionPipeline;
@@ -67,13 +69,32 @@ nlohmann::json quantization_report(const PipelineOptions& options);
 nlohmann::json estimate_report(const DiffusionPipeline& pipe, const PipelineCallArgs& call, const PipelineOutput& result);
 void compile_transformer(DiffusionPipeline& pipe, const std::string& how, bool prepack_weights = true);   // --compile full|blocks
 // The name an image's metadata and the server give a model: its folder's name, a hub snapshot's
-// repository id ("org/name"), or the bundled checkpoint's id — never a path on this machine, which
-// would travel with every image.
+// repository id ("org/name"), a repo id as given, or the bundled checkpoint's id
+// (kBundledModelName) — never a path on this machine, which would travel with every image.
 std::string model_name(const std::filesystem::path& model, bool bundled);
-// The PNG text of an image (generate and serve write the same): prompt, seed (as given), steps,
-// size "HxW", model (model_name) and the software.
+constexpr const char* kBundledModelName = "kiln-bundled-flux1-tiny";
+
+// The PNG text of an image (generate and serve write the same; image_metadata.cc): prompt, seed
+// (as given), steps, size "HxW", model (model_name) and the software; "parameters" as AUTOMATIC1111
+// writes it (read by other tools); and "kiln", the JSON that makes the image again (--from-png):
+// the pipeline class, the model's name, every call argument after the pipeline's defaults, and the
+// load options that change the image (dtype, quantization, component files by file name).
 io::PngText image_metadata(const PipelineCallArgs& call, const std::string& seed, const PipelineOutput& result,
-                           const std::string& model);
+                           const std::string& model, const std::string& pipeline_class,
+                           const PipelineOptions& options, const std::string& latents_file = "");
+
+// What --from-png FILE recorded, to start a generate call from.
+struct ImageRecipe {
+  std::string model;  // model_name's; kBundledModelName for the bundled checkpoint
+  std::string pipeline_class;
+  PipelineCallArgs call;
+  std::string dtype, quantize;                         // --dtype and --quantize values ("" for none)
+  std::map<std::string, std::string> component_files;  // component -> the file's name
+  std::string latents_file;                            // the --latents file's name, "" for the seed's noise
+};
+// Reads FILE's "kiln" chunk; errors ("cli") name the flag, the file and what is wrong.
+ImageRecipe read_image_recipe(const std::filesystem::path& png);
+
 int serve(const std::vector<std::string>& args);        // serve.cc
 
 }  // namespace kiln::cli

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <fstream>
 
@@ -82,6 +83,19 @@ Options parse(const std::vector<std::string>& args) {
   Options o;
   o.call.prompt = kDefaultPrompt;
   bool steps_given = false, prompt_given = false, length_given = false;
+  // --from-png FILE: the call and load options the image recorded first; every other flag, before
+  // or after it, overrides them.
+  std::optional<ImageRecipe> recipe;
+  for (size_t i = 0; i + 1 < args.size(); ++i)
+    if (args[i] == "--from-png") recipe = read_image_recipe(args[i + 1]);
+  if (recipe) {
+    o.call = recipe->call;
+    if (recipe->model != kBundledModelName) o.model = parse_model(recipe->model);
+    parse_dtype(recipe->dtype, o.dtypes);
+    if (!recipe->quantize.empty()) parse_quantize(recipe->quantize, o.dtypes);
+    for (const auto& [component, file] : recipe->component_files) o.dtypes.component_files[component] = file;
+    steps_given = prompt_given = length_given = true;
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     auto value = [&]() -> std::string {
@@ -89,6 +103,7 @@ Options parse(const std::vector<std::string>& args) {
       return args[++i];
     };
     if (flag == "--model") o.model = parse_model(value());
+    else if (flag == "--from-png") value();  // read above
     // The pipeline call's arguments (pipelines/call_arguments.h), each checked against its bounds here,
     // before minutes of model loading.
     else if (const CallArgument* a = call_argument_of_flag(flag)) {
@@ -143,6 +158,9 @@ Options parse(const std::vector<std::string>& args) {
              "--vae-tile-size has no effect with --vae-tiling off");
   KILN_CHECK(!o.profile || o.report_given, "cli", "--profile adds to the report: it needs --report FILE");
   KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");
+  KILN_CHECK(!recipe || recipe->latents_file.empty() || !o.latents_file.empty(), "cli",
+             "--from-png: the image was made from the noise of --latents ", recipe ? recipe->latents_file : "",
+             "; pass that file with --latents");
   if (o.model.empty()) {
     o.model = KILN_BUNDLED_MODEL;
     o.bundled = true;
@@ -211,30 +229,6 @@ void check_compile_flag(const std::string& v) {
   KILN_CHECK(v == "full" || v == "blocks", "cli", "--compile ", v,
              ": expected full (the whole transformer, one executable per size) or blocks (compile_repeated_blocks: "
              "one executable per block class and size)");
-}
-
-io::PngText image_metadata(const PipelineCallArgs& call, const std::string& seed, const PipelineOutput& result,
-                           const std::string& model) {
-  return {{"prompt", call.prompt},
-          {"seed", seed},
-          {"steps", std::to_string(call.num_inference_steps)},
-          {"size", std::to_string(result.height) + "x" + std::to_string(result.width)},  // HxW, as every message
-          {"model", model},
-          {"software", std::string("kiln ") + KILN_VERSION}};
-}
-
-std::string model_name(const fs::path& model, bool bundled) {
-  if (bundled) return "kiln-bundled-flux1-tiny";
-  fs::path p = model.lexically_normal();
-  if (p.filename().empty()) p = p.parent_path();  // "FLUX.1-schnell/"
-  // A hub cache snapshot, .../models--ORG--NAME/snapshots/REV: the repository's id.
-  const std::string repo = p.parent_path().parent_path().filename().string();
-  if (p.parent_path().filename() == "snapshots" && repo.rfind("models--", 0) == 0) {
-    std::string id = repo.substr(8);
-    if (const size_t dashes = id.find("--"); dashes != std::string::npos) id.replace(dashes, 2, "/");
-    return id;
-  }
-  return p.filename().string();
 }
 
 void compile_transformer(DiffusionPipeline& pipe, const std::string& how, bool prepack_weights) {
@@ -334,7 +328,7 @@ int generate_rank(Options o) {
 
   const io::PngText meta = image_metadata(
       o.call, o.latents_file.empty() ? std::to_string(o.call.seed) : "latents from " + o.latents_file.string(), result,
-      model_name(o.model, o.bundled));
+      model_name(o.model, o.bundled), pipe.class_name(), pipe_options, o.latents_file.string());
   // Per-rank figures for the report (every rank takes part in the gather).
   struct RankFigures {
     uint64_t bytes_read, device_peak, host_rss;

@@ -69,6 +69,8 @@ const std::vector<CommandDoc>& commands() {
              "a Diffusers folder, a Hugging Face cache folder (models--org--name or a snapshot), or a Hub repo id "
              "already in the cache (black-forest-labs/FLUX.1-schnell; kiln list shows them; kiln never downloads)"}},
            {
+           {"--from-png", "FILE", "", "start from the call and load options a kiln PNG recorded (its 'kiln' chunk): "
+                                     "the same image; any other flag overrides what it recorded"},
            {"--latents", "FILE[:TENSOR]", "", "initial noise from a safetensors file: the tensor 'latents', the only "
                                               "one, or TENSOR"},
            {"-o, --output", "FILE", "out.png", "the PNG (--out too), written atomically; symlinks are followed; "

@@ -193,7 +193,7 @@ int serve(const std::vector<std::string>& args) {
     defaults.max_sequence_length = kBundledMaxSequenceLength;
   }
   const std::string model = model_name(f.model, f.bundled);
-  const server::ImageRunner runner = [&run_call, &warn, model, folder = f.model](
+  const server::ImageRunner runner = [&run_call, &warn, model, folder = f.model, &p, &options](
                                          const PipelineCallArgs& job_call,
                                          const std::function<void(int64_t, int64_t, double)>& on_step) {
     PipelineCallArgs call = job_call;
@@ -202,7 +202,7 @@ int serve(const std::vector<std::string>& args) {
     try {
       const PipelineOutput result = run_call(call);
       return io::encode_png(result.image.data(), result.height, result.width,
-                            image_metadata(call, std::to_string(call.seed), result, model));
+                            image_metadata(call, std::to_string(call.seed), result, model, p.class_name(), options));
     } catch (const std::exception& e) {
       // A job's error travels to clients: the model's folder is named by the model's name, and
       // no other path of this machine is shown whole.
