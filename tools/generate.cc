@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "io/kiln_files.h"
 #include "help.h"
 #include "core/error.h"
 #include "core/flag_value.h"
@@ -162,7 +163,7 @@ Options parse(const std::vector<std::string>& args) {
              "--from-png: the image was made from the noise of --latents ", recipe ? recipe->latents_file : "",
              "; pass that file with --latents");
   if (o.model.empty()) {
-    o.model = KILN_BUNDLED_MODEL;
+    o.model = io::bundled_model_dir();
     o.bundled = true;
     // The bundled checkpoint is a toy: its default run is its fixture's call (commands.h).
     if (!o.call.height) o.call.height = kBundledSize;

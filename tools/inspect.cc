@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "io/kiln_files.h"
 #include "help.h"
 #include "report.h"
 #include "core/error.h"
@@ -43,7 +44,7 @@ Options parse(const std::vector<std::string>& args) {
     else unknown_flag("inspect", args[i]);
   }
   if (o.model.empty()) {
-    o.model = KILN_BUNDLED_MODEL;
+    o.model = io::bundled_model_dir();
     std::fprintf(stderr, "kiln: no --model given, using the bundled tiny FLUX.1 checkpoint (%s)\n", o.model.c_str());
   }
   return o;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "io/kiln_files.h"
 #include "help.h"
 #include "random_like.h"
 #include "core/error.h"
@@ -93,7 +94,7 @@ rw::RandomFolder write_random_like(const RandomLike& s, const rw::RandomFolderPr
     }
   }
   // The fixtures folder holds the bundled checkpoint (FIXTURES/flux1_tiny_arch/pipeline).
-  const std::filesystem::path fixtures = std::filesystem::path(KILN_BUNDLED_MODEL).parent_path().parent_path();
+  const std::filesystem::path fixtures = io::kiln_fixtures_dir();
   return rw::write_random_folder(s.dir, rw::like_contents(o, fixtures), progress);
 }
 

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "commands.h"
+#include "io/kiln_files.h"
 #include "help.h"
 #include "core/error.h"
 #include "core/terminal.h"
@@ -136,7 +137,7 @@ ServeFlags parse(const std::vector<std::string>& args) {
   KILN_CHECK(is_loopback_host(f.http.host) || !f.http.api_key.empty(), "cli", "--host ", f.http.host,
              " is reachable from other machines: it needs --api-key KEY (clients send Authorization: Bearer KEY)");
   if (f.model.empty()) {
-    f.model = KILN_BUNDLED_MODEL;
+    f.model = io::bundled_model_dir();
     f.bundled = true;
   }
   return f;

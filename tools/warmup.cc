@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "io/kiln_files.h"
 #include "help.h"
 #include "core/error.h"
 #include "core/terminal.h"
@@ -78,7 +79,7 @@ int warmup(const std::vector<std::string>& args) {
   KILN_CHECK(!length_given || (max_sequence_length >= 1 && max_sequence_length <= 512), "cli",
              "--max-sequence-length must be in [1, 512], got ", max_sequence_length);
   if (model.empty()) {
-    model = KILN_BUNDLED_MODEL;
+    model = io::bundled_model_dir();
     if (!length_given) max_sequence_length = kBundledMaxSequenceLength;  // as generate's bundled run
   }
   if (report_given) io::resolve_output("--report", report);  // the output rule, before any work

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "io/input_file.h"
 #include "io/json_config.h"
+#include "io/kiln_files.h"
 #include "random_checkpoint/component_reads.h"
 
 namespace kiln::random_weights {
@@ -129,7 +130,7 @@ nlohmann::json LikeRecipe::hub_json(const std::string& path) const {
 
 const std::vector<LikeRecipe>& like_recipes() {
   static const std::vector<LikeRecipe> recipes = [] {
-    const fs::path data = fs::path(KILN_DATA_DIR) / "make_random";
+    const fs::path data = io::kiln_data_dir() / "make_random";
     const fs::path likes_file = data / "likes.json";
     const nlohmann::json likes = read_json(likes_file);
     KILN_CHECK(likes.contains("likes") && likes["likes"].is_array(), kWhere, likes_file.string(),
