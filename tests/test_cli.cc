@@ -345,6 +345,45 @@ TEST_F(Cli, FlagsUsersKnowGiveTheSameImageAsKilnsOwn) {
   }
 }
 
+// A step-distilled checkpoint (FLUX.1-schnell's architecture: no guidance embedder; FLUX.2 klein
+// with is_distilled) runs 4 steps unless --steps says otherwise, and says so; FLUX.2-dev (guidance-
+// distilled, not step-distilled) and SD3 keep Diffusers' 28.
+TEST_F(Cli, StepDistilledCheckpointsDefaultToFourSteps) {
+  const auto steps_of = [](const fs::path& png) {
+    for (const auto& [key, value] : io::read_png(png).text)
+      if (key == "steps") return value;
+    return std::string();
+  };
+  const std::string fixtures = KILN_FIXTURES_DIR;
+  const CliRun schnell = kiln_cli("generate --model " + fixtures + "/flux1_tiny_arch/pipeline -p cat -H 32 -W 32 -o " +
+                                  (dir_ / "schnell.png").string());
+  ASSERT_EQ(schnell.exit_code, 0) << schnell.output;
+  EXPECT_NE(schnell.output.find("kiln: a step-distilled checkpoint: 4 steps (--steps N to choose)"), std::string::npos)
+      << schnell.output;
+  EXPECT_EQ(steps_of(dir_ / "schnell.png"), "4");
+  const CliRun given = kiln_cli("generate --model " + fixtures + "/flux1_tiny_arch/pipeline -p cat -H 32 -W 32 "
+                                "--steps 2 -o " + (dir_ / "given.png").string());
+  ASSERT_EQ(given.exit_code, 0) << given.output;
+  EXPECT_EQ(given.output.find("step-distilled"), std::string::npos) << given.output;
+  EXPECT_EQ(steps_of(dir_ / "given.png"), "2");
+
+  // klein's distilled twin: the same folder with is_distilled true in model_index.json.
+  const fs::path klein = dir_ / "klein_distilled";
+  fs::copy(fixtures + "/flux2_klein_tiny/pipeline", klein, fs::copy_options::recursive);
+  fs::copy_file(fixtures + "/flux2_klein_tiny/pipeline_distilled/model_index.json", klein / "model_index.json",
+                fs::copy_options::overwrite_existing);
+  const CliRun distilled = kiln_cli("generate --model " + klein.string() + " -p cat -H 32 -W 32 "
+                                    "--text-encoder-out-layers 1,2,3 -o " + (dir_ / "klein.png").string());
+  ASSERT_EQ(distilled.exit_code, 0) << distilled.output;
+  EXPECT_EQ(steps_of(dir_ / "klein.png"), "4");
+
+  const CliRun dev = kiln_cli("generate --model " + fixtures + "/flux2_tiny/pipeline -p cat -H 32 -W 32 "
+                              "--max-sequence-length 16 --text-encoder-out-layers 1 -o " + (dir_ / "dev.png").string());
+  ASSERT_EQ(dev.exit_code, 0) << dev.output;
+  EXPECT_EQ(dev.output.find("step-distilled"), std::string::npos) << dev.output;
+  EXPECT_EQ(steps_of(dir_ / "dev.png"), "28");
+}
+
 // --dtype: the report names each component's dtype and the bytes its weights hold, by dtype
 // and place; the bundled f32 checkpoint in bf16 holds half the bytes, all bf16 (converted once
 // at load: host copies), and no f32 copy of any weight.

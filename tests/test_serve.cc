@@ -126,6 +126,9 @@ TEST_F(Serve, EventsArriveOnePerStepInOrderThenDone) {
   EXPECT_EQ(events[10].first, "done");
   // A finished job's stream replays its events.
   EXPECT_EQ(read_events(c, job["id"]).size(), 11u);
+  // The server's log says what each job was and how it ended, one line.
+  const std::string line = "kiln: job " + job["id"].get<std::string>() + ": 128x128, 5 steps, 2 images: done in ";
+  EXPECT_NE(server.log().find(line), std::string::npos) << server.log();
 }
 
 TEST_F(Serve, CancelsQueuedAndRunningJobsAndKeepsServing) {
@@ -154,6 +157,9 @@ TEST_F(Serve, CancelsQueuedAndRunningJobsAndKeepsServing) {
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().first, "cancelled");
   EXPECT_EQ(c.Get(("/v1/jobs/" + running + "/image").c_str())->status, 409);
+  EXPECT_NE(server.log().find("kiln: job " + running + ": 128x128, 10000 steps, 1 image: cancelled in "),
+            std::string::npos)
+      << server.log();
 
   // The pipeline is intact: the next job's image is generate's.
   const json answer = post_json(c, "/v1/images/generations", {{"prompt", "after"}, {"steps", 2}}, 200);

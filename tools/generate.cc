@@ -69,6 +69,7 @@ struct Options {
   size_t device_memory = 0;  // --device-memory: the device allocator's capacity (0 = unlimited)
   bool strict = false;       // --strict: unused checkpoint tensors are errors
   PipelineOptions dtypes;  // --dtype (parse_dtype): its dtype and component_dtype
+  bool steps_given = false;  // --steps (or --from-png): else a step-distilled checkpoint runs kDistilledSteps
 };
 
 // --seed random: a seed drawn from the system's entropy, printed and recorded in the PNG like any
@@ -162,6 +163,7 @@ Options parse(const std::vector<std::string>& args) {
   KILN_CHECK(!recipe || recipe->latents_file.empty() || !o.latents_file.empty(), "cli",
              "--from-png: the image was made from the noise of --latents ", recipe ? recipe->latents_file : "",
              "; pass that file with --latents");
+  o.steps_given = steps_given;
   if (o.model.empty()) {
     o.model = io::bundled_model_dir();
     o.bundled = true;
@@ -307,6 +309,12 @@ int generate_rank(Options o) {
   const std::unique_ptr<DiffusionPipeline> loaded = DiffusionPipeline::from_pretrained(o.model, pipe_options);
   DiffusionPipeline& pipe = *loaded;
   if (writer) std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe.load_seconds());
+  if (!o.steps_given && pipe.step_distilled()) {
+    o.call.num_inference_steps = DiffusionPipeline::kDistilledSteps;
+    if (writer)
+      print_line(stderr, "kiln: a step-distilled checkpoint: %lld steps (--steps N to choose)",
+                 static_cast<long long>(o.call.num_inference_steps));
+  }
   // On a device with memory of its own the weights must be there: every one (pipe.to) unless
   // model offload moves one component at a time. The CPU reads them in place by default.
   if (o.offload == "none" || (o.offload.empty() && !runtime(device).is_host())) pipe.to(device);

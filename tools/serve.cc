@@ -188,6 +188,7 @@ int serve(const std::vector<std::string>& args) {
   // What a request leaves out: the pipeline's defaults, or the bundled checkpoint's call.
   PipelineCallArgs defaults;
   defaults.text_encoder_out_layers = f.pipeline.text_encoder_out_layers;
+  if (p.step_distilled()) defaults.num_inference_steps = DiffusionPipeline::kDistilledSteps;
   if (f.bundled) {
     defaults.height = defaults.width = kBundledSize;
     defaults.num_inference_steps = kBundledSteps;

@@ -403,6 +403,14 @@ int serve_http(const ServeSettings& settings, const server::ImageRunner& runner,
   const int port = http.bind(settings.host, settings.port);
   // Waiting answers and event streams are polled whenever a job is queued, steps or ends.
   queue.on_change([&http] { http.notify(); });
+  // One line per job that ran: what a server's log is read for.
+  queue.on_finished([](const server::FinishedJob& j) {
+    const std::string size =
+        j.height ? std::to_string(j.height) + "x" + std::to_string(j.width) : std::string("default size");
+    print_line(stderr, "kiln: job %s: %s, %lld steps, %lld image%s: %s in %.2f s%s%s", j.id.c_str(), size.c_str(),
+               static_cast<long long>(j.steps), static_cast<long long>(j.images), j.images == 1 ? "" : "s",
+               server::job_state_name(j.state), j.seconds, j.error.empty() ? "" : ": ", j.error.c_str());
+  });
   print_line(stderr, "kiln: serving %s on http://%s:%d", settings.model_id.c_str(), settings.host.c_str(), port);
 
   // SIGTERM / SIGINT / SIGUSR1: idle and half-read connections are closed, new requests answered

@@ -46,6 +46,12 @@ class DiffusionPipeline {
   virtual ~DiffusionPipeline();
 
   virtual const char* class_name() const = 0;
+  // A step-distilled checkpoint, made for few steps without guidance (FLUX.1-schnell: a FLUX.1
+  // transformer without a guidance embedder; FLUX.2 klein with is_distilled). Diffusers' call
+  // keeps its 28-step default for them; kiln's command line and server run kDistilledSteps
+  // unless the steps are given.
+  virtual bool step_distilled() const { return false; }
+  static constexpr int64_t kDistilledSteps = 4;
   // __call__: checks the arguments and the memory the call needs before any work (failing
   // with the numbers and what would fit), then runs the pipeline's stages.
   PipelineOutput operator()(const PipelineCallArgs& args) const;

@@ -174,6 +174,8 @@ Flux2Pipeline Flux2Pipeline::load(const fs::path& dir, const PipelineOptions& op
 const char* Flux2Pipeline::class_name() const { return m_->variant->class_name; }
 Flux2Transformer2DModel& Flux2Pipeline::transformer() { return m_->transformer; }
 bool Flux2Pipeline::is_distilled() const { return m_->is_distilled; }
+// dev is guidance-distilled (is_distilled: no CFG) but runs its 28 steps; klein's distilled twin is step-distilled.
+bool Flux2Pipeline::step_distilled() const { return m_->variant->reads_is_distilled && m_->is_distilled; }
 const std::vector<int64_t>& Flux2Pipeline::default_text_encoder_out_layers() const { return m_->out_layers; }
 
 void Flux2Pipeline::warmup_transformer(int64_t h, int64_t w, int64_t max_sequence_length) const {

@@ -27,6 +27,7 @@ class Flux2Pipeline : public DiffusionPipeline {
   ~Flux2Pipeline() override;
 
   const char* class_name() const override;
+  bool step_distilled() const override;
   Flux2Transformer2DModel& transformer();
   int64_t default_sample_size() const override { return 128; }
 

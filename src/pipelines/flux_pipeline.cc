@@ -317,4 +317,6 @@ void FluxPipeline::run(const PipelineCallArgs& args, const Sized& sized, Pipelin
   decode_image([&] { return unpack_latents(latents, h, w); }, sized.vae_tile_size, stages, args, out);
 }
 
+bool FluxPipeline::step_distilled() const { return !m_->transformer.config().guidance_embeds; }
+
 }  // namespace kiln

@@ -21,6 +21,7 @@ class FluxPipeline : public DiffusionPipeline {
   ~FluxPipeline() override;
 
   const char* class_name() const override { return kClassName; }
+  bool step_distilled() const override;
   // The denoiser, for compiled mode as in Diffusers: pipe.transformer().compile(options) or
   // pipe.transformer().compile_repeated_blocks(options).
   FluxTransformer2DModel& transformer();

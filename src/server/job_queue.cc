@@ -201,6 +201,7 @@ void JobQueue::work() {
     std::string error;
     JobState outcome = JobState::kDone;
     const GenerationRequest& request = job->request;  // never written after submit
+    const auto t0 = std::chrono::steady_clock::now();
     lock.unlock();
     try {
       for (int64_t i = 0; i < request.n; ++i) {
@@ -233,11 +234,21 @@ void JobQueue::work() {
       outcome = JobState::kFailed;
       error = e.what();
     }
+    if (finished_listener_)
+      finished_listener_({job->id, request.call.height.value_or(0), request.call.width.value_or(0),
+                          request.call.num_inference_steps, request.n,
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), outcome,
+                          error});
     lock.lock();
     running_.reset();
     if (outcome == JobState::kDone) job->pngs = std::move(pngs);
     finish(*job, outcome, error);
   }
+}
+
+void JobQueue::on_finished(std::function<void(const FinishedJob&)> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  finished_listener_ = std::move(listener);
 }
 
 void JobQueue::on_change(std::function<void()> listener) {

@@ -39,6 +39,15 @@ struct JobCancelled {};
 using ImageRunner =
     std::function<std::string(const PipelineCallArgs& call, const std::function<void(int64_t, int64_t, double)>& on_step)>;
 
+// A job that ran, as the server's log line says it: id, size, steps, images, seconds, outcome.
+struct FinishedJob {
+  std::string id;
+  int64_t height = 0, width = 0, steps = 0, images = 0;  // height/width 0: the pipeline's default
+  double seconds = 0;                                    // from its start to its end
+  JobState state = JobState::kDone;
+  std::string error;
+};
+
 struct QueueStats {
   size_t queued = 0, running = 0;
   uint64_t submitted = 0, done = 0, failed = 0, cancelled = 0, rejected = 0;
@@ -76,6 +85,9 @@ class JobQueue {
   // `listener` is called (with the queue's lock held: it must only signal, e.g. wake an event
   // loop) whenever a job is queued, starts, steps or ends — what waiting clients poll for.
   void on_change(std::function<void()> listener);
+  // `listener` is called by the worker after each job it ran has ended (without the lock: it may
+  // write a log line); set it before the first job.
+  void on_finished(std::function<void(const FinishedJob&)> listener);
   // Stops taking jobs: every queued job is cancelled; the running one is cancelled at its next
   // step when `cancel_running`, else it finishes. Returns when the worker has stopped.
   void shutdown(bool cancel_running);
@@ -100,6 +112,7 @@ class JobQueue {
   std::deque<std::string> finished_;  // ids, oldest first
   std::shared_ptr<Job> running_;
   std::function<void()> listener_;
+  std::function<void(const FinishedJob&)> finished_listener_;
   bool stopping_ = false, cancel_running_on_stop_ = false;
   QueueStats stats_;
   std::thread worker_;
