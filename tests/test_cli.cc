@@ -384,6 +384,29 @@ TEST_F(Cli, StepDistilledCheckpointsDefaultToFourSteps) {
   EXPECT_EQ(steps_of(dir_ / "dev.png"), "28");
 }
 
+// On a terminal (a pseudo-terminal here, through script(1)) every phase that can take seconds on
+// real checkpoints says when it starts and how long it took: each component's load (with what
+// quantizing at load does), its onload under model offload, the encoders and the decode; not on
+// a pipe unless --verbose, where the lines would only fill a log.
+TEST_F(Cli, PhasesPrintProgressOnATerminal) {
+  const CliRun tty = kiln_cli_with("script -qec \"", "generate --offload model --quantize q8_0 -o " +
+                                                          (dir_ / "tty.png").string() + "\" /dev/null");
+  ASSERT_EQ(tty.exit_code, 0) << tty.output;
+  for (const char* line : {"kiln: loading text_encoder\r\n", "kiln: loaded text_encoder in ",
+                           "kiln: loading transformer (quantizing to q8_0)", "kiln: loaded transformer in ",
+                           "kiln: loaded vae in ", "kiln: encoding with text_encoder_2", "kiln: onloaded text_encoder_2 in ",
+                           "kiln: onloading transformer", "kiln: onloaded transformer in ", "kiln: decoding with vae",
+                           "kiln: onloaded vae in ", "] step 4/4 "})
+    EXPECT_NE(tty.output.find(line), std::string::npos) << line << "\n" << tty.output;
+  const CliRun pipe = kiln_cli("generate --offload model --quantize q8_0 -o " + (dir_ / "pipe.png").string());
+  ASSERT_EQ(pipe.exit_code, 0) << pipe.output;
+  EXPECT_EQ(pipe.output.find("kiln: loading transformer"), std::string::npos) << pipe.output;
+  const CliRun verbose = kiln_cli("generate --verbose -o " + (dir_ / "verbose.png").string());
+  ASSERT_EQ(verbose.exit_code, 0) << verbose.output;
+  EXPECT_NE(verbose.output.find("kiln: loaded transformer in "), std::string::npos) << verbose.output;
+  EXPECT_EQ(io::read_png(dir_ / "tty.png").rgb, io::read_png(dir_ / "pipe.png").rgb);
+}
+
 // --dtype: the report names each component's dtype and the bytes its weights hold, by dtype
 // and place; the bundled f32 checkpoint in bf16 holds half the bytes, all bf16 (converted once
 // at load: host copies), and no f32 copy of any weight.

@@ -68,6 +68,7 @@ struct Options {
   int64_t tp = 0;  // --tp N: tensor parallel over N processes (mpirun -np N), or N devices of one process
   size_t device_memory = 0;  // --device-memory: the device allocator's capacity (0 = unlimited)
   bool strict = false;       // --strict: unused checkpoint tensors are errors
+  bool verbose = false;      // --verbose: the phases' progress also when stderr is no terminal
   PipelineOptions dtypes;  // --dtype (parse_dtype): its dtype and component_dtype
   bool steps_given = false;  // --steps (or --from-png): else a step-distilled checkpoint runs kDistilledSteps
 };
@@ -134,6 +135,7 @@ Options parse(const std::vector<std::string>& args) {
     }
     else if (flag == "--device-memory") o.device_memory = parse_bytes(flag, value());
     else if (flag == "--strict") o.strict = true;
+    else if (flag == "--verbose") o.verbose = true;
     else if (flag == "--dtype") parse_dtype(value(), o.dtypes);  // before any model is loaded
     else if (flag == "--quantize") parse_quantize(value(), o.dtypes);
     else if (const std::string c = component_file_flag(flag); !c.empty()) o.dtypes.component_files[c] = value();
@@ -286,6 +288,19 @@ void progress(int64_t i, int64_t n, double step_seconds, double& total) {
   }
 }
 
+// A line as each phase that can take seconds starts and ends (the transformer's run has its
+// steps' progress instead).
+void print_progress(const PipelineProgress& p) {
+  const bool start = p.seconds < 0;
+  const std::string detail = p.detail.empty() ? "" : " (" + p.detail + ")";
+  if (p.phase == "load" && start) print_line(stderr, "kiln: loading %s%s", p.component.c_str(), detail.c_str());
+  else if (p.phase == "load") print_line(stderr, "kiln: loaded %s in %.2f s", p.component.c_str(), p.seconds);
+  else if (p.phase == "onload" && start) print_line(stderr, "kiln: onloading %s", p.component.c_str());
+  else if (p.phase == "onload") print_line(stderr, "kiln: onloaded %s in %.2f s", p.component.c_str(), p.seconds);
+  else if (p.phase == "run" && p.component != "transformer")
+    print_line(stderr, "kiln: %s with %s", p.component == "vae" ? "decoding" : "encoding", p.component.c_str());
+}
+
 // One rank's run (the only one without --tp): load, place, call, and on rank 0 write the image
 // and the report.
 int generate_rank(Options o) {
@@ -305,11 +320,12 @@ int generate_rank(Options o) {
     if (writer) print_line(stderr, "kiln: warning: %s", w.c_str());
   };
   pipe_options.on_warning = warn;
+  if (writer && (o.verbose || ::isatty(STDERR_FILENO))) pipe_options.on_progress = print_progress;
   if (writer) print_line(stderr, "kiln: loading %s", o.model.c_str());
   const std::unique_ptr<DiffusionPipeline> loaded = DiffusionPipeline::from_pretrained(o.model, pipe_options);
   DiffusionPipeline& pipe = *loaded;
   if (writer) std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe.load_seconds());
-  if (!o.steps_given && pipe.step_distilled()) {
+  if (!o.steps_given && !o.bundled && pipe.step_distilled()) {
     o.call.num_inference_steps = DiffusionPipeline::kDistilledSteps;
     if (writer)
       print_line(stderr, "kiln: a step-distilled checkpoint: %lld steps (--steps N to choose)",

@@ -91,6 +91,8 @@ const std::vector<CommandDoc>& commands() {
                                                     "cannot fit fails before any work"},
            {"--tp", "N", "1", "shard the transformer over the N processes of mpirun -np N, or with --device pjrt "
                               "over N devices of this process"},
+           {"--verbose", "", "off", "print each phase's progress (component loads, onloads, encoders, decode) also when "
+                                   "stderr is not a terminal"},
            {"--strict", "", "off", "a checkpoint tensor the model does not use is an error, not a warning"},
            {"--dtype", "auto|bf16|f16|f32[,COMPONENT=DTYPE...]", "auto",
             "torch_dtype: weights held and computed in it; auto = the checkpoint's (bf16 weights stay bf16, read in "

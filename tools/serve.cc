@@ -167,6 +167,11 @@ int serve(const std::vector<std::string>& args) {
   };
   PipelineOptions options = f.pipeline;  // FLUX.2 loads only the text encoder layers its out-layers need
   options.on_warning = warn;
+  // The components' loads, as generate prints them; not every job's phases (one line per job).
+  if (leader)
+    options.on_progress = [](const PipelineProgress& p) {
+      if (p.phase == "load" && p.seconds >= 0) print_line(stderr, "kiln: loaded %s in %.2f s", p.component.c_str(), p.seconds);
+    };
   if (f.tp > 1) options.tensor_parallel = TensorParallelConfig{DeviceMesh(world)};
   if (leader) print_line(stderr, "kiln: loading %s", f.model.c_str());
   const std::unique_ptr<DiffusionPipeline> pipe = DiffusionPipeline::from_pretrained(f.model, options);

@@ -155,6 +155,7 @@ DiffusionPipeline::Stages::Stages(const DiffusionPipeline& pipe) : pipe_(pipe), 
 DiffusionPipeline::Stages::~Stages() = default;
 
 void DiffusionPipeline::Stages::next(const char* component) {
+  if (pipe_.s_->options.on_progress) pipe_.s_->options.on_progress({"run", component, "", -1});
   if (scope_->profile && profiling()) mark_step();
   // The blocks the allocator keeps for the finished component's activations have other sizes
   // than the next one's: returned to the system, the process holds one component's activations

@@ -151,6 +151,16 @@ PipelineComponent& PipelineLoader::slot(const std::string& component) {
   fail("pipeline", "internal: '", component, "' is not a model component of this pipeline");
 }
 
+void PipelineLoader::progress(const std::string& component, double seconds) const {
+  if (!options().on_progress) return;
+  std::string detail;
+  if (const auto file = options().component_files.find(component); file != options().component_files.end())
+    detail = "from " + file->second.filename().string();
+  if (const std::optional<DType> q = quantization(component))
+    detail += std::string(detail.empty() ? "" : ", ") + "quantizing to " + dtype_name(*q);
+  options().on_progress({"load", component, detail, seconds});
+}
+
 void PipelineLoader::report_unused(const PipelineComponent& c, const std::vector<std::string>& unused) const {
   for (const std::string& u : unused) {
     const std::string msg = c.name + " does not use these checkpoint tensors: " + u;

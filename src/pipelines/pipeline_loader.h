@@ -51,6 +51,8 @@ class PipelineLoader {
   auto load(const std::string& component, const std::vector<std::string>& not_loaded, F&& build) {
     PipelineComponent& c = slot(component);
     std::optional<decltype(build())> model;
+    const auto t0 = std::chrono::steady_clock::now();
+    progress(component, -1);
     {
       WeightCollector collect(c.weights);
       nn::CheckpointAudit audit;
@@ -60,6 +62,7 @@ class PipelineLoader {
     }
     c.dtype = model->dtype();
     c.dir = path(component);
+    progress(component, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return std::move(*model);
   }
 
@@ -85,6 +88,8 @@ class PipelineLoader {
  private:
   PipelineComponent& slot(const std::string& component);
   void report_unused(const PipelineComponent& c, const std::vector<std::string>& unused) const;
+  // The options' on_progress for the load of `component` (seconds < 0: it starts).
+  void progress(const std::string& component, double seconds) const;
 
   std::chrono::steady_clock::time_point t0_;
   io::JsonConfig index_;

@@ -15,6 +15,16 @@
 
 namespace kiln {
 
+// A phase of a pipeline's work that can take seconds on real checkpoints, as progress: a
+// component's load (quantizing or converting its weights included), its onload under model
+// offload, and the start of its work in a call. `seconds` < 0: it starts; else it took that long.
+struct PipelineProgress {
+  std::string phase;      // "load", "onload", "run"
+  std::string component;  // "transformer", "text_encoder_2", ...
+  std::string detail;     // "quantizing to q8_0", "bf16 to f32", "from flux1-schnell.gguf"; "" for none
+  double seconds = -1;
+};
+
 struct PipelineOptions {
   Device device = default_device();
   // Tensor parallelism: the transformer is sharded over the mesh (each rank
@@ -25,6 +35,9 @@ struct PipelineOptions {
   bool strict = false;
   // Called with each load warning (unused checkpoint tensors).
   std::function<void(const std::string&)> on_warning;
+  // Called as each phase PipelineProgress names starts and ends (load here; onload and run in
+  // every call of the pipeline).
+  std::function<void(const PipelineProgress&)> on_progress;
   // Diffusers' torch_dtype: the dtype every component's weights are held in and
   // its activations computed in. std::nullopt is "auto": each component's checkpoint dtype, so
   // a bf16 checkpoint runs in bf16 with its weights read in place and never widened. f32 is the

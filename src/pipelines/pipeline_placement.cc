@@ -23,9 +23,12 @@ void DiffusionPipeline::onload(size_t i) const {
   PipelineComponent& c = s_->components[i];
   if (c.weights.resident()) return;
   const auto t0 = std::chrono::steady_clock::now();
+  const auto& progress = s_->options.on_progress;
+  if (progress) progress({"onload", c.name, "", -1});
   c.weights.onload(s_->device, s_->placement == Placement::model_offload);
   s_->events.push_back({c.name, "onload", c.weights.bytes(), seconds_since(t0),
                         runtime(s_->device).memory().in_use_bytes});
+  if (progress) progress({"onload", c.name, "", s_->events.back().seconds});
 }
 
 void DiffusionPipeline::offload(size_t i) const {
