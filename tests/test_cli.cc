@@ -407,6 +407,24 @@ TEST_F(Cli, PhasesPrintProgressOnATerminal) {
   EXPECT_EQ(io::read_png(dir_ / "tty.png").rgb, io::read_png(dir_ / "pipe.png").rgb);
 }
 
+// --threads N reaches the threads that run the kernels (the CPU queue's worker, not only the main
+// thread): the image is the one OMP_NUM_THREADS=N makes (oneDNN's reductions depend on the
+// thread count, so this would differ on a machine with more cores if it did not), and the report
+// says N.
+TEST_F(Cli, ThreadsFlagSetsTheKernelsThreadCount) {
+  const fs::path flag = dir_ / "flag.png", env = dir_ / "env.png", report = dir_ / "threads.json";
+  const CliRun a = kiln_cli("generate --threads 1 -o " + flag.string() + " --report " + report.string());
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const CliRun b = kiln_cli_env("OMP_NUM_THREADS=1", "generate -o " + env.string());
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(io::read_png(flag).rgb, io::read_png(env).rgb);
+  std::ifstream in(report);
+  EXPECT_EQ(nlohmann::json::parse(in)["engine"]["threads"], 1);
+  const CliRun bad = kiln_cli("generate --threads 0 -o " + (dir_ / "bad.png").string());
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("--threads must be in [1, 1024], got 0"), std::string::npos) << bad.output;
+}
+
 // --dtype: the report names each component's dtype and the bytes its weights hold, by dtype
 // and place; the bundled f32 checkpoint in bf16 holds half the bytes, all bf16 (converted once
 // at load: host copies), and no f32 copy of any weight.

@@ -43,6 +43,8 @@ struct ImageSize {
 };
 // "512x512,1024x768" (HEIGHTxWIDTH, each side at least 16): warmup's --sizes, serve's --warmup.
 std::vector<ImageSize> parse_sizes(const std::string& flag, const std::string& value);  // warmup.cc
+// --threads N (generate, serve, convert): at most N threads per parallel region, 1 to 1024.
+void parse_threads(const std::string& value);
 std::string parse_model(const std::string& value);  // --model: not "" (no --model = bundled)
 // The component a checkpoint-file flag names ("--text-encoder-2" -> "text_encoder_2"); "" for other flags.
 std::string component_file_flag(const std::string& flag);

@@ -51,6 +51,7 @@ int convert(const std::vector<std::string>& args) {
     else if (flag == "--out") out = value;
     else if (flag == "--dtype") parse_dtype(value, options);
     else if (flag == "--quantize") parse_quantize(value, options), quantize_given = true;
+    else if (flag == "--threads") parse_threads(value);
     else if (flag == "--layout") layout = value;
     else unknown_flag("convert", flag);
   }

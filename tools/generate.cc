@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "core/thread_count.h"
 #include "io/kiln_files.h"
 #include "help.h"
 #include "core/error.h"
@@ -138,6 +139,7 @@ Options parse(const std::vector<std::string>& args) {
     else if (flag == "--verbose") o.verbose = true;
     else if (flag == "--dtype") parse_dtype(value(), o.dtypes);  // before any model is loaded
     else if (flag == "--quantize") parse_quantize(value(), o.dtypes);
+    else if (flag == "--threads") parse_threads(value());
     else if (const std::string c = component_file_flag(flag); !c.empty()) o.dtypes.component_files[c] = value();
     else unknown_flag("generate", flag);
   }
@@ -189,6 +191,12 @@ std::string component_file_flag(const std::string& flag) {
     if (flag == f) return c;
   }
   return "";
+}
+
+void parse_threads(const std::string& v) {
+  const int64_t n = parse_int("--threads", v);
+  KILN_CHECK(n >= 1 && n <= 1024, "cli", "--threads must be in [1, 1024], got ", v);
+  set_thread_count(int(n));
 }
 
 std::string parse_model(const std::string& v) {
@@ -408,6 +416,7 @@ int generate_rank(Options o) {
                            {"total", pipe.load_seconds() + result.timings.total}};
     nlohmann::json engine{{"version", KILN_VERSION},
                           {"device", device.str()},
+                          {"threads", threads_in_use()},
                           {"mode", o.mode == "compile" ? std::string("compile") : eager_mode_name(eager_mode())},
                           {"eager_mode", eager_mode_name(eager_mode())},
                           {"compile", o.mode == "compile" ? o.compile : "none"},

@@ -91,6 +91,7 @@ const std::vector<CommandDoc>& commands() {
                                                     "cannot fit fails before any work"},
            {"--tp", "N", "1", "shard the transformer over the N processes of mpirun -np N, or with --device pjrt "
                               "over N devices of this process"},
+           {"--threads", "N", "every core (OMP_NUM_THREADS)", "at most N threads per parallel kernel (1 to 1024)"},
            {"--verbose", "", "off", "print each phase's progress (component loads, onloads, encoders, decode) also when "
                                    "stderr is not a terminal"},
            {"--strict", "", "off", "a checkpoint tensor the model does not use is an error, not a warning"},
@@ -116,6 +117,7 @@ const std::vector<CommandDoc>& commands() {
            {"--quantize", "TYPE", "required", "q8_0, q4_k, q5_k, q4_0 (GGUF), or f8_e4m3 / f8_e5m2 (safetensors)"},
            {"--dtype", "auto|bf16|f16|f32", "auto", "the dtype of the tensors left unquantized"},
            {"--out", "FILE", "required", "FILE.gguf (ggml block types) or FILE.safetensors (fp8); written atomically"},
+           {"--threads", "N", "every core", "as for generate (quantizing is parallel)"},
            {"--layout", "diffusers|original", "diffusers", "the tensor names: Diffusers', or the original single-file "
                                                          "ones (BFL / Stability; GGUF only), which stable-diffusion.cpp "
                                                          "and ComfyUI loaders read"},
@@ -132,6 +134,7 @@ const std::vector<CommandDoc>& commands() {
            {"--port", "N", "7860", "the port; 0: any free one (printed at start); a port in use fails"},
            {"--allowed-hosts", "NAME[,NAME...]", "none", "without --api-key: more names the Host and Origin headers "
                                                          "may give (loopback names and the bound address always)"},
+           {"--threads", "N", "every core", "as for generate"},
            {"--api-key", "KEY", "none", "every route but / and /health needs Authorization: Bearer KEY"},
            {"--max-queue", "N", "16", "jobs that may wait; more are refused with 429 and Retry-After"},
            {"--keep-jobs", "N", "64", "finished jobs kept readable (state, events, images); older ones are forgotten"},

@@ -109,6 +109,7 @@ ServeFlags parse(const std::vector<std::string>& args) {
     else if (flag == "--strict") f.pipeline.strict = true;
     else if (flag == "--dtype") parse_dtype(value(), f.pipeline);
     else if (flag == "--quantize") parse_quantize(value(), f.pipeline);
+    else if (flag == "--threads") parse_threads(value());
     else if (flag == "--tp") {
       f.tp = parse_int(flag, value());
       KILN_CHECK(f.tp >= 1, "cli", "--tp must be at least 1, got ", f.tp);

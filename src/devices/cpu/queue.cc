@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/thread_count.h"
 
 namespace kiln::cpu {
 
@@ -76,6 +77,7 @@ void Queue::run() {
     const auto t0 = std::chrono::steady_clock::now();
     if (!skip) {
       try {
+        apply_thread_count();  // --threads
         item.work();
       } catch (const std::exception& e) {
         failure = std::string("[async] ") + item.what + " failed on the device: " + e.what() +
