@@ -425,6 +425,21 @@ TEST_F(Cli, ThreadsFlagSetsTheKernelsThreadCount) {
   EXPECT_NE(bad.output.find("--threads must be in [1, 1024], got 0"), std::string::npos) << bad.output;
 }
 
+// Choices that run slowly for no reason are named: f16 on a CPU without AVX512-FP16, and a VAE
+// tile given in stable-diffusion.cpp's latent units (kiln's are image pixels).
+TEST_F(Cli, SlowChoicesAreWarnedAbout) {
+  const CliRun f16 = kiln_cli("generate --dtype f16 -o " + (dir_ / "f16.png").string());
+  ASSERT_EQ(f16.exit_code, 0) << f16.output;
+  const bool warned = f16.output.find("computes in f16, which cpu:0 has no arithmetic of its own") != std::string::npos;
+  EXPECT_EQ(warned, !__builtin_cpu_supports("avx512fp16")) << f16.output;
+  const CliRun bf16 = kiln_cli("generate --dtype bf16 -o " + (dir_ / "bf16.png").string());
+  EXPECT_EQ(bf16.output.find("warning"), std::string::npos) << bf16.output;
+  const CliRun tile = kiln_cli("generate --vae-tiling on --vae-tile-size 32 -o " + (dir_ / "tile.png").string());
+  ASSERT_EQ(tile.exit_code, 0) << tile.output;
+  EXPECT_NE(tile.output.find("--vae-tile-size 32 is in image pixels (4 latent pixels)"), std::string::npos)
+      << tile.output;
+}
+
 // --dtype: the report names each component's dtype and the bytes its weights hold, by dtype
 // and place; the bundled f32 checkpoint in bf16 holds half the bytes, all bf16 (converted once
 // at load: host copies), and no f32 copy of any weight.

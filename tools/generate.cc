@@ -163,6 +163,12 @@ Options parse(const std::vector<std::string>& args) {
   KILN_CHECK(!o.call.vae_tile_size || o.call.vae_tiling != VaeTilingMode::kOff, "cli",
              "--vae-tile-size has no effect with --vae-tiling off");
   KILN_CHECK(!o.profile || o.report_given, "cli", "--profile adds to the report: it needs --report FILE");
+  // stable-diffusion.cpp's tile size counts latent pixels; kiln's counts image pixels.
+  if (o.call.vae_tile_size && *o.call.vae_tile_size < 128)
+    print_line(stderr, "kiln: warning: --vae-tile-size %lld is in image pixels (%lld latent pixels): tiles this small "
+               "decode slowly, each with its overlap; stable-diffusion.cpp's tile size counts latent pixels, 8 "
+               "image pixels each", static_cast<long long>(*o.call.vae_tile_size),
+               static_cast<long long>(*o.call.vae_tile_size / 8));
   KILN_CHECK(o.model.empty() || prompt_given, "cli", "--prompt is required with --model");
   KILN_CHECK(!recipe || recipe->latents_file.empty() || !o.latents_file.empty(), "cli",
              "--from-png: the image was made from the noise of --latents ", recipe ? recipe->latents_file : "",
@@ -333,6 +339,13 @@ int generate_rank(Options o) {
   const std::unique_ptr<DiffusionPipeline> loaded = DiffusionPipeline::from_pretrained(o.model, pipe_options);
   DiffusionPipeline& pipe = *loaded;
   if (writer) std::fprintf(stderr, "kiln: loaded in %.2f s\n", pipe.load_seconds());
+  for (const auto& [component, dtype] : pipe.dtypes())
+    if (dtype == DType::f16 && !runtime(device).computes_fast(DType::f16)) {
+      warn(component + " computes in f16, which " + device.str() +
+           " has no arithmetic of its own for (the CPU lacks AVX512-FP16): bf16 holds the same bytes and runs "
+           "faster here (--dtype bf16)");
+      break;
+    }
   if (!o.steps_given && !o.bundled && pipe.step_distilled()) {
     o.call.num_inference_steps = DiffusionPipeline::kDistilledSteps;
     if (writer)

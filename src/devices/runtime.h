@@ -151,6 +151,9 @@ class DeviceRuntime {
   // How a device chose to run its work, by name (the CPU: "bf16_linear", its bf16 linear path):
   // what run reports print beside the counters. None by default.
   virtual std::map<std::string, std::string> device_settings() const { return {}; }
+  // Whether the device computes in `dtype` at full speed, not through conversions to a wider
+  // type (what a user choosing --dtype is warned about).
+  virtual bool computes_fast(DType) const { return true; }
 
   // Whether tensor-parallel ranks on this device run as threads of one process, rank r on the
   // r-th device after the first rank's, their collectives inside the device's programs (PJRT:

@@ -136,6 +136,10 @@ class CpuRuntime final : public DeviceRuntime {
   std::map<std::string, std::string> device_settings() const override {
     return {{"bf16_linear", bf16_linear_path_name(bf16_linear_path())}};
   }
+  // f16 has arithmetic of its own only with AVX512-FP16; elsewhere every f16 op converts to f32.
+  bool computes_fast(DType dtype) const override {
+    return dtype != DType::f16 || __builtin_cpu_supports("avx512fp16");
+  }
   void reset_kernel_times() override { queue_.reset_time_by_name(); }
 
   KernelFn kernel(const std::string& op) const override { return find_kernel(kernels_, op); }
