@@ -1,24 +1,52 @@
 #!/usr/bin/env bash
-# Installs every build and test dependency of kiln from Debian's packages.
-# Safe to run repeatedly: it only calls apt-get when something is missing.
+# Installs kiln's dependencies from Debian's packages. Safe to run repeatedly: it only calls
+# apt-get when something is missing.
+#   install-deps.sh              what building and testing need (scripts/test.sh)
+#   install-deps.sh --build      what building the library and the program needs (scripts/run.sh)
+#   install-deps.sh --runtime    only what running an installed kiln needs (the shared libraries)
+#   install-deps.sh --print-runtime   prints the --runtime packages and exits
 set -euo pipefail
 
-packages=(
+mode=all
+case "${1:-}" in
+  "") ;;
+  --build) mode=build ;;
+  --runtime) mode=runtime ;;
+  --print-runtime) mode=print-runtime ;;
+  *) echo "install-deps: unknown option '$1' (expected --build, --runtime or --print-runtime)" >&2; exit 2 ;;
+esac
+
+# The shared libraries the kiln program and library load (tests/install checks this list
+# against the program's own).
+runtime_packages=(
+  libgomp1 libstdc++6
+  libdnnl2               # oneDNN: convolution and matmul
+  libopenblas0-openmp    # OpenBLAS (OpenMP threading, so it shares threads with our kernels)
+  libpng16-16            # PNG output
+  libsentencepiece0      # T5 tokenizer (spiece.model)
+  libpcre2-8-0           # CLIP pre-tokenisation pattern (Unicode classes)
+  libopenmpi3 openmpi-bin  # tensor parallelism: ProcessGroup on MPI, mpirun
+)
+build_packages=(
   build-essential cmake ninja-build pkg-config
-  libdnnl-dev            # oneDNN: convolution and matmul
-  libopenblas-openmp-dev # OpenBLAS (OpenMP threading, so it shares threads with our kernels)
+  libdnnl-dev libopenblas-openmp-dev libpng-dev libsentencepiece-dev libpcre2-dev libopenmpi-dev openmpi-bin
   libhwy-dev             # Highway: portable SIMD kernels
   nlohmann-json3-dev     # JSON: safetensors headers, configs, reports
+  libboost-dev           # kiln serve: Boost.Asio (event loop) and Boost.Beast (HTTP/1.1), header-only
+)
+test_packages=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
-  libpng-dev             # PNG output
-  libsentencepiece-dev   # T5 tokenizer (spiece.model)
-  libpcre2-dev           # CLIP pre-tokenisation pattern (Unicode classes)
-  libopenmpi-dev openmpi-bin  # tensor parallelism: ProcessGroup on MPI, mpirun
-  libboost-dev           # kiln serve: Boost.Asio (event loop) and Boost.Beast (HTTP/1.1), header-only
   libcpp-httplib-dev     # kiln serve's tests: the HTTP client
   chromium               # tests: kiln serve's page in a headless browser
 )
+
+case "$mode" in
+  print-runtime) echo "${runtime_packages[@]}"; exit 0 ;;
+  runtime) packages=("${runtime_packages[@]}") ;;
+  build) packages=("${build_packages[@]}") ;;
+  all) packages=("${build_packages[@]}" "${test_packages[@]}") ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
@@ -33,6 +61,7 @@ if [ "${#missing[@]}" -ne 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+[ "$mode" = runtime ] && exit 0
 
 # XLA's CPU plugin for the PJRT device (src/devices/pjrt): a native runtime published only as a
 # PyPI wheel. Pinned by version and sha256, unpacked outside the repository into

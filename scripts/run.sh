@@ -3,6 +3,6 @@
 # bundled tiny FLUX.1 checkpoint, writing out.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh --target kiln_cli
+KILN_BUILD_MODE=cli bash scripts/build.sh --target kiln_cli
 if [ "$#" -eq 0 ]; then set -- generate --out out.png; fi
 exec build/tools/kiln "$@"

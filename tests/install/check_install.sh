@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# cmake --install into a temporary prefix, then: the installed kiln runs its bundled checkpoint
+# cmake --install into a temporary prefix, then: the libraries the installed program loads are
+# the ones install-deps.sh --runtime installs; the installed kiln runs its bundled checkpoint
 # from PREFIX/share/kiln (also after the tree is moved), and a program built against the
 # installed library, once with find_package(kiln) and once with pkg-config, writes the same
 # image, pixel for pixel.
@@ -15,6 +16,17 @@ for f in bin/kiln lib/libkiln.a include/kiln/pipelines/diffusion_pipeline.h lib/
          lib/pkgconfig/kiln.pc share/kiln/data/make_random/likes.json \
          share/kiln/fixtures/flux1_tiny_arch/pipeline/model_index.json; do
   [ -e "$prefix/$f" ] || { echo "not installed: $f"; exit 1; }
+done
+
+# Every shared library the installed program needs comes from a package install-deps.sh --runtime
+# installs (or from libc6 / libgcc-s1, which every Debian system has).
+runtime=" $(bash "$source/scripts/install-deps.sh" --print-runtime) libc6 libgcc-s1 "
+for lib in $(readelf -d "$prefix/bin/kiln" | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p'); do
+  ok=no
+  for pkg in $(dpkg -S "*/$lib" 2>/dev/null | cut -d: -f1 | tr ',' ' '); do
+    case "$runtime" in *" $pkg "*) ok=yes ;; esac
+  done
+  [ "$ok" = yes ] || { echo "$lib: from no package of install-deps.sh --runtime ($runtime)"; exit 1; }
 done
 
 cd "$work"
