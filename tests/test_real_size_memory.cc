@@ -162,5 +162,40 @@ TEST_F(RealSizeMemory, TiledDecodeHoldsWhatThePlanPredicts) {
   EXPECT_GE(rss, 0.85 * plan);
 }
 
+// A newcomer's real-width run on a terminal (a pseudo-terminal through script(1)) is never silent
+// for long: every phase that took over a second by the run's own report has printed its line —
+// each component's load (quantizing at load here), each onload, the encoders, every step and the
+// decode.
+TEST_F(RealSizeMemory, EveryPhaseOverASecondPrintsProgressOnATerminal) {
+  const fs::path model = dir_ / "schnell", report = dir_ / "progress.json", png = dir_ / "progress.png";
+  const std::string out = run("script -qec \"" + std::string(KILN_CLI_PATH) + " generate --model " + model.string() +
+                              " --prompt 'a red fox in the snow' --height 256 --width 256 --steps 2 --guidance 0"
+                              " --max-sequence-length 64 --offload model --quantize q8_0 --out " + png.string() +
+                              " --report " + report.string() + "\" /dev/null");
+  const nlohmann::json r = read_json(report);
+  const auto has = [&](const std::string& line) { return out.find(line) != std::string::npos; };
+  for (const char* c : {"text_encoder", "text_encoder_2", "transformer", "vae"})
+    EXPECT_TRUE(has(std::string("kiln: loaded ") + c + " in ")) << c << "\n" << out;
+  EXPECT_TRUE(has("kiln: loading transformer (quantizing to q8_0)")) << out;
+  int onloads = 0;
+  for (const nlohmann::json& e : r["offload"]["events"]) {
+    if (e["action"] != "onload") continue;
+    ++onloads;
+    if (e["seconds"].get<double>() > 1)
+      EXPECT_TRUE(has("kiln: onloaded " + e["component"].get<std::string>() + " in ")) << e << "\n" << out;
+  }
+  EXPECT_EQ(onloads, 4);
+  if (r["timings"]["encode"].get<double>() > 1) {
+    EXPECT_TRUE(has("kiln: encoding with text_encoder\r")) << out;
+    EXPECT_TRUE(has("kiln: encoding with text_encoder_2")) << out;
+  }
+  EXPECT_TRUE(has("] step 1/2 ")) << out;  // the updating step line, with s/step and ETA
+  EXPECT_TRUE(has("] step 2/2 ")) << out;
+  EXPECT_TRUE(has(" s/step  ETA ")) << out;
+  if (r["timings"]["decode"].get<double>() > 1) EXPECT_TRUE(has("kiln: decoding with vae")) << out;
+  std::printf("phases: load %.1f s, encode %.1f s, steps %zu, decode %.1f s\n", r["timings"]["load"].get<double>(),
+              r["timings"]["encode"].get<double>(), r["timings"]["steps"].size(), r["timings"]["decode"].get<double>());
+}
+
 }  // namespace
 }  // namespace kiln
