@@ -181,8 +181,9 @@ TEST_F(RealSizeMemory, EveryPhaseOverASecondPrintsProgressOnATerminal) {
   for (const nlohmann::json& e : r["offload"]["events"]) {
     if (e["action"] != "onload") continue;
     ++onloads;
-    if (e["seconds"].get<double>() > 1)
+    if (e["seconds"].get<double>() > 1) {
       EXPECT_TRUE(has("kiln: onloaded " + e["component"].get<std::string>() + " in ")) << e << "\n" << out;
+    }
   }
   EXPECT_EQ(onloads, 4);
   if (r["timings"]["encode"].get<double>() > 1) {
@@ -192,7 +193,9 @@ TEST_F(RealSizeMemory, EveryPhaseOverASecondPrintsProgressOnATerminal) {
   EXPECT_TRUE(has("] step 1/2 ")) << out;  // the updating step line, with s/step and ETA
   EXPECT_TRUE(has("] step 2/2 ")) << out;
   EXPECT_TRUE(has(" s/step  ETA ")) << out;
-  if (r["timings"]["decode"].get<double>() > 1) EXPECT_TRUE(has("kiln: decoding with vae")) << out;
+  if (r["timings"]["decode"].get<double>() > 1) {
+    EXPECT_TRUE(has("kiln: decoding with vae")) << out;
+  }
   std::printf("phases: load %.1f s, encode %.1f s, steps %zu, decode %.1f s\n", r["timings"]["load"].get<double>(),
               r["timings"]["encode"].get<double>(), r["timings"]["steps"].size(), r["timings"]["decode"].get<double>());
 }
