@@ -124,6 +124,23 @@ TEST_F(ModelArgument, ARepoIdInTheCacheGivesTheFoldersImageAndIsListed) {
     EXPECT_NE(list.second.find(line), std::string::npos) << line << "\n" << list.second;
 }
 
+// The short names make-random knows (flux1-schnell, sd3.5-medium, flux2-klein-4b, ...) stand for
+// their Hub repos; the PNG records the repo id.
+TEST_F(ModelArgument, AShortNameIsItsHubRepo) {
+  cache_repo("black-forest-labs/FLUX.1-schnell", test::pipeline_dir(kSet));
+  const fs::path png = dir_ / "short.png";
+  const auto r = kiln("generate --model flux1-schnell -p cat -H 32 -W 32 --steps 1 -o " + png.string());
+  ASSERT_EQ(r.first, 0) << r.second;
+  std::string model;
+  for (const auto& [key, value] : io::read_png(png).text)
+    if (key == "model") model = value;
+  EXPECT_EQ(model, "black-forest-labs/FLUX.1-schnell");
+  const auto absent = kiln("generate --model sd3.5-medium -p cat -o " + (dir_ / "x.png").string());
+  EXPECT_EQ(absent.first, 1);
+  EXPECT_NE(absent.second.find("hf download stabilityai/stable-diffusion-3.5-medium"), std::string::npos)
+      << absent.second;
+}
+
 TEST_F(ModelArgument, ARepoIdNotInTheCacheOrPartlyThereIsRefusedWithTheDownloadCommand) {
   const std::string out = (dir_ / "x.png").string();
   const auto absent = kiln("generate --prompt cat --model kiln-tests/absent --out " + out);

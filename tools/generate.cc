@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "core/thread_count.h"
 #include "io/kiln_files.h"
+#include "random_checkpoint/like_recipe.h"
 #include "help.h"
 #include "core/error.h"
 #include "core/flag_value.h"
@@ -207,6 +208,15 @@ void parse_threads(const std::string& v) {
 
 std::string parse_model(const std::string& v) {
   KILN_CHECK(!v.empty(), "cli", "--model \"\": expected a model folder (leave --model out for the bundled checkpoint)");
+  // A short name (flux1-schnell, sd3.5-medium, flux2-klein-4b, ...) that names no folder here: the
+  // Hub repo it stands for, looked up in the Hugging Face cache as a repo id is.
+  std::error_code ec;
+  if (fs::exists(v, ec)) return v;
+  try {
+    if (const std::string repo = random_weights::like_hub_repo(v); !repo.empty()) return repo;
+  } catch (const Error&) {
+    // kiln's data folder cannot be read: no short names; the model's own error follows.
+  }
   return v;
 }
 

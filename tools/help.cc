@@ -67,7 +67,8 @@ const std::vector<CommandDoc>& commands() {
        with_call_arguments(
            {{"--model", "DIR|REPO_ID", "the bundled checkpoint",
              "a Diffusers folder, a Hugging Face cache folder (models--org--name or a snapshot), or a Hub repo id "
-             "already in the cache (black-forest-labs/FLUX.1-schnell; kiln list shows them; kiln never downloads)"}},
+             "already in the cache (black-forest-labs/FLUX.1-schnell, or its short name flux1-schnell; kiln list "
+             "shows them; kiln never downloads)"}},
            {
            {"--from-png", "FILE", "", "start from the call and load options a kiln PNG recorded (its 'kiln' chunk): "
                                      "the same image; any other flag overrides what it recorded"},

@@ -28,6 +28,7 @@ LikeRecipe recipe_from(const nlohmann::json& j, const fs::path& data) {
   LikeRecipe r;
   r.name = j.at("name");
   r.family = j.at("family");
+  r.hub = j.at("hub");
   r.files = data / r.name;
   for (const auto& c : j.at("copy")) r.copies.push_back({c.at("to"), c.at("from")});
   for (const auto& d : j.at("depths"))
@@ -160,6 +161,12 @@ bool is_like_name(const std::string& name) {
   for (const LikeRecipe& r : like_recipes())
     if (r.name == name) return true;
   return false;
+}
+
+std::string like_hub_repo(const std::string& name) {
+  for (const LikeRecipe& r : like_recipes())
+    if (r.name == name) return r.hub;
+  return "";
 }
 
 std::string like_names_joined(const std::string& separator) {

@@ -40,6 +40,7 @@ struct LikeCopy {
 
 struct LikeRecipe {
   std::string name, family;  // "flux1-schnell", "FLUX.1"
+  std::string hub;           // the Hub repo it imitates: "black-forest-labs/FLUX.1-schnell"
   std::vector<LikeCopy> copies;
   std::vector<LikeDepth> depths;
   // The pipeline's default text_encoder_out_layers, where it has them (FLUX.2): a shallower text
@@ -57,6 +58,9 @@ const std::vector<LikeRecipe>& like_recipes();
 // The recipe `name`, or an error listing the names.
 const LikeRecipe& like_recipe(const std::string& name);
 bool is_like_name(const std::string& name);
+// The Hub repo id of the recipe `name` ("flux1-schnell" -> "black-forest-labs/FLUX.1-schnell"),
+// or "" when no recipe has that name: --model's short names.
+std::string like_hub_repo(const std::string& name);
 // Every name joined by `separator` ("flux1-schnell|flux1-dev|...": --help's value).
 std::string like_names_joined(const std::string& separator);
 // "flux1-schnell or flux1-dev (FLUX.1), sd3-medium or sd3.5-medium (Stable Diffusion 3), ...":
