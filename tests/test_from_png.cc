@@ -4,8 +4,6 @@
 // byte (the whole file: pixels and metadata); a flag given beside it overrides what it
 // recorded; the AUTOMATIC1111 "parameters" chunk other tools read says the same; a PNG without
 // the chunk is refused naming it.
-#include <unistd.h>
-
 #include <filesystem>
 #include <map>
 
@@ -22,13 +20,6 @@ namespace fs = std::filesystem;
 
 class FromPng : public testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("kiln_from_png_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // The CLI run in the fixture's folder, whose model is "pipeline" there: the name the PNG
   // records (never a path of this machine) is one --model takes in that folder.
   static std::pair<int, std::string> kiln_in(const std::string& fixture, const std::string& args) {
@@ -40,7 +31,8 @@ class FromPng : public testing::Test {
     for (const auto& [key, value] : io::read_png(png).text) out[key] = value;
     return out;
   }
-  fs::path dir_;
+  test::ScopedTempDir scratch_{"from_png"};
+  const fs::path& dir_ = scratch_.path();
 };
 
 TEST_F(FromPng, AnSd35ImageComesBackByteForByte) {

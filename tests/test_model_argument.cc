@@ -2,12 +2,8 @@
 // that HF_HOME / HF_HUB_CACHE name gives the folder's image, `kiln list` shows it, a repo not in
 // the cache or partly downloaded is refused with the `hf download` command, and a single-file
 // checkpoint is refused naming the flags that run it, which then give the folder's image.
-#include <unistd.h>
-
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 
 #include "call_args.h"
 #include "golden.h"
@@ -30,13 +26,6 @@ constexpr const char* kRev = "0123456789abcdef0123456789abcdef01234567";
 
 class ModelArgument : public testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("kiln_model_argument_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // HF_HOME/hub/models--org--name as huggingface_hub lays it out: refs/main naming a snapshot
   // whose files link to the fixture's (the blobs, here).
   fs::path cache_repo(const std::string& repo_id, const fs::path& from) {
@@ -58,26 +47,11 @@ class ModelArgument : public testing::Test {
     return test::run_command("HF_HOME=" + (dir_ / "home").string() + " HF_HUB_CACHE= " + KILN_CLI_PATH + " " + args);
   }
 
-  fs::path dir_;
+  test::ScopedTempDir scratch_{"model_argument"};
+  const fs::path& dir_ = scratch_.path();
 };
 
-// One process-wide variable set for a scope, restored after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::optional<std::string>& value) : name_(name) {
-    if (const char* v = std::getenv(name)) old_ = v;
-    if (value) ::setenv(name, value->c_str(), 1);
-    else ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test::ScopedEnv;
 
 TEST(HubRepoIds, TheHubsSpellingOnly) {
   for (const char* ok : {"black-forest-labs/FLUX.1-schnell", "stabilityai/stable-diffusion-3.5-medium", "a/b",
@@ -90,7 +64,7 @@ TEST(HubRepoIds, TheHubsSpellingOnly) {
 }
 
 TEST(HubRepoIds, TheCacheFolderFollowsHuggingFaceHub) {
-  const ScopedEnv xdg("XDG_CACHE_HOME", "/xdg"), home("HF_HOME", std::nullopt), hub("HF_HUB_CACHE", std::nullopt);
+  const ScopedEnv xdg("XDG_CACHE_HOME", "/xdg"), home("HF_HOME", nullptr), hub("HF_HUB_CACHE", nullptr);
   EXPECT_EQ(io::hub_cache_dir(), fs::path("/xdg/huggingface/hub"));
   {
     const ScopedEnv h("HF_HOME", "/hf");
@@ -100,7 +74,7 @@ TEST(HubRepoIds, TheCacheFolderFollowsHuggingFaceHub) {
     EXPECT_EQ(io::hub_repo_folder("black-forest-labs/FLUX.1-schnell"),
               fs::path("/cache/models--black-forest-labs--FLUX.1-schnell"));
   }
-  const ScopedEnv no_xdg("XDG_CACHE_HOME", std::nullopt), user("HOME", "/home/u");
+  const ScopedEnv no_xdg("XDG_CACHE_HOME", nullptr), user("HOME", "/home/u");
   EXPECT_EQ(io::hub_cache_dir(), fs::path("/home/u/.cache/huggingface/hub"));
 }
 

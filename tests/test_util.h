@@ -56,12 +56,13 @@ class ScopedTempDir {
   std::filesystem::path path_;
 };
 
-// Sets an environment variable for one test and restores the previous value.
+// Sets an environment variable for one test (nullptr: unsets it) and restores the previous value.
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
+    if (value) ::setenv(name, value, 1);
+    else ::unsetenv(name);
   }
   ~ScopedEnv() {
     if (old_) ::setenv(name_, old_->c_str(), 1);
