@@ -19,6 +19,7 @@ class DiffusionPipeline;
 struct PipelineOptions;
 struct PipelineCallArgs;
 struct PipelineOutput;
+struct PipelineProgress;
 }
 
 namespace kiln::cli {
@@ -70,6 +71,8 @@ nlohmann::json quantization_report(const PipelineOptions& options);
 // activations, and what its placement needs, to read beside the measured peaks.
 nlohmann::json estimate_report(const DiffusionPipeline& pipe, const PipelineCallArgs& call, const PipelineOutput& result);
 void compile_transformer(DiffusionPipeline& pipe, const std::string& how, bool prepack_weights = true);   // --compile full|blocks
+// A line as a phase PipelineOptions::on_progress names starts or ends (generate.cc).
+void print_progress(const PipelineProgress& p);
 // The name an image's metadata and the server give a model: its folder's name, a hub snapshot's
 // repository id ("org/name"), a repo id as given, or the bundled checkpoint's id
 // (kBundledModelName) — never a path on this machine, which would travel with every image.
@@ -88,7 +91,6 @@ io::PngText image_metadata(const PipelineCallArgs& call, const std::string& seed
 // What --from-png FILE recorded, to start a generate call from.
 struct ImageRecipe {
   std::string model;  // model_name's; kBundledModelName for the bundled checkpoint
-  std::string pipeline_class;
   PipelineCallArgs call;
   std::string dtype, quantize;                         // --dtype and --quantize values ("" for none)
   std::map<std::string, std::string> component_files;  // component -> the file's name

@@ -8,20 +8,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "core/thread_count.h"
-#include "io/kiln_files.h"
-#include "random_checkpoint/like_recipe.h"
 #include "help.h"
 #include "core/error.h"
 #include "core/flag_value.h"
 #include "core/terminal.h"
+#include "core/thread_count.h"
 #include "devices/runtime.h"
 #include "distributed/local_ranks.h"
 #include "distributed/process_group.h"
@@ -33,12 +31,14 @@
 #include "exec/host.h"
 #include "exec/mode.h"
 #include "io/input_file.h"
+#include "io/kiln_files.h"
 #include "io/mapped_file.h"
 #include "io/output_file.h"
 #include "io/png.h"
 #include "io/safetensors.h"
 #include "pipelines/diffusion_pipeline.h"
 #include "pipelines/pipeline_checks.h"
+#include "random_checkpoint/like_recipe.h"
 #include "report.h"
 #include "exec/profile.h"
 
@@ -87,7 +87,7 @@ std::string random_seed() {
 Options parse(const std::vector<std::string>& args) {
   Options o;
   o.call.prompt = kDefaultPrompt;
-  bool steps_given = false, prompt_given = false, length_given = false;
+  bool prompt_given = false, length_given = false;
   // --from-png FILE: the call and load options the image recorded first; every other flag, before
   // or after it, overrides them.
   std::optional<ImageRecipe> recipe;
@@ -99,7 +99,7 @@ Options parse(const std::vector<std::string>& args) {
     parse_dtype(recipe->dtype, o.dtypes);
     if (!recipe->quantize.empty()) parse_quantize(recipe->quantize, o.dtypes);
     for (const auto& [component, file] : recipe->component_files) o.dtypes.component_files[component] = file;
-    steps_given = prompt_given = length_given = true;
+    o.steps_given = prompt_given = length_given = true;
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
@@ -117,7 +117,7 @@ Options parse(const std::vector<std::string>& args) {
       set_from_text(o.call, *a, v);
       const std::string name = a->name;
       prompt_given |= name == "prompt";
-      steps_given |= name == "num_inference_steps";
+      o.steps_given |= name == "num_inference_steps";
       length_given |= name == "max_sequence_length";
     }
     else if (flag == "--latents") o.latents_file = value();
@@ -174,14 +174,13 @@ Options parse(const std::vector<std::string>& args) {
   KILN_CHECK(!recipe || recipe->latents_file.empty() || !o.latents_file.empty(), "cli",
              "--from-png: the image was made from the noise of --latents ", recipe ? recipe->latents_file : "",
              "; pass that file with --latents");
-  o.steps_given = steps_given;
   if (o.model.empty()) {
     o.model = io::bundled_model_dir();
     o.bundled = true;
     // The bundled checkpoint is a toy: its default run is its fixture's call (commands.h).
     if (!o.call.height) o.call.height = kBundledSize;
     if (!o.call.width) o.call.width = kBundledSize;
-    if (!steps_given) o.call.num_inference_steps = kBundledSteps;  // a schnell-style checkpoint
+    if (!o.steps_given) o.call.num_inference_steps = kBundledSteps;  // a schnell-style checkpoint
     if (!length_given) o.call.max_sequence_length = kBundledMaxSequenceLength;
     std::fprintf(stderr, "kiln: no --model given, using the bundled tiny FLUX.1 checkpoint (%s)\n", o.model.c_str());
   }
@@ -260,6 +259,19 @@ void check_compile_flag(const std::string& v) {
              "one executable per block class and size)");
 }
 
+// A line as each phase that can take seconds starts and ends (the transformer's run has its
+// steps' progress instead).
+void print_progress(const PipelineProgress& p) {
+  const bool start = p.seconds < 0;
+  const std::string detail = p.detail.empty() ? "" : " (" + p.detail + ")";
+  if (p.phase == "load" && start) print_line(stderr, "kiln: loading %s%s", p.component.c_str(), detail.c_str());
+  else if (p.phase == "load") print_line(stderr, "kiln: loaded %s in %.2f s", p.component.c_str(), p.seconds);
+  else if (p.phase == "onload" && start) print_line(stderr, "kiln: onloading %s", p.component.c_str());
+  else if (p.phase == "onload") print_line(stderr, "kiln: onloaded %s in %.2f s", p.component.c_str(), p.seconds);
+  else if (p.phase == "run" && p.component != "transformer")
+    print_line(stderr, "kiln: %s with %s", p.component == "vae" ? "decoding" : "encoding", p.component.c_str());
+}
+
 void compile_transformer(DiffusionPipeline& pipe, const std::string& how, bool prepack_weights) {
   CompileOptions options;
   options.fullgraph = true;  // the transformers' forwards have no graph break; any would be a bug worth an error
@@ -310,19 +322,6 @@ void progress(int64_t i, int64_t n, double step_seconds, double& total) {
     std::fprintf(stderr, "step %lld/%lld %.3f s\n", static_cast<long long>(i + 1), static_cast<long long>(n),
                  step_seconds);
   }
-}
-
-// A line as each phase that can take seconds starts and ends (the transformer's run has its
-// steps' progress instead).
-void print_progress(const PipelineProgress& p) {
-  const bool start = p.seconds < 0;
-  const std::string detail = p.detail.empty() ? "" : " (" + p.detail + ")";
-  if (p.phase == "load" && start) print_line(stderr, "kiln: loading %s%s", p.component.c_str(), detail.c_str());
-  else if (p.phase == "load") print_line(stderr, "kiln: loaded %s in %.2f s", p.component.c_str(), p.seconds);
-  else if (p.phase == "onload" && start) print_line(stderr, "kiln: onloading %s", p.component.c_str());
-  else if (p.phase == "onload") print_line(stderr, "kiln: onloaded %s in %.2f s", p.component.c_str(), p.seconds);
-  else if (p.phase == "run" && p.component != "transformer")
-    print_line(stderr, "kiln: %s with %s", p.component == "vae" ? "decoding" : "encoding", p.component.c_str());
 }
 
 // One rank's run (the only one without --tp): load, place, call, and on rank 0 write the image

@@ -53,12 +53,9 @@ std::string model_name(const fs::path& model, bool bundled) {
   fs::path p = model.lexically_normal();
   if (p.filename().empty()) p = p.parent_path();  // "FLUX.1-schnell/"
   // A hub cache snapshot, .../models--ORG--NAME/snapshots/REV: the repository's id.
-  const std::string repo = p.parent_path().parent_path().filename().string();
-  if (p.parent_path().filename() == "snapshots" && repo.rfind("models--", 0) == 0) {
-    std::string id = repo.substr(8);
-    if (const size_t dashes = id.find("--"); dashes != std::string::npos) id.replace(dashes, 2, "/");
-    return id;
-  }
+  if (p.parent_path().filename() == "snapshots")
+    if (std::string id = io::repo_id_of_cache_folder(p.parent_path().parent_path().filename().string()); !id.empty())
+      return id;
   return p.filename().string();
 }
 
@@ -117,7 +114,6 @@ ImageRecipe read_image_recipe(const fs::path& png) {
   ImageRecipe r;
   try {
     r.model = j.at("model").get<std::string>();
-    r.pipeline_class = j.at("pipeline").get<std::string>();
     r.dtype = j.at("dtype").get<std::string>();
     r.quantize = j.at("quantize").get<std::string>();
     r.component_files = j.at("component_files").get<std::map<std::string, std::string>>();

@@ -171,7 +171,7 @@ int serve(const std::vector<std::string>& args) {
   // The components' loads, as generate prints them; not every job's phases (one line per job).
   if (leader)
     options.on_progress = [](const PipelineProgress& p) {
-      if (p.phase == "load" && p.seconds >= 0) print_line(stderr, "kiln: loaded %s in %.2f s", p.component.c_str(), p.seconds);
+      if (p.phase == "load" && p.seconds >= 0) print_progress(p);
     };
   if (f.tp > 1) options.tensor_parallel = TensorParallelConfig{DeviceMesh(world)};
   if (leader) print_line(stderr, "kiln: loading %s", f.model.c_str());

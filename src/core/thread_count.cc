@@ -19,8 +19,6 @@ void set_thread_count(int n) {
   apply_thread_count();
 }
 
-int thread_count() { return g_count.load(); }
-
 void apply_thread_count() {
   const int n = g_count.load(std::memory_order_relaxed);
   if (n == t_applied || n == 0) return;

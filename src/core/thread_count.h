@@ -8,8 +8,6 @@ namespace kiln {
 
 // n >= 1: at most n threads; 0: OpenMP's default (OMP_NUM_THREADS, else every core).
 void set_thread_count(int n);
-// What set_thread_count set (0 when never).
-int thread_count();
 // Applies the count to the calling thread when it changed since its last call here.
 void apply_thread_count();
 // The threads a parallel region of the calling thread would use now.

@@ -47,6 +47,12 @@ fs::path hub_repo_folder(const std::string& repo_id) {
   return hub_cache_dir() / name;
 }
 
+std::string repo_id_of_cache_folder(const std::string& name) {
+  const size_t sep = name.find("--", 8);
+  if (name.rfind("models--", 0) != 0 || sep == std::string::npos) return "";
+  return name.substr(8, sep - 8) + "/" + name.substr(sep + 2);
+}
+
 std::string hub_download_command(const std::string& repo_id) {
   return "hf download " + repo_id + " --include \"model_index.json\" --include \"*/*\"";
 }
@@ -55,10 +61,9 @@ std::vector<CachedRepo> cached_model_repos() {
   std::vector<CachedRepo> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(hub_cache_dir(), ec)) {
-    const std::string name = e.path().filename().string();
-    const size_t sep = name.find("--", 8);
-    if (name.rfind("models--", 0) != 0 || sep == std::string::npos || !e.is_directory(ec)) continue;
-    CachedRepo repo{name.substr(8, sep - 8) + "/" + name.substr(sep + 2), e.path(), {}};
+    const std::string id = repo_id_of_cache_folder(e.path().filename().string());
+    if (id.empty() || !e.is_directory(ec)) continue;
+    CachedRepo repo{id, e.path(), {}};
     try {
       const fs::path snapshot = resolve_model_folder(e.path());
       if (snapshot != e.path()) repo.snapshot = snapshot;

@@ -22,6 +22,10 @@ bool is_repo_id(const std::string& text);
 // The cache folder of repo `repo_id`: hub_cache_dir()/models--org--name.
 std::filesystem::path hub_repo_folder(const std::string& repo_id);
 
+// The repo id a cache folder's name stands for ("models--org--name" -> "org/name"), or "" when
+// the name is not one.
+std::string repo_id_of_cache_folder(const std::string& name);
+
 // The command that puts a Diffusers pipeline repo into the cache: its model_index.json and its
 // component folders, not the single-file checkpoints some repos also hold at their root.
 std::string hub_download_command(const std::string& repo_id);

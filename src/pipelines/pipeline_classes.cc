@@ -44,13 +44,14 @@ const std::vector<std::string>& DiffusionPipeline::supported_classes() {
 
 std::unique_ptr<DiffusionPipeline> DiffusionPipeline::from_pretrained(const std::filesystem::path& model,
                                                                       const PipelineOptions& options) {
-  const std::filesystem::path index_file = pipeline_folder(model) / "model_index.json";
+  const std::filesystem::path folder = pipeline_folder(model);  // the class's loader starts from it
+  const std::filesystem::path index_file = folder / "model_index.json";
   const io::JsonConfig index(index_file);
   // Folders written before _class_name was required are FLUX.1's (the only class kiln had).
   const std::string cls = index.get_string("_class_name", FluxPipeline::kClassName);
   std::string list;
   for (const PipelineClass& c : pipeline_classes()) {
-    if (cls == c.name) return c.load(model, options);
+    if (cls == c.name) return c.load(folder, options);
     list += (list.empty() ? "" : ", ") + std::string(c.name);
   }
   fail("pipeline", index_file.string(), ": _class_name is '", cls, "', a pipeline kiln does not implement (supported: ",

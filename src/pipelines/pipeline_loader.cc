@@ -40,9 +40,12 @@ PipelineLoader::PipelineLoader(const fs::path& model, const PipelineOptions& opt
                                const std::string& pipeline_class, std::vector<ComponentClasses> classes,
                                std::vector<std::string> model_components)
     : t0_(std::chrono::steady_clock::now()),
-      index_(pipeline_folder(model) / "model_index.json"),
-      state_(std::make_unique<PipelineState>()) {
-  state_->dir = pipeline_folder(model);
+      state_([&] {
+        auto state = std::make_unique<PipelineState>();
+        state->dir = pipeline_folder(model);  // resolved once: a repo id's lookup reads refs/main
+        return state;
+      }()),
+      index_(state_->dir / "model_index.json") {
   state_->options = options;
   state_->device = options.device;
   const fs::path index_file = state_->dir / "model_index.json";

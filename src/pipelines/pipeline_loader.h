@@ -92,9 +92,9 @@ class PipelineLoader {
   void progress(const std::string& component, double seconds) const;
 
   std::chrono::steady_clock::time_point t0_;
+  std::unique_ptr<PipelineState> state_;  // before index_: its dir names the index file
   io::JsonConfig index_;
   std::vector<std::string> loaded_;
-  std::unique_ptr<PipelineState> state_;
 };
 
 }  // namespace kiln

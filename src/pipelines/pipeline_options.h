@@ -21,7 +21,7 @@ namespace kiln {
 struct PipelineProgress {
   std::string phase;      // "load", "onload", "run"
   std::string component;  // "transformer", "text_encoder_2", ...
-  std::string detail;     // "quantizing to q8_0", "bf16 to f32", "from flux1-schnell.gguf"; "" for none
+  std::string detail;     // "from flux1-schnell.gguf", "quantizing to q8_0"; "" for none
   double seconds = -1;
 };
 
