@@ -5,16 +5,21 @@
 #   install-deps.sh --build      what building the library and the program needs (scripts/run.sh)
 #   install-deps.sh --runtime    only what running an installed kiln needs (the shared libraries)
 #   install-deps.sh --print-runtime   prints the --runtime packages and exits
+#   --no-plugins (with the first two)   skips the PJRT plugins fetched from PyPI (the Dockerfile)
 set -euo pipefail
 
 mode=all
-case "${1:-}" in
-  "") ;;
-  --build) mode=build ;;
-  --runtime) mode=runtime ;;
-  --print-runtime) mode=print-runtime ;;
-  *) echo "install-deps: unknown option '$1' (expected --build, --runtime or --print-runtime)" >&2; exit 2 ;;
-esac
+plugins=yes
+for arg in "$@"; do
+  case "$arg" in
+    --build) mode=build ;;
+    --runtime) mode=runtime ;;
+    --print-runtime) mode=print-runtime ;;
+    --no-plugins) plugins=no ;;
+    *) echo "install-deps: unknown option '$arg' (expected --build, --runtime, --print-runtime or --no-plugins)" >&2
+       exit 2 ;;
+  esac
+done
 
 # The shared libraries the kiln program and library load (tests/install checks this list
 # against the program's own).
@@ -39,6 +44,7 @@ test_packages=(
   libbenchmark-dev
   libcpp-httplib-dev     # kiln serve's tests: the HTTP client
   chromium               # tests: kiln serve's page in a headless browser
+  qemu-user              # tests/portable_cpu.sh: the program on emulated older CPUs
 )
 
 case "$mode" in
@@ -61,7 +67,7 @@ if [ "${#missing[@]}" -ne 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-[ "$mode" = runtime ] && exit 0
+[ "$mode" = runtime ] || [ "$plugins" = no ] && exit 0
 
 # XLA's CPU plugin for the PJRT device (src/devices/pjrt): a native runtime published only as a
 # PyPI wheel. Pinned by version and sha256, unpacked outside the repository into

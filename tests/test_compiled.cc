@@ -12,7 +12,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "devices/cpu/kernels/linear_gemm.h"
-#include "devices/cpu/prepacked_weights.h"
+#include "devices/cpu/kernels/prepacked_weights.h"
 #include "devices/runtime.h"
 #include "exec/capture.h"
 #include "exec/compile.h"

@@ -16,7 +16,7 @@
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/gemv.h"
 #include "devices/cpu/kernels/linear_gemm.h"
-#include "devices/cpu/prepacked_weights.h"
+#include "devices/cpu/kernels/prepacked_weights.h"
 #include "exec/compile.h"
 #include "exec/counters.h"
 #include "exec/host.h"

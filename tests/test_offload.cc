@@ -5,7 +5,7 @@
 #include <set>
 
 #include "devices/runtime.h"
-#include "devices/cpu/prepacked_weights.h"
+#include "devices/cpu/kernels/prepacked_weights.h"
 #include "exec/compile.h"
 #include "exec/host.h"
 #include "exec/mode.h"
@@ -173,7 +173,7 @@ TEST_F(ModelOffload, EveryExecutionModeGivesTheSameImage) {
   }
 }
 
-// Compiled mode's pre-packed weights (devices/cpu/prepacked_weights.h) follow placement: weights
+// Compiled mode's pre-packed weights (devices/cpu/kernels/prepacked_weights.h) follow placement: weights
 // placed on the device with to() are packed once and reused by later calls; weights model
 // offload brings in for one call are not packed (they would be packed again on every call).
 // Where oneDNN would read a pack with another kernel (other bits) nothing is packed, placed or

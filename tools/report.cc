@@ -58,7 +58,9 @@ void write_report(const std::filesystem::path& file, nlohmann::json inputs, nloh
         {"mode", eager_mode_name(eager_mode())},
         // How this CPU runs bf16 linears: bf16 dot products, or widened into the f32 GEMM where
         // those are slower.
-        {"bf16_linear", host.device_settings().at("bf16_linear")}}},
+        {"bf16_linear", host.device_settings().at("bf16_linear")},
+        // Which copy of the CPU kernels runs: "native", or the x86-64 level a portable build chose.
+        {"cpu_kernels", host.device_settings().at("cpu_kernels")}}},
       {"inputs", std::move(inputs)},
       {"timings", std::move(timings)},
       {"counters",

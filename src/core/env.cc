@@ -50,6 +50,9 @@ const std::vector<Variable>& variables() {
       {"KILN_GEMM", Kind::choice, {"onednn", "openblas"}, "onednn|openblas", "matrix-multiply library (onednn)"},
       {"KILN_BF16_LINEAR", Kind::choice, {"amx", "dot", "widened"}, "amx|dot|widened",
        "bf16 linears: kiln's AMX kernel, oneDNN's bf16 matmul, or bf16 widened to f32 (default: from the CPU)"},
+      {"KILN_CPU_KERNELS", Kind::text, {}, "LEVEL",
+       "the CPU kernels to run: native, avx512-bf16, x86-64-v4, x86-64-v3 or x86-64-v2, those this kiln was built "
+       "with (default: the most capable one this CPU runs)"},
       {"KILN_BENCH_KERNEL_TIMES", Kind::flag, {}, "1", "benchmarks: time every kernel"},
       {"KILN_HOST_MEMORY_CHECK", Kind::choice, {"0", "1"}, "0",
        "0 skips the fail-fast check against the host's available memory (without --device-memory)"},

@@ -23,7 +23,7 @@ struct KernelArgs {
   TensorView out;
   const Attrs* attrs = nullptr;
   // A device's ahead-of-time form of in[1] (the CPU: a linear weight pre-packed for its GEMM,
-  // devices/cpu/prepacked_weights.h), or null: the kernel then reads in[1] as it is.
+  // devices/cpu/kernels/prepacked_weights.h), or null: the kernel then reads in[1] as it is.
   const void* prepared = nullptr;
 };
 using KernelFn = void (*)(const KernelArgs&);

@@ -10,14 +10,7 @@
 #include "core/terminal.h"
 #include "devices/cpu/allocator.h"
 #include "devices/cpu/cpu_runtime.h"
-#include "devices/cpu/kernels/conv2d.h"
-#include "devices/cpu/kernels/f32_io.h"
-#include "devices/cpu/kernels/fused_elementwise.h"
-#include "devices/cpu/kernels/gemv.h"
-#include "devices/cpu/kernels/gemm.h"
-#include "devices/cpu/kernels/linear_gemm.h"
-#include "devices/cpu/prepacked_weights.h"
-#include "devices/cpu/kernels/kernel_table.h"
+#include "devices/cpu/kernel_set.h"
 #include "devices/cpu/queue.h"
 #include "devices/runtime.h"
 #include "distributed/process_group.h"
@@ -73,12 +66,9 @@ size_t host_total_bytes() {
 
 class CpuRuntime final : public DeviceRuntime {
  public:
-  CpuRuntime() : allocator_(Device::cpu()), queue_(max_pending_from_env(), max_pending_bytes_from_env()) {
-    add_elementwise_kernels(kernels_);
-    add_reduction_kernels(kernels_);
-    add_movement_kernels(kernels_);
-    add_contraction_kernels(kernels_);
-    add_collective_kernels(kernels_);
+  explicit CpuRuntime(const CpuKernelSet& set)
+      : set_(set), allocator_(Device::cpu()), queue_(max_pending_from_env(), max_pending_bytes_from_env()) {
+    set_.add_kernels(kernels_);
     // Its queue may hold collective kernels when the process exits: MPI must outlive them.
     before_world_finalize([this] { queue_.wait_for(queue_.last_enqueued()); });
   }
@@ -89,7 +79,7 @@ class CpuRuntime final : public DeviceRuntime {
   MemoryStats memory() const override {
     const AllocatorStats s = allocator_.stats();
     return MemoryStats{s.in_use_bytes,  s.peak_bytes,  s.pooled_bytes,
-                       s.capacity_bytes, s.allocations, size_t(prepack_stats().live_bytes),
+                       s.capacity_bytes, s.allocations, size_t(set_.prepacked_live_bytes()),
                        s.reserved_peak_bytes, s.pool_evictions};
   }
   void set_memory_capacity(size_t bytes) override { allocator_.set_capacity(bytes); }
@@ -121,21 +111,8 @@ class CpuRuntime final : public DeviceRuntime {
   size_t max_in_flight_bytes() const override { return queue_.max_pending_bytes(); }
   size_t allocation_size(size_t bytes) const override { return Allocator::round_size(bytes); }
   std::map<std::string, std::pair<double, uint64_t>> kernel_times() const override { return queue_.time_by_name(); }
-  // Operand bytes kernels converted to f32 copies (0 when every weight and activation is read in
-  // its own dtype), and compiled mode's pre-packed GEMM weights: made, their bytes (made, still
-  // held), launches that reused one and launches that read plain weights instead.
-  std::map<std::string, uint64_t> device_counters() const override {
-    const PrepackStats p = prepack_stats();
-    return {{"f32_conversion_bytes", uint64_t(f32_conversion_bytes())},
-            {"prepacked_weights", uint64_t(p.packed)},
-            {"prepacked_bytes", uint64_t(p.bytes)},
-            {"prepacked_live_bytes", uint64_t(p.live_bytes)},
-            {"prepacked_reused", uint64_t(p.reused)},
-            {"prepacked_skipped", uint64_t(p.skipped)}};
-  }
-  std::map<std::string, std::string> device_settings() const override {
-    return {{"bf16_linear", bf16_linear_path_name(bf16_linear_path())}};
-  }
+  std::map<std::string, uint64_t> device_counters() const override { return set_.counters(); }
+  std::map<std::string, std::string> device_settings() const override { return set_.settings(); }
   // f16 has arithmetic of its own only with AVX512-FP16; elsewhere every f16 op converts to f32.
   bool computes_fast(DType dtype) const override {
     return dtype != DType::f16 || __builtin_cpu_supports("avx512fp16");
@@ -149,22 +126,23 @@ class CpuRuntime final : public DeviceRuntime {
 
   void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs,
                          const TensorView& out) const override {
-    cpu::fused_elementwise(program, inputs, out);
+    set_.fused_elementwise(program, inputs, out);
   }
   void grouped_linear_rows(const std::vector<KernelArgs>& linears) const override {
-    cpu::grouped_linear_rows(linears);
+    set_.grouped_linear_rows(linears);
   }
   // A tile of short rows is several whole rows (kernels/tiles.h): every element a row-local view
   // reads is loaded before the tile's row is stored.
   bool fused_tiles_hold_whole_rows() const override { return true; }
   bool linear_reads_prepared_weight(int64_t rows, DType x, DType w) const override {
-    return linear_reads_packed_weight(rows, x, w);
+    return set_.linear_reads_packed_weight(rows, x, w);
   }
   std::shared_ptr<const void> prepared_linear_weight(const Tensor& w, uint64_t after_write) const override {
-    return prepacked_linear_weight(w, after_write);
+    return set_.prepacked_linear_weight(w, after_write);
   }
 
  private:
+  const CpuKernelSet& set_;
   Allocator allocator_;
   Queue queue_;
   KernelTable kernels_;
@@ -186,10 +164,9 @@ DeviceRuntime& runtime_of(int index) {
   // prevents happened while the very first matmul was still building oneDNN's JIT kernels.)
   // Errors of dropped work are reported as a warning.
   static cpu::CpuRuntime* rt = [] {
-    auto* r = new cpu::CpuRuntime();
-    cpu::gemm_warm_up();
-    cpu::linear_gemm_warm_up();
-    cpu::conv2d_warm_up();
+    const CpuKernelSet& set = cpu_kernel_set();
+    auto* r = new cpu::CpuRuntime(set);
+    set.warm_up();
     std::atexit([] {
       try {
         rt->wait_for(rt->last_enqueued());

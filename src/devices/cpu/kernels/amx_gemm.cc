@@ -19,7 +19,7 @@
 #define KILN_AMX_KERNEL 0
 #endif
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 namespace {
 
 constexpr const char* kOp = "linear";
@@ -323,4 +323,4 @@ void amx_linear_bf16(const void* x, const void* w, const void* bias, DType bias_
 #endif
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

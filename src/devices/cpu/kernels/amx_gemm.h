@@ -18,8 +18,9 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 // Whether this process runs the kernel: kiln was compiled with AMX intrinsics (x86-64 GCC 11 or
 // later), the CPU has AMX-BF16 and AVX-512, and Linux grants the process the tile state
@@ -32,4 +33,4 @@ bool amx_bf16_usable();
 void amx_linear_bf16(const void* x, const void* w, const void* bias, DType bias_type, void* y, DType y_type, int64_t M,
                      int64_t N, int64_t K);
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

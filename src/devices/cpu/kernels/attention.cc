@@ -23,7 +23,7 @@
 #include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/onednn.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 namespace {
 
 namespace hn = hwy::HWY_NAMESPACE;
@@ -533,4 +533,4 @@ void attention_with(AttentionProducts products, const AttentionOperand& q, const
 
 }  // namespace detail
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -5,8 +5,9 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 // out = softmax(q k^T * scale + mask) v, independently for every (b,h).
 // q [B,H,Lq,D], k [B,H,Lk,D], v [B,H,Lk,Dv], out [B,H,Lq,Dv]: contiguous f32.
@@ -89,4 +90,4 @@ void attention_with(AttentionProducts products, const AttentionOperand& q, const
                     float scale);
 }  // namespace detail
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

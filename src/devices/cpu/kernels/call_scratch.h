@@ -6,8 +6,9 @@
 
 #include "core/error.h"
 #include "devices/cpu/allocator.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 class CallScratch {
  public:
@@ -31,4 +32,4 @@ class CallScratch {
   size_t bytes_ = 0;
 };
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -9,7 +9,7 @@
 #include "devices/cpu/kernels/kernel_table.h"
 #include "distributed/process_group.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 namespace {
 
@@ -54,4 +54,4 @@ void add_collective_kernels(KernelTable& table) {
   table["all_gather"] = &all_gather_kernel;
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -15,7 +15,7 @@
 #include "devices/cpu/kernels/linear_gemm.h"
 #include "devices/cpu/kernels/strided.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 namespace {
 
@@ -280,4 +280,4 @@ void add_contraction_kernels(KernelTable& table) {
   table["sdpa"] = &sdpa_kernel;
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

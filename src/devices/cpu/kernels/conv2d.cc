@@ -42,7 +42,7 @@
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/cpu/kernels/onednn.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 namespace {
 
 using detail::ConvLayout;
@@ -334,4 +334,4 @@ void conv2d(ConvOperand x, ConvOperand w, ConvOperand bias, void* y, DType y_dty
                            stride_w, pad_h, pad_w, channels_last, residual);
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -4,8 +4,9 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 // 2-D convolution, NCHW, groups = 1, dilation 1. x [N,C,H,W], w [O,C,KH,KW], bias [O] or
 // nullptr, y [N,O,OH,OW] with OH = (H + 2*pad_h - KH)/stride_h + 1 (OW likewise). All
@@ -79,4 +80,4 @@ void conv2d_f32_layout(ConvLayout layout, const float* x, const float* w, const 
                        int64_t pad_w);
 }  // namespace detail
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

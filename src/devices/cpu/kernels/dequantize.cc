@@ -8,7 +8,7 @@
 
 #include "core/quant_blocks.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 namespace {
 
 namespace hn = hwy::HWY_NAMESPACE;
@@ -180,4 +180,4 @@ void dequantize_any(DType t, const void* src, Out* dst, int64_t n) {
 void dequantize_row_f32(DType t, const void* src, float* dst, int64_t n) { dequantize_any(t, src, dst, n); }
 void dequantize_row_bf16(DType t, const void* src, uint16_t* dst, int64_t n) { dequantize_any(t, src, dst, n); }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

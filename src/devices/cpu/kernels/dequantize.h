@@ -7,8 +7,9 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 // `n` elements of storage type `t` (for a block type a whole number of blocks, `src` at a block
 // boundary) as f32 / as bf16 (each value's f32 rounded to nearest even). Throws kiln::Error, as
@@ -16,4 +17,4 @@ namespace kiln::cpu {
 void dequantize_row_f32(DType t, const void* src, float* dst, int64_t n);
 void dequantize_row_bf16(DType t, const void* src, uint16_t* dst, int64_t n);
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

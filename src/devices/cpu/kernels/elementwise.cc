@@ -12,7 +12,7 @@
 #include "devices/cpu/kernels/strided.h"
 #include "devices/cpu/kernels/tiles.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 namespace {
 
@@ -158,4 +158,4 @@ void add_elementwise_kernels(KernelTable& table) {
   table["copy"] = &copy_kernel;
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -7,7 +7,7 @@
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 namespace hn = hwy::HWY_NAMESPACE;
 using D = hn::ScalableTag<float>;
@@ -127,4 +127,4 @@ void where_f32(const float* cond, const float* a, const float* b, float* y, int6
   for (int64_t i = 0; i < n; ++i) y[i] = cond[i] != 0.0f ? a[i] : b[i];
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

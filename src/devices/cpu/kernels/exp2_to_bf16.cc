@@ -9,7 +9,7 @@
 #include "core/dtype.h"
 #include "devices/cpu/kernels/exp2_vec.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 namespace {
 
 namespace hn = hwy::HWY_NAMESPACE;
@@ -76,4 +76,4 @@ float exp2_sum_to_bf16(const float* s, int64_t n, float a, float b, uint16_t* ou
 
 float exp2_narrow(float t) { return hn::GetLane(narrow::exp2_vec(hn::Set(DF(), t))); }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

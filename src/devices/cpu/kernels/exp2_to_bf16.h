@@ -5,7 +5,9 @@
 #pragma once
 #include <cstdint>
 
-namespace kiln::cpu {
+#include "devices/cpu/kernels/level.h"
+
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 // out[j] = bf16(2^t_j) with t_j = a·s[j] − b (one fused multiply-add), rounded to nearest with
 // ties to even, for j < n; returns the sum of the 2^t_j before rounding, in f32. Exponents below
@@ -16,4 +18,4 @@ float exp2_sum_to_bf16(const float* s, int64_t n, float a, float b, uint16_t* ou
 // The f32 value exp2_sum_to_bf16 takes for one exponent t, before rounding to bf16.
 float exp2_narrow(float t);
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

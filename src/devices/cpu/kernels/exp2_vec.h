@@ -6,6 +6,8 @@
 #pragma once
 #include <hwy/highway.h>
 
+#include "devices/cpu/kernels/level.h"
+
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 #include <immintrin.h>
 #define KILN_EXP2_AVX512 1
@@ -13,7 +15,7 @@
 #define KILN_EXP2_AVX512 0
 #endif
 
-namespace kiln::cpu::narrow {
+namespace kiln::cpu::inline KILN_CPU_LEVEL::narrow {
 
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -50,4 +52,4 @@ inline hn::Vec<hn::ScalableTag<float>> exp2_vec(hn::Vec<hn::ScalableTag<float>> 
 #endif
 }
 
-}  // namespace kiln::cpu::narrow
+}  // namespace kiln::cpu::KILN_CPU_LEVEL::narrow

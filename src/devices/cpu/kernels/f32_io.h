@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "core/tensor_view.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 // The dtypes the contraction kernels read and write as they are (no F32In/F32Out copies).
 inline bool f32_or_bf16(DType t) { return t == DType::f32 || t == DType::bf16; }
@@ -66,4 +67,4 @@ class F32Out {
   std::vector<float> copy_;
 };
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

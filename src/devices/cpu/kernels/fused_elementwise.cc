@@ -9,7 +9,7 @@
 #include "devices/cpu/kernels/elementwise_math.h"
 #include "devices/cpu/kernels/tiles.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 namespace {
 
@@ -161,4 +161,4 @@ void fused_elementwise(const FusedProgram& program, const std::vector<TensorView
       });
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

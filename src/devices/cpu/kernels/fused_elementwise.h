@@ -13,8 +13,9 @@
 
 #include "core/tensor_view.h"
 #include "graph/fused_program.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 // Evaluates `program` over the output's index space in tiles (the same tile driver as eager),
 // reading each input through its strides broadcast to the output shape, never materialising
@@ -23,4 +24,4 @@ namespace kiln::cpu {
 // an input that does not broadcast to the output shape, or a non-dense output.
 void fused_elementwise(const FusedProgram& program, const std::vector<TensorView>& inputs, const TensorView& out);
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -11,7 +11,7 @@
 #include "core/env.h"
 #include "core/error.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 namespace {
 
 constexpr const char* kWhere = "matmul";
@@ -130,4 +130,4 @@ void sgemm_with(GemmBackend backend, bool trans_a, bool trans_b, int64_t M, int6
   fail(kWhere, "sgemm: unknown backend ", static_cast<int>(backend));
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -6,7 +6,9 @@
 #pragma once
 #include <cstdint>
 
-namespace kiln::cpu {
+#include "devices/cpu/kernels/level.h"
+
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 enum class GemmBackend { openblas, onednn };
 
@@ -36,4 +38,4 @@ void sgemm_with(GemmBackend backend, bool trans_a, bool trans_b, int64_t M, int6
                 int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                 int64_t ldb, float beta, float* C, int64_t ldc);
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -8,7 +8,7 @@
 #include "devices/cpu/kernels/dequantize.h"
 #include "devices/cpu/kernels/f32_io.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 namespace {
 
 namespace hn = hwy::HWY_NAMESPACE;
@@ -141,4 +141,4 @@ void gemv_rows(const void* x, DType x_type, int64_t k, const std::vector<RowProd
   }
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -16,8 +16,9 @@
 
 #include "core/dtype.h"
 #include "devices/runtime.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 // One single-row product: y[j] = dot(x, w[j, :]) + bias[j] for j < n; w is [n, k] row-major
 // (a PyTorch Linear weight); bias may be null. w, bias and y are each f32 or bf16 (the *_type
@@ -43,4 +44,4 @@ inline void gemv_rows(const float* x, int64_t k, const std::vector<RowProduct>& 
 // with all of them.
 void grouped_linear_rows(const std::vector<KernelArgs>& linears);
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -20,7 +20,7 @@
 #include "devices/cpu/kernels/gemm.h"
 #include "devices/cpu/kernels/onednn.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 using dnnl::memory;
 using tag = memory::format_tag;
@@ -411,4 +411,4 @@ void linear_gemm_warm_up() {
   linear_f32(x, w, nullptr, nullptr, y, 2, 2, 2);
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

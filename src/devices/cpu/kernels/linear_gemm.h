@@ -24,8 +24,9 @@
 #include <memory>
 
 #include "core/dtype.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 constexpr int64_t kPrimitiveMaxRows = 1024;
 // Whether an f32 linear of `rows` rows runs here: more than one row (single rows run on the
@@ -128,4 +129,4 @@ LinearGemmCounts linear_gemm_counts();
 // its exit drain (see gemm_warm_up).
 void linear_gemm_warm_up();
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

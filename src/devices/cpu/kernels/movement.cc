@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "devices/cpu/kernels/kernel_table.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 namespace {
 
@@ -121,4 +121,4 @@ void add_movement_kernels(KernelTable& table) {
   table["full"] = &full_kernel;
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

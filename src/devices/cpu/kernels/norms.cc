@@ -18,7 +18,7 @@
 #include "devices/cpu/kernels/elementwise_math.h"
 #include "devices/cpu/kernels/exp2_vec.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 namespace {
 
 namespace hn = hwy::HWY_NAMESPACE;
@@ -710,9 +710,9 @@ void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols) {
   for_rows(rows, cols, [&](int64_t r) { softmax_row(x + r * cols, y + r * cols, n); });
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 float row_sum(const float* x, int64_t n) { return sum_span(x, size_t(n), 0.0f, add_step); }
 float row_max(const float* x, int64_t n) { return max_span(x, size_t(n)); }
@@ -720,4 +720,4 @@ float row_squared_deviation_sum(const float* x, int64_t n, float mean) {
   return variance_span(x, size_t(n), mean) * static_cast<float>(n);
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

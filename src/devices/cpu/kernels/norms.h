@@ -6,8 +6,9 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 // y = (x - mean) / sqrt(var + eps) * w + b over each row of `cols` (biased variance).
 // w, b may be nullptr (no scale / no shift). y may alias x. x and y are dense, f32 or a narrower
@@ -61,4 +62,4 @@ float row_max(const float* x, int64_t n);
 // sum((x - mean)^2): the second pass of the two-pass variance.
 float row_squared_deviation_sum(const float* x, int64_t n, float mean);
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

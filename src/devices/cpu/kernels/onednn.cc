@@ -1,6 +1,6 @@
 #include "devices/cpu/kernels/onednn.h"
 
-namespace kiln::cpu::onednn {
+namespace kiln::cpu::inline KILN_CPU_LEVEL::onednn {
 
 dnnl::engine& engine() {
   static dnnl::engine* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);
@@ -42,4 +42,4 @@ bool bf16_primitives_available() {
   return available;
 }
 
-}  // namespace kiln::cpu::onednn
+}  // namespace kiln::cpu::KILN_CPU_LEVEL::onednn

@@ -6,8 +6,9 @@
 #include <unordered_map>
 
 #include "core/dtype.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu::onednn {
+namespace kiln::cpu::inline KILN_CPU_LEVEL::onednn {
 
 // Never destroyed: at process exit the device queue may still be running a primitive, and
 // static destructors must not pull the engine from under it.
@@ -40,4 +41,4 @@ bool bf16_dot_products_fast();
 // to f32 (bf16_dot_products_fast() is false there too).
 bool bf16_primitives_available();
 
-}  // namespace kiln::cpu::onednn
+}  // namespace kiln::cpu::KILN_CPU_LEVEL::onednn

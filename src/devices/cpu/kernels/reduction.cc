@@ -12,7 +12,7 @@
 #include "devices/cpu/kernels/norms.h"
 #include "devices/cpu/kernels/strided.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 namespace {
 
@@ -167,4 +167,4 @@ void add_reduction_kernels(KernelTable& table) {
   table["group_norm"] = &group_norm_kernel;
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -1,6 +1,6 @@
 #include "devices/cpu/kernels/strided.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 StridedLoop make_strided_loop(const Shape& shape, const std::vector<Strides>& strides) {
   const size_t n_ops = strides.size();
@@ -35,4 +35,4 @@ StridedLoop make_strided_loop(const Shape& shape, const std::vector<Strides>& st
   return loop;
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

@@ -4,8 +4,9 @@
 #include <vector>
 
 #include "core/shape.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 struct StridedLoop {
   Shape outer;                              // outer dims after coalescing (may be empty)
@@ -28,4 +29,4 @@ struct StridedLoop {
 // `strides[k]` are operand k's strides over `shape` (0 for broadcast dims).
 StridedLoop make_strided_loop(const Shape& shape, const std::vector<Strides>& strides);
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

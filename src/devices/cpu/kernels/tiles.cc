@@ -1,6 +1,6 @@
 #include "devices/cpu/kernels/tiles.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 const float* load_tile(const Operand& op, int64_t off, int64_t stride, int64_t n, float* buf) {
   if (op.iota) {
@@ -101,4 +101,4 @@ void TileGrid::store(const Tile& tile, const float* y) const {
   convert_from_f32(y, out_base_ + off * int64_t(dtype_size(out_dtype_)), out_dtype_, tile.n);
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

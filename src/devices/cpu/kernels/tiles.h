@@ -12,8 +12,9 @@
 #include "core/tensor_view.h"
 #include "devices/cpu/kernels/strided.h"
 #include "devices/runtime.h"
+#include "devices/cpu/kernels/level.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 constexpr int64_t kTile = 2048;            // floats per operand per tile (fits L1 for 3 operands)
 constexpr int64_t kParallelMin = 1 << 15;  // elements below which threads cost more than they save
@@ -133,4 +134,4 @@ void run_tiles(const KernelArgs& args, Compute compute) {
       });
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

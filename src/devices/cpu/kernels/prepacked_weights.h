@@ -15,7 +15,7 @@
 #include "core/tensor.h"
 #include "devices/cpu/kernels/linear_gemm.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 
 struct PrepackStats {
   uint64_t packed = 0;   // weights packed (each a reorder of the whole weight)
@@ -36,4 +36,4 @@ PrepackStats prepack_stats();
 // linear_reads_packed_weight.
 std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& w, uint64_t after_write);
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL

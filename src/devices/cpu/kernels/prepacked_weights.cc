@@ -1,4 +1,4 @@
-#include "devices/cpu/prepacked_weights.h"
+#include "devices/cpu/kernels/prepacked_weights.h"
 
 #include <atomic>
 #include <exception>
@@ -8,7 +8,7 @@
 #include "devices/cpu/kernels/f32_io.h"
 #include "devices/runtime.h"
 
-namespace kiln::cpu {
+namespace kiln::cpu::inline KILN_CPU_LEVEL {
 namespace {
 
 std::atomic<uint64_t> g_packed{0}, g_reused{0}, g_skipped{0}, g_bytes{0}, g_live_bytes{0};
@@ -68,4 +68,4 @@ std::shared_ptr<const PackedLinearWeight> prepacked_linear_weight(const Tensor& 
   return packed;
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::cpu::KILN_CPU_LEVEL
