@@ -42,11 +42,12 @@ PipelineOptions options_with_layers(const std::string& set) {
   return o;
 }
 
-// The klein fixture's distilled twin: the same components with model_index.json's is_distilled true.
+// The klein fixture's distilled twin: the same components with model_index.json's is_distilled true
+// (made once, removed when the test process exits).
 fs::path distilled_klein_dir() {
-  const fs::path dir = fs::temp_directory_path() / ("kiln_klein_distilled_" + std::to_string(::getpid()));
+  static const test::ScopedTempDir scoped("klein_distilled");
+  const fs::path& dir = scoped.path();
   if (!fs::exists(dir / "model_index.json")) {
-    fs::remove_all(dir);
     fs::copy(test::pipeline_dir(kKlein), dir, fs::copy_options::recursive);
     fs::copy_file(test::fixture(kKlein) / "pipeline_distilled" / "model_index.json", dir / "model_index.json",
                   fs::copy_options::overwrite_existing);
