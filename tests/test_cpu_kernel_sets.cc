@@ -3,7 +3,7 @@
 // code a portable build (-DKILN_NATIVE=OFF) runs. So the copy a portable build would choose on
 // this CPU, forced with KILN_CPU_KERNELS, is the portable build's run here, and it must give the
 // native build's image byte for byte. tests/portable_cpu.sh runs the program on emulated older
-// CPUs (no AVX at all, or not even SSE4.2).
+// CPUs (no AVX at all, or not even AES).
 #include <gtest/gtest.h>
 
 #include <algorithm>

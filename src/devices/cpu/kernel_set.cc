@@ -51,7 +51,7 @@ const CpuKernelSet& choose() {
       return *set;
     }
     fail("cpu", "KILN_CPU_KERNELS=", *wanted, " is not one of the kernel sets this kiln was built with (",
-              joined(built_names(), ", "), ")");
+         joined(built_names(), ", "), ")");
   }
   for (const CpuKernelSet* set : sets)
     if (missing_features(*set).empty()) return *set;
